@@ -1,0 +1,125 @@
+#include "framework/buffer_pool.h"
+
+#include <array>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <vector>
+
+namespace stillpoint {
+namespace {
+
+constexpr std::size_t kAlignment = 64;
+constexpr int kNumClasses = 48;  // 64 B .. 2^53 B
+
+int SizeClass(std::size_t bytes) {
+  std::size_t capacity = kAlignment;
+  int index = 0;
+  while (capacity < bytes) {
+    capacity <<= 1;
+    ++index;
+  }
+  return index;
+}
+
+std::size_t ClassCapacity(int index) { return kAlignment << index; }
+
+class Pool {
+ public:
+  void* Acquire(std::size_t bytes, std::size_t* capacity) {
+    const int index = SizeClass(bytes);
+    *capacity = ClassCapacity(index);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& bucket = buckets_[index];
+      if (!bucket.empty()) {
+        void* data = bucket.back();
+        bucket.pop_back();
+        stats_.reuses++;
+        stats_.bytes_cached -= static_cast<int64_t>(*capacity);
+        NoteInUse(static_cast<int64_t>(*capacity));
+        return data;
+      }
+      stats_.system_allocations++;
+      NoteInUse(static_cast<int64_t>(*capacity));
+    }
+    void* data = std::aligned_alloc(kAlignment, *capacity);
+    if (data == nullptr) throw std::bad_alloc();
+    return data;
+  }
+
+  void Release(void* data, std::size_t capacity) {
+    const int index = SizeClass(capacity);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.bytes_in_use -= static_cast<int64_t>(capacity);
+      if (stats_.bytes_cached + static_cast<int64_t>(capacity) <= cache_limit_) {
+        buckets_[index].push_back(data);
+        stats_.bytes_cached += static_cast<int64_t>(capacity);
+        return;
+      }
+    }
+    std::free(data);
+  }
+
+  BufferPoolStats Stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  void ResetStats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.system_allocations = 0;
+    stats_.reuses = 0;
+    stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  }
+
+  void ReleaseCached() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& bucket : buckets_) {
+      for (void* data : bucket) std::free(data);
+      bucket.clear();
+    }
+    stats_.bytes_cached = 0;
+  }
+
+  void SetLimit(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cache_limit_ = static_cast<int64_t>(bytes);
+  }
+
+ private:
+  void NoteInUse(int64_t bytes) {
+    stats_.bytes_in_use += bytes;
+    if (stats_.bytes_in_use > stats_.peak_bytes_in_use) {
+      stats_.peak_bytes_in_use = stats_.bytes_in_use;
+    }
+  }
+
+  std::mutex mutex_;
+  std::array<std::vector<void*>, kNumClasses> buckets_;
+  BufferPoolStats stats_;
+  int64_t cache_limit_ = int64_t{1} << 30;
+};
+
+// Intentionally leaked: tensors with static storage duration may release
+// their buffers after a function-local static pool would have been destroyed.
+Pool& GlobalPool() {
+  static Pool* pool = new Pool();
+  return *pool;
+}
+
+}  // namespace
+
+Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
+  data_ = GlobalPool().Acquire(bytes == 0 ? 1 : bytes, &capacity_);
+}
+
+Buffer::~Buffer() { GlobalPool().Release(data_, capacity_); }
+
+BufferPoolStats GetBufferPoolStats() { return GlobalPool().Stats(); }
+void ResetBufferPoolStats() { GlobalPool().ResetStats(); }
+void ReleaseCachedBuffers() { GlobalPool().ReleaseCached(); }
+void SetBufferPoolCacheLimit(std::size_t bytes) { GlobalPool().SetLimit(bytes); }
+
+}  // namespace stillpoint

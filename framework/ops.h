@@ -1,0 +1,152 @@
+// The differentiable ops. Each op is one function that computes its value
+// and records its VJP (see autograd.h for the contract). VJPs are written
+// with these same ops, so every op here supports second derivatives unless
+// its comment says otherwise. When grad mode is off (NoGrad, or a backward
+// without create_graph) an op records nothing.
+//
+// Shapes: tensors have rank 0..4. "Broadcasting" follows NumPy: shapes are
+// aligned at the trailing axis and an extent of 1 stretches. All inputs of an
+// op must share one dtype; a mismatch, or shapes that do not fit, throws
+// stillpoint::Error naming the op and the shapes.
+//
+// The implementations live in family files: ops_elementwise.cc,
+// ops_reduce.cc, ops_linalg.cc, ops_shape.cc and ops_nn.cc.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/tensor.h"
+
+namespace stillpoint {
+
+// ------------------------------------------------------------ constants
+
+// A leaf that does not require grad.
+Var constant(const Tensor& value);
+// A one-element constant of x's dtype, shape [] (broadcasts anywhere).
+Var scalar_like(const Var& x, double value);
+Var zeros_like(const Var& x);
+Var ones_like(const Var& x);
+
+// ------------------------------------------ elementwise binary (broadcast)
+
+// a, b: broadcastable shapes -> broadcast shape.
+Var add(const Var& a, const Var& b);
+Var sub(const Var& a, const Var& b);
+Var mul(const Var& a, const Var& b);
+Var div(const Var& a, const Var& b);
+// max(a, b) elementwise; where equal, the gradient goes to a.
+Var maximum(const Var& a, const Var& b);
+
+// ------------------------------------------------- scalar and unary ops
+
+// x -> same shape.
+Var add_scalar(const Var& x, double s);
+Var mul_scalar(const Var& x, double s);
+// s / x
+Var rdiv_scalar(double s, const Var& x);
+Var neg(const Var& x);
+Var exp(const Var& x);
+Var log(const Var& x);
+Var sqrt(const Var& x);
+Var rsqrt(const Var& x);  // 1 / sqrt(x)
+Var square(const Var& x);
+Var pow(const Var& x, double exponent);
+// |x|; the derivative at 0 is taken as 0.
+Var abs(const Var& x);
+Var tanh(const Var& x);
+Var sigmoid(const Var& x);
+// max(x, 0); the derivative at 0 is taken as 0.
+Var relu(const Var& x);
+// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+Var gelu(const Var& x);
+// log(1 + exp(x)), computed stably.
+Var softplus(const Var& x);
+
+Var operator+(const Var& a, const Var& b);
+Var operator-(const Var& a, const Var& b);
+Var operator*(const Var& a, const Var& b);
+Var operator/(const Var& a, const Var& b);
+Var operator-(const Var& x);
+Var operator+(const Var& a, double s);
+Var operator+(double s, const Var& a);
+Var operator-(const Var& a, double s);
+Var operator-(double s, const Var& a);
+Var operator*(const Var& a, double s);
+Var operator*(double s, const Var& a);
+Var operator/(const Var& a, double s);
+Var operator/(double s, const Var& a);
+
+// ------------------------------------------------------------ reductions
+
+// All elements -> shape [].
+Var sum(const Var& x);
+Var mean(const Var& x);
+// Over one axis (negative counts from the end). keepdim keeps it as extent 1.
+Var sum(const Var& x, int axis, bool keepdim = false);
+Var mean(const Var& x, int axis, bool keepdim = false);
+// Maximum over one axis; the gradient flows to the first maximal entry.
+Var max(const Var& x, int axis, bool keepdim = false);
+
+// Sums x down to `shape`, which x's shape must broadcast from (the VJP of
+// broadcasting). broadcast_to is its adjoint.
+Var sum_to(const Var& x, const Shape& shape);
+Var broadcast_to(const Var& x, const Shape& shape);
+
+// ---------------------------------------------------- softmax family (last axis)
+
+// [..., n] -> [..., 1] if keepdim else [...]; max-shifted, stable for any
+// finite input and for -inf entries (as long as one entry per row is finite).
+Var logsumexp(const Var& x, bool keepdim = false);
+// [..., n] -> [..., n].
+Var softmax(const Var& x);
+Var log_softmax(const Var& x);
+
+// ---------------------------------------------------------------- linalg
+
+// a: [m, k] (or [k, m] if transpose_a), b: [k, n] (or [n, k] if transpose_b)
+// -> [m, n]. Batched: a [..., m, k] with b [..., k, n] of the same leading
+// extents, or b of rank 2 shared by every batch entry -> [..., m, n].
+Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
+
+// ------------------------------------------------------- shape and index
+
+// Same numel; the result shares storage with x (a view).
+Var reshape(const Var& x, const Shape& shape);
+// Swaps two axes (copies).
+Var transpose(const Var& x, int axis0, int axis1);
+// Result axis i is x's axis perm[i] (copies).
+Var permute(const Var& x, const std::vector<int>& perm);
+// Entries [begin, end) along axis.
+Var slice(const Var& x, int axis, int64_t begin, int64_t end);
+// Joins along axis; all other extents must agree.
+Var concat(const VarList& parts, int axis);
+// Picks entries indices[j] along axis: the result has extent indices.size()
+// on that axis. Indices may repeat (gradients add up).
+Var gather(const Var& x, int axis, const std::vector<int64_t>& indices);
+// table: [V, D], ids: any shape S (given as ids_shape, values in [0, V))
+// -> S + [D].
+Var embedding(const Var& table, const std::vector<int64_t>& ids, const Shape& ids_shape);
+// Where mask (broadcastable to x, nonzero = true) is set, the result holds
+// value (e.g. -inf for attention masks) and the gradient is zero.
+Var masked_fill(const Var& x, const Tensor& mask, double value);
+
+// ----------------------------------------------------------------- fused nn
+
+// Normalises over the last axis: (x - mean) / sqrt(var + eps) * gain + bias,
+// with the biased variance. gain, bias: [D] (either may be undefined).
+Var layer_norm(const Var& x, const Var& gain, const Var& bias, double eps = 1e-5);
+// logits [..., C], targets: one class per row of logits (numel / C entries,
+// each in [0, C), or ignore_index to skip the row) -> mean over the kept rows,
+// shape []. Fused with log_softmax.
+Var cross_entropy(const Var& logits, const std::vector<int64_t>& targets,
+                  int64_t ignore_index = -1);
+
+// --------------------------------------------------------------- helpers
+
+// The broadcast shape of a and b, or a thrown Error naming `op`.
+Shape BroadcastShapes(const Shape& a, const Shape& b, const char* op);
+
+}  // namespace stillpoint

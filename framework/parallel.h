@@ -1,0 +1,37 @@
+// The one place stillpoint runs work in parallel. Every parallel loop in the
+// project goes through ParallelFor, which uses oneTBB with a static partition
+// (so each index is handled by exactly one task, and results that are computed
+// per index are bitwise identical run to run) and runs inline on the calling
+// thread when the thread count is 1.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace stillpoint {
+
+// Sets the number of worker threads for every later ParallelFor (>= 1).
+// Default: 1, so a program is deterministic and single-threaded until it
+// asks for more (the trainer sets it from the `threads` config key).
+void SetNumThreads(int num_threads);
+int NumThreads();
+
+// Calls fn(begin, end) on disjoint chunks that cover [begin, end). Chunks
+// hold at least min_chunk indices; fn must not write shared state except at
+// its own indices. Nested calls run inline.
+void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
+                 const std::function<void(int64_t, int64_t)>& fn);
+
+// Sets the thread count for the lifetime of the guard, then restores it.
+class ScopedNumThreads {
+ public:
+  explicit ScopedNumThreads(int num_threads);
+  ~ScopedNumThreads();
+  ScopedNumThreads(const ScopedNumThreads&) = delete;
+  ScopedNumThreads& operator=(const ScopedNumThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace stillpoint

@@ -1,0 +1,161 @@
+#include "framework/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "framework/buffer_pool.h"
+#include "framework/parallel.h"
+#include "framework/random.h"
+
+namespace stillpoint {
+namespace {
+
+TEST(ShapeTest, ExtentsNumelAndNegativeAxes) {
+  Shape s{2, 3, 4};
+  EXPECT_EQ(s.rank(), 3);
+  EXPECT_EQ(s.numel(), 24);
+  EXPECT_EQ(s.dim(-1), 4);
+  EXPECT_EQ(s.dim(0), 2);
+  EXPECT_EQ(s.ToString(), "[2, 3, 4]");
+  EXPECT_EQ(Shape{}.numel(), 1);
+  EXPECT_THROW(s.dim(3), Error);
+  EXPECT_THROW((Shape{1, 2, 3, 4, 5}), Error);
+}
+
+TEST(TensorTest, FactoriesAndElementAccessInBothDtypes) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    Tensor t = Tensor::FromVector(Shape{2, 2}, {1, 2, 3, 4.5}, dtype);
+    EXPECT_EQ(t.dtype(), dtype);
+    EXPECT_DOUBLE_EQ(t.at(3), 4.5);
+    EXPECT_DOUBLE_EQ(Tensor::Full(Shape{3}, 2.5, dtype).at(2), 2.5);
+    EXPECT_DOUBLE_EQ(Tensor::Zeros(Shape{5}, dtype).at(4), 0.0);
+    EXPECT_DOUBLE_EQ(Tensor::Scalar(7, dtype).item(), 7.0);
+  }
+  EXPECT_THROW(Tensor::FromVector(Shape{3}, {1, 2}, DType::kFloat32), Error);
+}
+
+TEST(TensorTest, TypedAccessChecksTheDtype) {
+  Tensor t = Tensor::Zeros(Shape{2}, DType::kFloat32);
+  EXPECT_NO_THROW(t.data<float>());
+  try {
+    t.data<double>();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("float32"), std::string::npos);
+  }
+}
+
+TEST(TensorTest, ReshapeAndSliceRowsAreViewsSharingStorage) {
+  Tensor t = Tensor::FromVector(Shape{3, 2}, {0, 1, 2, 3, 4, 5}, DType::kFloat64);
+  Tensor flat = t.Reshape(Shape{6});
+  flat.set(5, 50.0);
+  EXPECT_DOUBLE_EQ(t.at(5), 50.0);
+  Tensor rows = t.SliceRows(1, 3);
+  EXPECT_EQ(rows.shape(), (Shape{2, 2}));
+  EXPECT_DOUBLE_EQ(rows.at(0), 2.0);
+  rows.set(0, -2.0);
+  EXPECT_DOUBLE_EQ(t.at(2), -2.0);
+  EXPECT_THROW(t.Reshape(Shape{4}), Error);
+  EXPECT_THROW(t.SliceRows(2, 4), Error);
+}
+
+TEST(TensorTest, CloneIsDeepAndToConvertsDtype) {
+  Tensor t = Tensor::FromVector(Shape{2}, {1.25, -3.5}, DType::kFloat64);
+  Tensor c = t.Clone();
+  c.set(0, 9.0);
+  EXPECT_DOUBLE_EQ(t.at(0), 1.25);
+  Tensor f = t.To(DType::kFloat32);
+  EXPECT_EQ(f.dtype(), DType::kFloat32);
+  EXPECT_DOUBLE_EQ(f.at(1), -3.5);
+}
+
+TEST(TensorTest, HasNonFiniteDetectsNanAndInf) {
+  Tensor t = Tensor::Zeros(Shape{4}, DType::kFloat32);
+  EXPECT_FALSE(HasNonFinite(t));
+  t.set(2, std::numeric_limits<double>::quiet_NaN());
+  EXPECT_TRUE(HasNonFinite(t));
+  t.set(2, std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(HasNonFinite(t));
+}
+
+TEST(TensorTest, DtypeNamesRoundTrip) {
+  DType d;
+  ASSERT_TRUE(StringToDType(ToString(DType::kFloat64), &d));
+  EXPECT_EQ(d, DType::kFloat64);
+  ASSERT_TRUE(StringToDType("float32", &d));
+  EXPECT_EQ(d, DType::kFloat32);
+  EXPECT_FALSE(StringToDType("int8", &d));
+}
+
+TEST(BufferPoolTest, FreedBuffersAreReusedInsteadOfReallocated) {
+  ResetBufferPoolStats();
+  { Tensor warm(Shape{1000}, DType::kFloat32); }
+  const BufferPoolStats before = GetBufferPoolStats();
+  for (int i = 0; i < 100; ++i) {
+    Tensor t(Shape{1000}, DType::kFloat32);
+    t.Fill(i);
+  }
+  const BufferPoolStats after = GetBufferPoolStats();
+  EXPECT_EQ(after.system_allocations, before.system_allocations);
+  EXPECT_GE(after.reuses - before.reuses, 100);
+}
+
+TEST(BufferPoolTest, BuffersAreSixtyFourByteAligned) {
+  Tensor t(Shape{3}, DType::kFloat64);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data<double>()) % 64, 0u);
+}
+
+TEST(ParallelTest, ParallelForCoversEveryIndexOnce) {
+  ScopedNumThreads threads(2);
+  std::vector<int> hits(10007, 0);
+  ParallelFor(0, static_cast<int64_t>(hits.size()), 100, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) hits[i]++;
+  });
+  for (int h : hits) ASSERT_EQ(h, 1);
+}
+
+TEST(ParallelTest, ThreadCountIsRespectedAndRestored) {
+  EXPECT_EQ(NumThreads(), 1);
+  {
+    ScopedNumThreads threads(2);
+    EXPECT_EQ(NumThreads(), 2);
+  }
+  EXPECT_EQ(NumThreads(), 1);
+  EXPECT_THROW(SetNumThreads(0), Error);
+}
+
+TEST(RngTest, SeedsReproduceAndStateRoundTrips) {
+  Rng a(42), b(42), c(43);
+  EXPECT_EQ(a.NextU64(), b.NextU64());
+  EXPECT_NE(a.NextU64(), c.NextU64());
+  const std::string state = a.SaveState();
+  const double next = a.Normal();
+  Rng restored;
+  ASSERT_TRUE(restored.LoadState(state));
+  EXPECT_EQ(restored.Normal(), next);
+  EXPECT_FALSE(restored.LoadState("not a state"));
+}
+
+TEST(RngTest, NormalHasUnitMomentsAndUniformIsInRange) {
+  Rng rng(5);
+  Tensor t = RandomNormal(Shape{20000}, 0, 1, DType::kFloat64, rng);
+  double mean = 0, sq = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    mean += t.at(i);
+    sq += t.at(i) * t.at(i);
+  }
+  mean /= t.numel();
+  EXPECT_NEAR(mean, 0.0, 0.03);
+  EXPECT_NEAR(sq / t.numel(), 1.0, 0.05);
+  Tensor u = RandomUniform(Shape{1000}, -2, 3, DType::kFloat32, rng);
+  for (int64_t i = 0; i < u.numel(); ++i) {
+    ASSERT_GE(u.at(i), -2.0);
+    ASSERT_LT(u.at(i), 3.0);
+  }
+}
+
+}  // namespace
+}  // namespace stillpoint
