@@ -1,0 +1,108 @@
+#include "training/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "framework/serialize.h"
+
+namespace stillpoint {
+namespace {
+
+CheckpointState SampleState() {
+  CheckpointState state;
+  state.step = 42;
+  state.data_epoch = 3;
+  state.data_offset = 17;
+  state.rng_state = "1 2 3 4";
+  state.config_yaml = "seed: 1\ntask:\n  kind: reverse\n";
+  state.model = {{"w", Tensor::FromVector(Shape{2, 2}, {1, 2, 3, 4}, DType::kFloat32)},
+                 {"b", Tensor::FromVector(Shape{2}, {0.5, -0.5}, DType::kFloat64)}};
+  state.optimizer = {{"step", Tensor::Scalar(42, DType::kFloat64)}};
+  return state;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("stillpoint_ckpt_" + std::string(::testing::UnitTest::GetInstance()
+                                                   ->current_test_info()
+                                                   ->name()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    path_ = (dir_ / "last.ckpt").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string ErrorLoading(const std::string& bytes) {
+    try {
+      DeserializeCheckpoint(bytes, "mem");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+  std::filesystem::path dir_;
+  std::string path_;
+};
+
+TEST_F(CheckpointTest, RoundTripKeepsEverything) {
+  SaveCheckpoint(path_, SampleState());
+  CheckpointState loaded = LoadCheckpoint(path_);
+  EXPECT_EQ(loaded.step, 42);
+  EXPECT_EQ(loaded.data_epoch, 3);
+  EXPECT_EQ(loaded.data_offset, 17);
+  EXPECT_EQ(loaded.rng_state, "1 2 3 4");
+  EXPECT_EQ(loaded.config_yaml, SampleState().config_yaml);
+  ASSERT_EQ(loaded.model.size(), 2u);
+  EXPECT_EQ(loaded.model[0].first, "w");
+  EXPECT_EQ(loaded.model[0].second.ToVector(), (std::vector<double>{1, 2, 3, 4}));
+  EXPECT_EQ(loaded.model[1].second.dtype(), DType::kFloat64);
+  EXPECT_FALSE(std::filesystem::exists(path_ + ".tmp"));
+}
+
+TEST_F(CheckpointTest, EveryCorruptedByteIsDetected) {
+  const std::string good = SerializeCheckpoint(SampleState());
+  for (std::size_t i = 0; i < good.size(); i += 7) {
+    std::string bad = good;
+    bad[i] = static_cast<char>(bad[i] ^ 0x5a);
+    EXPECT_FALSE(ErrorLoading(bad).empty()) << "corruption at byte " << i << " went unnoticed";
+  }
+  std::string bad = good;
+  bad[good.size() / 2] ^= 1;
+  EXPECT_NE(ErrorLoading(bad).find("checksum mismatch"), std::string::npos);
+}
+
+TEST_F(CheckpointTest, TruncationIsReportedAsSuch) {
+  const std::string good = SerializeCheckpoint(SampleState());
+  for (std::size_t keep : {good.size() - 1, good.size() / 2, std::size_t{30}}) {
+    const std::string message = ErrorLoading(good.substr(0, keep));
+    EXPECT_NE(message.find("truncated"), std::string::npos) << keep << ": " << message;
+  }
+  EXPECT_NE(ErrorLoading("STILLPT1 something else").find("wrong magic"), std::string::npos);
+}
+
+TEST_F(CheckpointTest, AFailedSaveLeavesThePreviousCheckpointIntact) {
+  SaveCheckpoint(path_, SampleState());
+  const std::string before = ReadFileBytes(path_);
+  // Make the temporary file impossible to create: a directory in its place.
+  std::filesystem::create_directories(path_ + ".tmp");
+  CheckpointState next = SampleState();
+  next.step = 43;
+  EXPECT_THROW(SaveCheckpoint(path_, next), Error);
+  EXPECT_EQ(ReadFileBytes(path_), before);
+  EXPECT_EQ(LoadCheckpoint(path_).step, 42);
+}
+
+TEST_F(CheckpointTest, MissingFileNamesThePath) {
+  try {
+    LoadCheckpoint((dir_ / "none.ckpt").string());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("none.ckpt"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace stillpoint

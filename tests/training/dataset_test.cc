@@ -1,0 +1,193 @@
+#include "training/dataset.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+
+namespace stillpoint {
+namespace {
+
+std::unique_ptr<InMemoryDataset> Task(SequenceTask task, int64_t length, int64_t vocab) {
+  SequenceTaskOptions options;
+  options.task = task;
+  options.length = length;
+  options.vocab_size = vocab;
+  options.num_examples = 50;
+  options.seed = 3;
+  return MakeSequenceTask(options);
+}
+
+TEST(SequenceTaskTest, ReverseTargetsAreTheReversedInput) {
+  auto data = Task(SequenceTask::kReverse, 8, 16);
+  for (int64_t i = 0; i < data->size(); ++i) {
+    const Example& ex = data->Get(i);
+    for (int t = 0; t < 8; ++t) ASSERT_EQ(ex.targets[t], ex.tokens[7 - t]);
+    for (int64_t tok : ex.tokens) ASSERT_TRUE(tok >= 0 && tok < 16);
+  }
+}
+
+TEST(SequenceTaskTest, SortTargetsAreSortedInputs) {
+  auto data = Task(SequenceTask::kSort, 10, 5);
+  for (int64_t i = 0; i < data->size(); ++i) {
+    std::vector<int64_t> sorted = data->Get(i).tokens;
+    std::sort(sorted.begin(), sorted.end());
+    ASSERT_EQ(data->Get(i).targets, sorted);
+  }
+}
+
+TEST(SequenceTaskTest, CopyTargetsRepeatTheFirstHalfAndIgnoreIt) {
+  auto data = Task(SequenceTask::kCopy, 8, 6);
+  const Example& ex = data->Get(0);
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(ex.targets[t], kIgnoreTarget);
+    EXPECT_EQ(ex.targets[t + 4], ex.tokens[t]);
+    EXPECT_EQ(ex.tokens[t + 4], 5);  // the blank symbol
+    EXPECT_LT(ex.tokens[t], 5);
+  }
+}
+
+TEST(SequenceTaskTest, PrefixParityIsTheRunningXor) {
+  auto data = Task(SequenceTask::kPrefixParity, 12, 2);
+  EXPECT_EQ(data->info().vocab_size, 2);
+  for (int64_t i = 0; i < data->size(); ++i) {
+    const Example& ex = data->Get(i);
+    int64_t parity = 0;
+    for (int t = 0; t < 12; ++t) {
+      parity ^= ex.tokens[t];
+      ASSERT_EQ(ex.targets[t], parity);
+    }
+  }
+}
+
+TEST(SequenceTaskTest, AssociativeRecallAsksForTheQueriedValue) {
+  auto data = Task(SequenceTask::kAssociativeRecall, 10, 20);
+  for (int64_t i = 0; i < data->size(); ++i) {
+    const Example& ex = data->Get(i);
+    const int64_t query = ex.tokens[8];
+    int64_t expected = -2;
+    for (int p = 0; p < 4; ++p) {
+      if (ex.tokens[2 * p] == query) expected = ex.tokens[2 * p + 1];
+    }
+    ASSERT_EQ(ex.targets[9], expected);
+    for (int t = 0; t < 9; ++t) ASSERT_EQ(ex.targets[t], kIgnoreTarget);
+  }
+}
+
+TEST(SequenceTaskTest, SameSeedSameDataAndLengthKnob) {
+  auto a = Task(SequenceTask::kReverse, 8, 16), b = Task(SequenceTask::kReverse, 8, 16);
+  EXPECT_EQ(a->Get(7).tokens, b->Get(7).tokens);
+  auto longer = Task(SequenceTask::kReverse, 24, 16);
+  EXPECT_EQ(longer->info().length, 24);
+  EXPECT_EQ(longer->Get(0).tokens.size(), 24u);
+}
+
+TEST(SequenceTaskTest, InvalidOptionsNameTheProblem) {
+  SequenceTaskOptions options;
+  options.task = SequenceTask::kAssociativeRecall;
+  options.length = 7;
+  try {
+    MakeSequenceTask(options);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("even length"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BatcherTest, CoversEveryExampleOncePerEpochAndRestoresItsPosition) {
+  auto data = Task(SequenceTask::kReverse, 4, 8);  // 50 examples
+  Batcher batcher(*data, 10, 1, DType::kFloat32);
+  std::vector<std::vector<int64_t>> seen;
+  for (int k = 0; k < 5; ++k) seen.push_back(batcher.Next().tokens);
+  // 50 examples in 5 batches: each example's tokens appear exactly once.
+  std::multiset<std::vector<int64_t>> rows, expected;
+  for (auto& batch : seen) {
+    for (int r = 0; r < 10; ++r) rows.insert({batch.begin() + 4 * r, batch.begin() + 4 * r + 4});
+  }
+  for (int64_t i = 0; i < 50; ++i) expected.insert(data->Get(i).tokens);
+  EXPECT_EQ(rows, expected);
+  // Restore mid-epoch: the same following batches.
+  Batcher a(*data, 7, 9, DType::kFloat32), b(*data, 7, 9, DType::kFloat32);
+  for (int k = 0; k < 9; ++k) a.Next();
+  b.Restore(a.position());
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(a.Next().tokens, b.Next().tokens);
+}
+
+class FileTest : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& name, const std::string& text) {
+    dir_ = std::filesystem::temp_directory_path() / ("stillpoint_dataset_test_" + name);
+    std::filesystem::create_directories(dir_);
+    const std::string path = (dir_ / "data.csv").string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+std::string ErrorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(FileTest, DigitsAreShippedAndSplitIntoPatchTokens) {
+  const std::string path = std::string(STILLPOINT_SOURCE_DIR) + "/examples/data/digits.csv.gz";
+  DigitsSplit split = LoadDigits(path, 0.2, 0);
+  EXPECT_EQ(split.train->size() + split.test->size(), 1797);
+  EXPECT_EQ(split.test->size(), 359);
+  EXPECT_EQ(split.train->info().length, 16);
+  EXPECT_EQ(split.train->info().feature_dim, 4);
+  const Example& ex = split.train->Get(0);
+  EXPECT_EQ(ex.features.size(), 64u);
+  EXPECT_TRUE(ex.targets[0] >= 0 && ex.targets[0] < 10);
+  for (double f : ex.features) ASSERT_TRUE(f >= 0 && f <= 1);
+  Batch batch = MakeBatch(*split.test, {0, 1, 2}, DType::kFloat32);
+  EXPECT_EQ(batch.features.shape(), (Shape{3, 16, 4}));
+  EXPECT_EQ(batch.targets.size(), 3u);
+}
+
+TEST_F(FileTest, MalformedDigitsNameFileAndLine) {
+  std::string row;
+  for (int i = 0; i < 64; ++i) row += "1,";
+  const std::string path = Write("digits", row + "3\n" + row + "\n");
+  const std::string message = ErrorOf([&] { LoadDigits(path, 0.5, 0); });
+  EXPECT_NE(message.find(path + ":2"), std::string::npos) << message;
+  EXPECT_NE(message.find("65 columns"), std::string::npos) << message;
+  EXPECT_NE(ErrorOf([] { LoadDigits("/nonexistent/digits.csv", 0.5, 0); }).find("/nonexistent"),
+            std::string::npos);
+}
+
+TEST_F(FileTest, CsvTokensWithPerTokenTargets) {
+  const std::string path = Write("csv", "0,1,2,2,1,0\n3,3,1,1,3,3\n");
+  CsvDatasetOptions options{path, 3, 0, 4, 4};
+  auto data = LoadCsvDataset(options);
+  EXPECT_EQ(data->size(), 2);
+  EXPECT_TRUE(data->info().per_token_targets);
+  EXPECT_EQ(data->Get(1).targets, (std::vector<int64_t>{1, 3, 3}));
+}
+
+TEST_F(FileTest, CsvErrorsNameLineAndColumn) {
+  const std::string path = Write("csv_bad", "0,1,2,1\n0,x,2,1\n");
+  CsvDatasetOptions options{path, 3, 0, 4, 4};
+  std::string message = ErrorOf([&] { LoadCsvDataset(options); });
+  EXPECT_NE(message.find(":2: column 2"), std::string::npos) << message;
+  const std::string ragged = Write("csv_ragged", "0,1,2,1\n0,1\n");
+  options.path = ragged;
+  message = ErrorOf([&] { LoadCsvDataset(options); });
+  EXPECT_NE(message.find(":2: expected"), std::string::npos) << message;
+  const std::string range = Write("csv_range", "0,1,9,1\n");
+  options.path = range;
+  message = ErrorOf([&] { LoadCsvDataset(options); });
+  EXPECT_NE(message.find("column 3 (token id) is 9"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace stillpoint

@@ -1,0 +1,192 @@
+#include "training/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "framework/ops.h"
+#include "framework/parallel.h"
+#include "training/schedule.h"
+
+namespace stillpoint {
+namespace {
+
+NamedVars OneParameter(double value, double gradient, const std::string& name = "w") {
+  Var w(Tensor::FromVector(Shape{1}, {value}, DType::kFloat64), true);
+  w.set_grad(Var(Tensor::FromVector(Shape{1}, {gradient}, DType::kFloat64)));
+  return {{name, w}};
+}
+
+TEST(OptimizerTest, AdamWMatchesTheFormulaOverThreeSteps) {
+  OptimizerOptions options;
+  options.type = OptimizerType::kAdamW;
+  options.learning_rate = 0.1;
+  options.weight_decay = 0.01;
+  NamedVars params = OneParameter(1.0, 0.5);
+  auto optimizer = Optimizer::Create(options, params);
+  double w = 1.0, m = 0, v = 0;
+  const double grads[3] = {0.5, -0.25, 1.0};
+  for (int t = 1; t <= 3; ++t) {
+    params[0].second.set_grad(Var(Tensor::FromVector(Shape{1}, {grads[t - 1]}, DType::kFloat64)));
+    optimizer->Step();
+    const double g = grads[t - 1];
+    w -= 0.1 * 0.01 * w;
+    m = 0.9 * m + 0.1 * g;
+    v = 0.999 * v + 0.001 * g * g;
+    const double mhat = m / (1 - std::pow(0.9, t)), vhat = v / (1 - std::pow(0.999, t));
+    w -= 0.1 * mhat / (std::sqrt(vhat) + 1e-8);
+    EXPECT_NEAR(params[0].second.value().at(0), w, 1e-12) << "step " << t;
+  }
+}
+
+TEST(OptimizerTest, SgdWithNesterovMomentumMatchesTheFormula) {
+  OptimizerOptions options;
+  options.type = OptimizerType::kSgd;
+  options.learning_rate = 0.5;
+  options.momentum = 0.9;
+  options.nesterov = true;
+  options.weight_decay = 0;
+  NamedVars params = OneParameter(2.0, 1.0);
+  auto optimizer = Optimizer::Create(options, params);
+  optimizer->Step();  // v = 1, d = 1 + 0.9 = 1.9
+  EXPECT_NEAR(params[0].second.value().at(0), 2.0 - 0.5 * 1.9, 1e-12);
+  optimizer->Step();  // v = 1.9, d = 1 + 0.9 * 1.9 = 2.71
+  EXPECT_NEAR(params[0].second.value().at(0), 2.0 - 0.95 - 0.5 * 2.71, 1e-12);
+}
+
+TEST(OptimizerTest, BiasesAndGainsAreExcludedFromWeightDecay) {
+  OptimizerOptions options;
+  options.type = OptimizerType::kSgd;
+  options.learning_rate = 1.0;
+  options.weight_decay = 0.5;
+  NamedVars params = OneParameter(1.0, 0.0, "layer.weight");
+  NamedVars bias = OneParameter(1.0, 0.0, "layer.bias");
+  params.push_back(bias[0]);
+  auto optimizer = Optimizer::Create(options, params);
+  optimizer->Step();
+  EXPECT_DOUBLE_EQ(params[0].second.value().at(0), 0.5);  // decayed
+  EXPECT_DOUBLE_EQ(params[1].second.value().at(0), 1.0);  // excluded
+}
+
+TEST(OptimizerTest, ParametersWithoutGradientsAreLeftAlone) {
+  OptimizerOptions options;
+  NamedVars params = OneParameter(3.0, 1.0);
+  params[0].second.zero_grad();
+  auto optimizer = Optimizer::Create(options, params);
+  optimizer->Step();
+  EXPECT_DOUBLE_EQ(params[0].second.value().at(0), 3.0);
+}
+
+TEST(OptimizerTest, StateRoundTripContinuesIdentically) {
+  OptimizerOptions options;
+  options.learning_rate = 0.05;
+  auto run = [&](bool reload) {
+    NamedVars params = OneParameter(1.0, 0.3);
+    auto optimizer = Optimizer::Create(options, params);
+    optimizer->Step();
+    if (reload) {
+      NamedTensors state = optimizer->SaveState();
+      for (auto& entry : state) entry.second = entry.second.Clone();
+      auto fresh = Optimizer::Create(options, params);
+      fresh->LoadState(state);
+      optimizer = std::move(fresh);
+    }
+    optimizer->Step();
+    return params[0].second.value().at(0);
+  };
+  EXPECT_EQ(run(false), run(true));
+}
+
+TEST(OptimizerTest, LoadStateRejectsMissingOrMisshapenEntries) {
+  OptimizerOptions options;
+  NamedVars params = OneParameter(1.0, 0.3);
+  auto optimizer = Optimizer::Create(options, params);
+  NamedTensors state = optimizer->SaveState();
+  state[1].second = Tensor::Zeros(Shape{2}, DType::kFloat64);
+  EXPECT_THROW(optimizer->LoadState(state), Error);
+  state.erase(state.begin() + 1);
+  EXPECT_THROW(optimizer->LoadState(state), Error);
+}
+
+TEST(OptimizerTest, InvalidOptionsAreRejectedWithAReason) {
+  OptimizerOptions options;
+  options.beta1 = 1.0;
+  std::string error;
+  EXPECT_FALSE(options.IsValid(&error));
+  EXPECT_NE(error.find("beta1"), std::string::npos);
+  EXPECT_THROW(Optimizer::Create(options, {}), Error);
+  OptimizerType type;
+  EXPECT_TRUE(StringToOptimizerType("adamw", &type));
+  EXPECT_EQ(type, OptimizerType::kAdamW);
+  EXPECT_FALSE(StringToOptimizerType("lion", &type));
+}
+
+TEST(OptimizerTest, UpdateIsIdenticalWithOneAndTwoThreads) {
+  auto run = [](int threads) {
+    ScopedNumThreads scoped(threads);
+    Tensor w = Tensor::Zeros(Shape{20000}, DType::kFloat32);
+    Tensor g(Shape{20000}, DType::kFloat32);
+    for (int64_t i = 0; i < g.numel(); ++i) g.set(i, std::sin(0.01 * i));
+    Var param(w, true);
+    param.set_grad(Var(g));
+    auto optimizer = Optimizer::Create(OptimizerOptions{}, {{"w", param}});
+    for (int k = 0; k < 3; ++k) optimizer->Step();
+    return param.value().ToVector();
+  };
+  EXPECT_EQ(run(1), run(2));
+}
+
+TEST(ClipGradNormTest, ScalesToTheMaximumNormAndReportsTheOriginal) {
+  Var a(Tensor::FromVector(Shape{2}, {0, 0}, DType::kFloat64), true);
+  Var b(Tensor::FromVector(Shape{1}, {0}, DType::kFloat64), true);
+  a.set_grad(Var(Tensor::FromVector(Shape{2}, {3, 0}, DType::kFloat64)));
+  b.set_grad(Var(Tensor::FromVector(Shape{1}, {4}, DType::kFloat64)));
+  const double norm = ClipGradNorm({a, b}, 1.0);
+  EXPECT_DOUBLE_EQ(norm, 5.0);
+  EXPECT_NEAR(GradNorm({a, b}), 1.0, 1e-12);
+  EXPECT_NEAR(a.grad().value().at(0), 0.6, 1e-12);
+}
+
+TEST(ClipGradNormTest, SharedGradientTensorsAreScaledOnce) {
+  Var a(Tensor::FromVector(Shape{1}, {0}, DType::kFloat64), true);
+  Var b(Tensor::FromVector(Shape{1}, {0}, DType::kFloat64), true);
+  Var shared(Tensor::FromVector(Shape{1}, {2}, DType::kFloat64));
+  a.set_grad(shared);
+  b.set_grad(shared);
+  ClipGradNorm({a, b}, 1.0);  // norm sqrt(8): each becomes 2 / sqrt(8)
+  EXPECT_NEAR(a.grad().value().at(0), 2 / std::sqrt(8.0), 1e-12);
+  EXPECT_NEAR(b.grad().value().at(0), 2 / std::sqrt(8.0), 1e-12);
+}
+
+TEST(ScheduleTest, WarmupThenCosineDecay) {
+  ScheduleOptions options;
+  options.type = ScheduleType::kCosine;
+  options.warmup_steps = 10;
+  options.total_steps = 110;
+  options.min_ratio = 0.1;
+  EXPECT_NEAR(LearningRateAt(options, 1.0, 0), 0.1, 1e-12);
+  EXPECT_NEAR(LearningRateAt(options, 1.0, 4), 0.5, 1e-12);
+  EXPECT_NEAR(LearningRateAt(options, 1.0, 10), 1.0, 1e-12);
+  EXPECT_NEAR(LearningRateAt(options, 1.0, 60), 0.55, 1e-12);
+  EXPECT_NEAR(LearningRateAt(options, 1.0, 110), 0.1, 1e-12);
+  EXPECT_NEAR(LearningRateAt(options, 1.0, 500), 0.1, 1e-12);
+}
+
+TEST(ScheduleTest, StepAndConstant) {
+  ScheduleOptions options;
+  options.type = ScheduleType::kStep;
+  options.step_size = 10;
+  options.gamma = 0.5;
+  EXPECT_DOUBLE_EQ(LearningRateAt(options, 2.0, 9), 2.0);
+  EXPECT_DOUBLE_EQ(LearningRateAt(options, 2.0, 10), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRateAt(options, 2.0, 25), 0.5);
+  options.type = ScheduleType::kConstant;
+  EXPECT_DOUBLE_EQ(LearningRateAt(options, 2.0, 1000), 2.0);
+  options.gamma = 0;
+  std::string error;
+  EXPECT_FALSE(options.IsValid(&error));
+  EXPECT_NE(error.find("gamma"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace stillpoint

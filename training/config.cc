@@ -1,0 +1,532 @@
+#include "training/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace stillpoint {
+namespace {
+
+std::string Where(const std::string& source, const YAML::Mark& mark) {
+  std::ostringstream out;
+  out << source;
+  if (mark.line >= 0) out << ":" << mark.line + 1 << ":" << mark.column + 1;
+  return out.str();
+}
+
+std::string FormatNumber(double value) {
+  std::ostringstream out;
+  out.precision(17);
+  out << value;
+  return out.str();
+}
+
+std::string JoinQuoted(const std::vector<std::string>& items) {
+  std::string text;
+  for (std::size_t i = 0; i < items.size(); ++i) text += (i ? ", '" : "'") + items[i] + "'";
+  return text;
+}
+
+std::size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t substitution = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitution});
+    }
+  }
+  return row[b.size()];
+}
+
+const char* TypeName(ConfigType type) {
+  switch (type) {
+    case ConfigType::kBool:
+      return "a boolean (true or false)";
+    case ConfigType::kInt:
+      return "an integer";
+    case ConfigType::kDouble:
+      return "a number";
+    case ConfigType::kString:
+      return "a string";
+    case ConfigType::kEnum:
+      return "one of the listed names";
+    case ConfigType::kStringList:
+      return "a list of strings";
+    case ConfigType::kDoubleList:
+      return "a list of numbers";
+  }
+  return "a value";
+}
+
+bool ParseInt(const std::string& text, int64_t* value) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long parsed = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  *value = parsed;
+  return true;
+}
+
+bool ParseDouble(const std::string& text, double* value) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double parsed = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end != text.c_str() + text.size() || !std::isfinite(parsed)) return false;
+  *value = parsed;
+  return true;
+}
+
+std::string RangeText(const ConfigKey& key) {
+  std::ostringstream out;
+  if (key.has_min && key.has_max) {
+    out << "[" << FormatNumber(key.min) << ", " << FormatNumber(key.max) << "]";
+  } else if (key.has_min) {
+    out << ">= " << FormatNumber(key.min);
+  } else if (key.has_max) {
+    out << "<= " << FormatNumber(key.max);
+  }
+  return out.str();
+}
+
+bool InRange(const ConfigKey& key, double value) {
+  return (!key.has_min || value >= key.min) && (!key.has_max || value <= key.max);
+}
+
+// Checks one scalar item against the key; returns "" or the reason it fails.
+std::string CheckItem(const ConfigKey& key, const std::string& text, bool list_item) {
+  const ConfigType type = list_item ? (key.type == ConfigType::kDoubleList ? ConfigType::kDouble
+                                                                            : ConfigType::kString)
+                                    : key.type;
+  switch (type) {
+    case ConfigType::kBool:
+      if (text != "true" && text != "false") return "expected true or false, got '" + text + "'";
+      return "";
+    case ConfigType::kInt: {
+      int64_t v;
+      if (!ParseInt(text, &v)) return "expected an integer, got '" + text + "'";
+      if (!InRange(key, static_cast<double>(v))) {
+        return "value " + text + " is out of range " + RangeText(key);
+      }
+      return "";
+    }
+    case ConfigType::kDouble: {
+      double v;
+      if (!ParseDouble(text, &v)) return "expected a finite number, got '" + text + "'";
+      if (!InRange(key, v)) return "value " + text + " is out of range " + RangeText(key);
+      return "";
+    }
+    case ConfigType::kEnum:
+      if (std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end()) {
+        return "'" + text + "' is not one of " + JoinQuoted(key.choices);
+      }
+      return "";
+    case ConfigType::kString:
+      if (!key.choices.empty() &&
+          std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end()) {
+        return "'" + text + "' is not one of " + JoinQuoted(key.choices);
+      }
+      return "";
+    default:
+      return "";
+  }
+}
+
+ConfigKey MakeKey(const std::string& path, ConfigType type, const std::string& default_value,
+                  const std::string& doc) {
+  ConfigKey key;
+  key.path = path;
+  key.type = type;
+  key.default_value = default_value;
+  key.doc = doc;
+  return key;
+}
+
+bool IsList(ConfigType type) {
+  return type == ConfigType::kStringList || type == ConfigType::kDoubleList;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- schema
+
+ConfigSchema& ConfigSchema::Add(ConfigKey key) {
+  SP_CHECK(Find(key.path) == nullptr, "ConfigSchema: key '", key.path, "' declared twice");
+  keys_.push_back(std::move(key));
+  return *this;
+}
+
+ConfigSchema& ConfigSchema::Bool(const std::string& path, bool default_value,
+                                 const std::string& doc) {
+  return Add(MakeKey(path, ConfigType::kBool, default_value ? "true" : "false", doc));
+}
+
+ConfigSchema& ConfigSchema::Int(const std::string& path, int64_t default_value,
+                                const std::string& doc, int64_t min, int64_t max) {
+  ConfigKey key = MakeKey(path, ConfigType::kInt, std::to_string(default_value), doc);
+  key.has_min = key.has_max = true;
+  key.min = static_cast<double>(min);
+  key.max = static_cast<double>(max);
+  return Add(key);
+}
+
+ConfigSchema& ConfigSchema::Double(const std::string& path, double default_value,
+                                   const std::string& doc, double min, double max) {
+  ConfigKey key = MakeKey(path, ConfigType::kDouble, FormatNumber(default_value), doc);
+  key.has_min = key.has_max = true;
+  key.min = min;
+  key.max = max;
+  return Add(key);
+}
+
+ConfigSchema& ConfigSchema::String(const std::string& path, const std::string& default_value,
+                                   const std::string& doc) {
+  return Add(MakeKey(path, ConfigType::kString, default_value, doc));
+}
+
+ConfigSchema& ConfigSchema::RequiredString(const std::string& path, const std::string& doc) {
+  ConfigKey key = MakeKey(path, ConfigType::kString, "", doc);
+  key.required = true;
+  return Add(key);
+}
+
+ConfigSchema& ConfigSchema::Enum(const std::string& path, const std::string& default_value,
+                                 const std::vector<std::string>& choices,
+                                 const std::string& doc) {
+  ConfigKey key = MakeKey(path, ConfigType::kEnum, default_value, doc);
+  key.choices = choices;
+  SP_CHECK(std::find(choices.begin(), choices.end(), default_value) != choices.end(),
+           "ConfigSchema: default '", default_value, "' of '", path, "' is not a choice");
+  return Add(key);
+}
+
+ConfigSchema& ConfigSchema::StringList(const std::string& path,
+                                       const std::vector<std::string>& default_value,
+                                       const std::vector<std::string>& choices,
+                                       const std::string& doc) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < default_value.size(); ++i) text += (i ? ", " : "") + default_value[i];
+  ConfigKey key = MakeKey(path, ConfigType::kStringList, text + "]", doc);
+  key.choices = choices;
+  return Add(key);
+}
+
+ConfigSchema& ConfigSchema::DoubleList(const std::string& path,
+                                       const std::vector<double>& default_value,
+                                       const std::string& doc, double min, double max) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < default_value.size(); ++i) {
+    text += (i ? ", " : "") + FormatNumber(default_value[i]);
+  }
+  ConfigKey key = MakeKey(path, ConfigType::kDoubleList, text + "]", doc);
+  key.has_min = key.has_max = true;
+  key.min = min;
+  key.max = max;
+  return Add(key);
+}
+
+const ConfigKey* ConfigSchema::Find(const std::string& path) const {
+  for (const ConfigKey& key : keys_) {
+    if (key.path == path) return &key;
+  }
+  return nullptr;
+}
+
+std::string ConfigSchema::Suggest(const std::string& path) const {
+  std::string best;
+  std::size_t best_distance = std::string::npos;
+  const std::size_t dot = path.rfind('.');
+  const std::string section = dot == std::string::npos ? "" : path.substr(0, dot);
+  for (const ConfigKey& key : keys_) {
+    // Candidates: the key itself and each of its section prefixes.
+    std::string candidate = key.path;
+    while (!candidate.empty()) {
+      const std::size_t cdot = candidate.rfind('.');
+      const std::string csection = cdot == std::string::npos ? "" : candidate.substr(0, cdot);
+      if (csection == section) {
+        const std::size_t d = EditDistance(path, candidate);
+        if (d < best_distance) {
+          best_distance = d;
+          best = candidate;
+        }
+      }
+      if (cdot == std::string::npos) break;
+      candidate = csection;
+    }
+  }
+  const std::size_t last_length = path.size() - (dot == std::string::npos ? 0 : dot + 1);
+  if (best_distance == std::string::npos || best_distance > std::max<std::size_t>(2, last_length / 3)) {
+    return "";
+  }
+  return best;
+}
+
+std::string ConfigSchema::ToMarkdown() const {
+  std::ostringstream out;
+  std::string section;
+  for (const ConfigKey& key : keys_) {
+    const std::string top = key.path.substr(0, key.path.find('.'));
+    if (top != section) {
+      section = top;
+      out << "\n## `" << section << "`\n\n| key | type | default | allowed | meaning |\n"
+          << "|---|---|---|---|---|\n";
+    }
+    std::string allowed = RangeText(key);
+    if (!key.choices.empty()) {
+      allowed.clear();
+      for (std::size_t i = 0; i < key.choices.size(); ++i) {
+        allowed += (i ? ", " : "") + std::string("`") + key.choices[i] + "`";
+      }
+    }
+    out << "| `" << key.path << "` | " << TypeName(key.type) << " | "
+        << (key.required ? "(required)" : "`" + key.default_value + "`") << " | " << allowed
+        << " | " << key.doc << " |\n";
+  }
+  return out.str();
+}
+
+// ---------------------------------------------------------------- config
+
+class ConfigBuilder {
+ public:
+  ConfigBuilder(Config* config, const std::string& source) : config_(config), source_(source) {}
+
+  // Validates node as the value of key; stores it with its origin.
+  void SetValue(const ConfigKey& key, const YAML::Node& node, const std::string& where) {
+    Config::Value value;
+    value.origin = where;
+    if (IsList(key.type)) {
+      if (!node.IsSequence()) {
+        throw ConfigError(where + ": key '" + key.path + "' must be " + TypeName(key.type));
+      }
+      for (const YAML::Node& item : node) {
+        if (!item.IsScalar()) {
+          throw ConfigError(where + ": key '" + key.path + "' must be " + TypeName(key.type));
+        }
+        const std::string reason = CheckItem(key, item.Scalar(), true);
+        if (!reason.empty()) {
+          throw ConfigError(where + ": key '" + key.path + "': " + reason);
+        }
+        if (key.type == ConfigType::kStringList && !key.choices.empty() &&
+            std::find(key.choices.begin(), key.choices.end(), item.Scalar()) ==
+                key.choices.end()) {
+          throw ConfigError(where + ": key '" + key.path + "': '" + item.Scalar() +
+                            "' is not one of " + JoinQuoted(key.choices));
+        }
+        value.items.push_back(item.Scalar());
+      }
+    } else {
+      if (!node.IsScalar()) {
+        throw ConfigError(where + ": key '" + key.path + "' must be " + TypeName(key.type) +
+                          (node.IsNull() ? ", but has no value" : ", not a mapping or list"));
+      }
+      const std::string reason = CheckItem(key, node.Scalar(), false);
+      if (!reason.empty()) throw ConfigError(where + ": key '" + key.path + "': " + reason);
+      value.items.push_back(node.Scalar());
+    }
+    config_->values_[key.path] = std::move(value);
+  }
+
+  void Walk(const YAML::Node& node, const std::string& prefix) {
+    const ConfigSchema& schema = *config_->schema_;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const std::string name = it->first.as<std::string>();
+      const std::string path = prefix.empty() ? name : prefix + "." + name;
+      const std::string where = Where(source_, it->first.Mark());
+      if (const ConfigKey* key = schema.Find(path)) {
+        SetValue(*key, it->second, where);
+        continue;
+      }
+      if (IsSection(path)) {
+        if (!it->second.IsMap()) {
+          throw ConfigError(where + ": '" + path + "' is a section and must be a mapping of keys");
+        }
+        Walk(it->second, path);
+        continue;
+      }
+      std::string message = where + ": unknown key '" + path + "'";
+      const std::string suggestion = schema.Suggest(path);
+      if (!suggestion.empty()) message += " (did you mean '" + suggestion + "'?)";
+      throw ConfigError(message);
+    }
+  }
+
+  void ApplyOverride(const std::string& text) {
+    const std::size_t eq = text.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw ConfigError("override '" + text + "': expected key.path=value");
+    }
+    const std::string path = text.substr(0, eq);
+    const std::string where = "override '" + text + "'";
+    const ConfigKey* key = config_->schema_->Find(path);
+    if (!key) {
+      std::string message = where + ": unknown key '" + path + "'";
+      const std::string suggestion = config_->schema_->Suggest(path);
+      if (!suggestion.empty()) message += " (did you mean '" + suggestion + "'?)";
+      if (IsSection(path)) message = where + ": '" + path + "' is a section, not a key";
+      throw ConfigError(message);
+    }
+    YAML::Node node;
+    try {
+      node = YAML::Load(text.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(where + ": the value is not valid YAML: " + e.msg);
+    }
+    SetValue(*key, node, where);
+  }
+
+  bool IsSection(const std::string& path) const {
+    for (const ConfigKey& key : config_->schema_->keys()) {
+      if (key.path.size() > path.size() && key.path.compare(0, path.size(), path) == 0 &&
+          key.path[path.size()] == '.') {
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  Config* config_;
+  std::string source_;
+};
+
+Config Config::FromYaml(const ConfigSchema& schema, const std::string& yaml_text,
+                        const std::string& source, const std::vector<std::string>& overrides) {
+  Config config;
+  config.schema_ = std::make_shared<const ConfigSchema>(schema);
+  config.source_ = source;
+  ConfigBuilder builder(&config, source);
+  for (const ConfigKey& key : schema.keys()) {
+    if (key.required) continue;
+    builder.SetValue(key, YAML::Load(key.default_value), "default");
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(Where(source, e.mark) + ": malformed YAML: " + e.msg);
+  }
+  if (root.IsDefined() && !root.IsNull()) {
+    if (!root.IsMap()) {
+      throw ConfigError(Where(source, root.Mark()) + ": the config must be a mapping of sections");
+    }
+    builder.Walk(root, "");
+  }
+  for (const std::string& text : overrides) builder.ApplyOverride(text);
+  for (const ConfigKey& key : schema.keys()) {
+    if (key.required && !config.values_.count(key.path)) {
+      throw ConfigError(source + ": missing required key '" + key.path + "' (" + key.doc + ")");
+    }
+  }
+  return config;
+}
+
+Config Config::FromFile(const ConfigSchema& schema, const std::string& path,
+                        const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open the config file");
+  std::stringstream text;
+  text << in.rdbuf();
+  return FromYaml(schema, text.str(), path, overrides);
+}
+
+void Config::Set(const std::string& override_text) {
+  ConfigBuilder builder(this, source_);
+  builder.ApplyOverride(override_text);
+}
+
+const Config::Value& Config::Lookup(const std::string& path, ConfigType expected) const {
+  const ConfigKey* key = schema_ ? schema_->Find(path) : nullptr;
+  SP_CHECK(key != nullptr, "Config: no key '", path, "' in the schema");
+  const bool compatible = key->type == expected ||
+                          (expected == ConfigType::kString && key->type == ConfigType::kEnum) ||
+                          (expected == ConfigType::kDouble && key->type == ConfigType::kInt);
+  SP_CHECK(compatible, "Config: key '", path, "' is ", TypeName(key->type), ", not ",
+           TypeName(expected));
+  auto it = values_.find(path);
+  SP_CHECK(it != values_.end(), "Config: key '", path, "' has no value");
+  return it->second;
+}
+
+bool Config::GetBool(const std::string& path) const {
+  return Lookup(path, ConfigType::kBool).items[0] == "true";
+}
+
+int64_t Config::GetInt(const std::string& path) const {
+  int64_t value = 0;
+  ParseInt(Lookup(path, ConfigType::kInt).items[0], &value);
+  return value;
+}
+
+double Config::GetDouble(const std::string& path) const {
+  double value = 0;
+  ParseDouble(Lookup(path, ConfigType::kDouble).items[0], &value);
+  return value;
+}
+
+std::string Config::GetString(const std::string& path) const {
+  return Lookup(path, ConfigType::kString).items[0];
+}
+
+std::vector<std::string> Config::GetStringList(const std::string& path) const {
+  return Lookup(path, ConfigType::kStringList).items;
+}
+
+std::vector<double> Config::GetDoubleList(const std::string& path) const {
+  std::vector<double> values;
+  for (const std::string& item : Lookup(path, ConfigType::kDoubleList).items) {
+    double v = 0;
+    ParseDouble(item, &v);
+    values.push_back(v);
+  }
+  return values;
+}
+
+std::string Config::Origin(const std::string& path) const {
+  auto it = values_.find(path);
+  return it == values_.end() ? "" : it->second.origin;
+}
+
+std::string Config::ToYaml() const {
+  // A map root from the start: copies of a YAML::Node share its storage only
+  // once it exists.
+  YAML::Node root(YAML::NodeType::Map);
+  for (const ConfigKey& key : schema_->keys()) {
+    auto it = values_.find(key.path);
+    if (it == values_.end()) continue;
+    std::vector<std::string> segments;
+    std::stringstream stream(key.path);
+    std::string segment;
+    while (std::getline(stream, segment, '.')) segments.push_back(segment);
+    // Walk to the parent mapping, creating sections in schema order.
+    YAML::Node parent = root;
+    for (std::size_t i = 0; i + 1 < segments.size(); ++i) {
+      if (!parent[segments[i]]) parent[segments[i]] = YAML::Node(YAML::NodeType::Map);
+      parent.reset(parent[segments[i]]);
+    }
+    if (IsList(key.type)) {
+      YAML::Node list(YAML::NodeType::Sequence);
+      for (const std::string& item : it->second.items) list.push_back(item);
+      list.SetStyle(YAML::EmitterStyle::Flow);
+      parent[segments.back()] = list;
+    } else {
+      parent[segments.back()] = it->second.items[0];
+    }
+  }
+  YAML::Emitter out;
+  out << root;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace stillpoint

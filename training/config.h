@@ -1,0 +1,118 @@
+// Strict, schema-driven YAML configuration.
+//
+// A ConfigSchema lists every key a config may hold: its dotted path, type,
+// default, allowed range or choices, and a one-line doc. Loading a file
+// checks it against the schema before any work starts; an unknown key (with
+// a suggestion for a misspelling), a wrong type, an out-of-range value, a
+// missing required key or malformed YAML is a ConfigError whose message names
+// the file, line, column and key path. Overrides "key.path=value" (from the
+// command line) are checked the same way and name the override.
+//
+// A loaded Config holds every key of the schema, defaults filled in; its
+// ToYaml() is the resolved config written next to every run, and loading
+// that file again gives the same Config.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/check.h"
+
+namespace stillpoint {
+
+// Bad configuration input. Programs exit with code 2 on it.
+class ConfigError : public Error {
+ public:
+  explicit ConfigError(const std::string& message) : Error(message) {}
+};
+
+enum class ConfigType { kBool, kInt, kDouble, kString, kEnum, kStringList, kDoubleList };
+
+struct ConfigKey {
+  std::string path;           // "train.optimizer.lr"
+  ConfigType type = ConfigType::kString;
+  std::string default_value;  // YAML text; for lists "[a, b]"
+  std::string doc;
+  std::vector<std::string> choices;  // kEnum; also allowed list items for kStringList if set
+  bool has_min = false, has_max = false;
+  double min = 0, max = 0;     // inclusive bounds for kInt, kDouble and list items
+  bool required = false;       // no default: the file must set it
+};
+
+class ConfigSchema {
+ public:
+  // Adders return *this so a schema reads as one declaration list.
+  ConfigSchema& Bool(const std::string& path, bool default_value, const std::string& doc);
+  ConfigSchema& Int(const std::string& path, int64_t default_value, const std::string& doc,
+                    int64_t min, int64_t max);
+  ConfigSchema& Double(const std::string& path, double default_value, const std::string& doc,
+                       double min, double max);
+  ConfigSchema& String(const std::string& path, const std::string& default_value,
+                       const std::string& doc);
+  ConfigSchema& RequiredString(const std::string& path, const std::string& doc);
+  ConfigSchema& Enum(const std::string& path, const std::string& default_value,
+                     const std::vector<std::string>& choices, const std::string& doc);
+  // A list of strings; when choices is non-empty each item must be one of them.
+  ConfigSchema& StringList(const std::string& path, const std::vector<std::string>& default_value,
+                           const std::vector<std::string>& choices, const std::string& doc);
+  ConfigSchema& DoubleList(const std::string& path, const std::vector<double>& default_value,
+                           const std::string& doc, double min, double max);
+
+  const std::vector<ConfigKey>& keys() const { return keys_; }
+  const ConfigKey* Find(const std::string& path) const;
+  // The closest known key path (edit distance on the last segment within the
+  // same section, then on the whole path), or "" when nothing is close.
+  std::string Suggest(const std::string& path) const;
+  // Markdown reference of every key, grouped by top-level section.
+  std::string ToMarkdown() const;
+
+ private:
+  ConfigSchema& Add(ConfigKey key);
+  std::vector<ConfigKey> keys_;
+};
+
+// A resolved configuration: every schema key with a value (as canonical
+// YAML scalar text or a list of them).
+class Config {
+ public:
+  // Parses and validates YAML text. source names it in errors (the file).
+  static Config FromYaml(const ConfigSchema& schema, const std::string& yaml_text,
+                         const std::string& source, const std::vector<std::string>& overrides = {});
+  // Reads a file (missing/unreadable file: ConfigError naming it).
+  static Config FromFile(const ConfigSchema& schema, const std::string& path,
+                         const std::vector<std::string>& overrides = {});
+
+  bool GetBool(const std::string& path) const;
+  int64_t GetInt(const std::string& path) const;
+  double GetDouble(const std::string& path) const;
+  std::string GetString(const std::string& path) const;  // kString and kEnum
+  std::vector<std::string> GetStringList(const std::string& path) const;
+  std::vector<double> GetDoubleList(const std::string& path) const;
+  // Where a value came from: "default", "<file>:<line>:<column>" or "override '<text>'".
+  std::string Origin(const std::string& path) const;
+
+  // Applies one more override after loading (same checks; used by eval and
+  // compare to derive variants). Throws ConfigError.
+  void Set(const std::string& override_text);
+
+  // The resolved config as nested YAML, every key present, schema order.
+  std::string ToYaml() const;
+  const std::string& source() const { return source_; }
+
+ private:
+  struct Value {
+    std::vector<std::string> items;  // one item for scalars
+    std::string origin;
+  };
+  const Value& Lookup(const std::string& path, ConfigType expected) const;
+
+  std::shared_ptr<const ConfigSchema> schema_;
+  std::string source_;
+  std::map<std::string, Value> values_;
+  friend class ConfigBuilder;
+};
+
+}  // namespace stillpoint

@@ -1,0 +1,372 @@
+#include "training/dataset.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+namespace stillpoint {
+
+// ------------------------------------------------------------ containers
+
+InMemoryDataset::InMemoryDataset(DatasetInfo info, std::vector<Example> examples)
+    : info_(info), examples_(std::move(examples)) {}
+
+const Example& InMemoryDataset::Get(int64_t index) const {
+  SP_CHECK(index >= 0 && index < size(), "Dataset::Get: index ", index, " out of range [0, ",
+           size(), ")");
+  return examples_[index];
+}
+
+Batch MakeBatch(const Dataset& dataset, const std::vector<int64_t>& indices, DType dtype) {
+  const DatasetInfo& info = dataset.info();
+  Batch batch;
+  batch.batch_size = static_cast<int64_t>(indices.size());
+  batch.length = info.length;
+  if (info.feature_dim > 0) {
+    batch.features =
+        Tensor(Shape{batch.batch_size, info.length, info.feature_dim}, dtype);
+  }
+  int64_t row = 0;
+  for (int64_t index : indices) {
+    const Example& example = dataset.Get(index);
+    if (info.feature_dim > 0) {
+      const int64_t width = info.length * info.feature_dim;
+      for (int64_t k = 0; k < width; ++k) batch.features.set(row * width + k, example.features[k]);
+    } else {
+      batch.tokens.insert(batch.tokens.end(), example.tokens.begin(), example.tokens.end());
+    }
+    batch.targets.insert(batch.targets.end(), example.targets.begin(), example.targets.end());
+    ++row;
+  }
+  return batch;
+}
+
+Batcher::Batcher(const Dataset& dataset, int64_t batch_size, uint64_t seed, DType dtype)
+    : dataset_(dataset), batch_size_(batch_size), seed_(seed), dtype_(dtype) {
+  SP_CHECK(batch_size >= 1, "Batcher: batch_size must be >= 1, got ", batch_size);
+  SP_CHECK(dataset.size() >= 1, "Batcher: the dataset is empty");
+  Shuffle();
+}
+
+void Batcher::Shuffle() {
+  order_.resize(dataset_.size());
+  std::iota(order_.begin(), order_.end(), 0);
+  // A fresh generator per epoch: the order depends only on (seed, epoch), so
+  // restoring a position needs no generator state.
+  Rng rng(seed_ * 1000003 + static_cast<uint64_t>(epoch_));
+  for (int64_t i = static_cast<int64_t>(order_.size()) - 1; i > 0; --i) {
+    std::swap(order_[i], order_[rng.UniformInt(i + 1)]);
+  }
+}
+
+Batch Batcher::Next() {
+  std::vector<int64_t> indices;
+  indices.reserve(batch_size_);
+  while (static_cast<int64_t>(indices.size()) < batch_size_) {
+    if (offset_ == static_cast<int64_t>(order_.size())) {
+      ++epoch_;
+      offset_ = 0;
+      Shuffle();
+    }
+    indices.push_back(order_[offset_++]);
+  }
+  return MakeBatch(dataset_, indices, dtype_);
+}
+
+void Batcher::Restore(const Position& position) {
+  SP_CHECK(position.epoch >= 0 && position.offset >= 0 && position.offset <= dataset_.size(),
+           "Batcher::Restore: position (epoch ", position.epoch, ", offset ", position.offset,
+           ") does not fit a dataset of ", dataset_.size(), " examples");
+  epoch_ = position.epoch;
+  offset_ = position.offset;
+  Shuffle();
+}
+
+// ------------------------------------------------------- sequence tasks
+
+const char* ToString(SequenceTask task) {
+  switch (task) {
+    case SequenceTask::kReverse:
+      return "reverse";
+    case SequenceTask::kSort:
+      return "sort";
+    case SequenceTask::kCopy:
+      return "copy";
+    case SequenceTask::kPrefixParity:
+      return "prefix_parity";
+    case SequenceTask::kAssociativeRecall:
+      return "associative_recall";
+  }
+  return "unknown";
+}
+
+bool StringToSequenceTask(const std::string& text, SequenceTask* task) {
+  for (SequenceTask t : {SequenceTask::kReverse, SequenceTask::kSort, SequenceTask::kCopy,
+                         SequenceTask::kPrefixParity, SequenceTask::kAssociativeRecall}) {
+    if (text == ToString(t)) {
+      *task = t;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool SequenceTaskOptions::IsValid(std::string* error) const {
+  auto fail = [&](const std::string& message) {
+    if (error) *error = message;
+    return false;
+  };
+  if (length < 2) return fail("length must be >= 2");
+  if (num_examples < 1) return fail("num_examples must be >= 1");
+  if (task != SequenceTask::kPrefixParity && vocab_size < 2) {
+    return fail("vocab_size must be >= 2");
+  }
+  if (task == SequenceTask::kCopy && vocab_size < 3) {
+    return fail("copy needs vocab_size >= 3 (one symbol is the blank)");
+  }
+  if (task == SequenceTask::kAssociativeRecall) {
+    if (length < 4 || length % 2 != 0) return fail("associative_recall needs an even length >= 4");
+    const int64_t pairs = length / 2 - 1;
+    if (vocab_size / 2 - 1 < pairs) {
+      return fail("associative_recall needs vocab_size >= 2 * (length / 2 - 1) + 2 for distinct keys");
+    }
+  }
+  return true;
+}
+
+std::unique_ptr<InMemoryDataset> MakeSequenceTask(const SequenceTaskOptions& options) {
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "sequence task '", ToString(options.task), "': ", error);
+  const int64_t T = options.length;
+  const int64_t V = options.task == SequenceTask::kPrefixParity ? 2 : options.vocab_size;
+  DatasetInfo info;
+  info.length = T;
+  info.vocab_size = V;
+  info.num_classes = V;
+  info.per_token_targets = true;
+  Rng rng(options.seed);
+  std::vector<Example> examples(options.num_examples);
+  for (Example& ex : examples) {
+    ex.tokens.assign(T, 0);
+    ex.targets.assign(T, kIgnoreTarget);
+    switch (options.task) {
+      case SequenceTask::kReverse:
+        for (int64_t t = 0; t < T; ++t) ex.tokens[t] = rng.UniformInt(V);
+        for (int64_t t = 0; t < T; ++t) ex.targets[t] = ex.tokens[T - 1 - t];
+        break;
+      case SequenceTask::kSort:
+        for (int64_t t = 0; t < T; ++t) ex.tokens[t] = rng.UniformInt(V);
+        ex.targets = ex.tokens;
+        std::sort(ex.targets.begin(), ex.targets.end());
+        break;
+      case SequenceTask::kCopy: {
+        const int64_t blank = V - 1, half = T / 2;
+        for (int64_t t = 0; t < T; ++t) ex.tokens[t] = t < half ? rng.UniformInt(V - 1) : blank;
+        for (int64_t t = half; t < T; ++t) {
+          ex.targets[t] = t - half < half ? ex.tokens[t - half] : kIgnoreTarget;
+        }
+        break;
+      }
+      case SequenceTask::kPrefixParity: {
+        int64_t parity = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          ex.tokens[t] = rng.UniformInt(2);
+          parity ^= ex.tokens[t];
+          ex.targets[t] = parity;
+        }
+        break;
+      }
+      case SequenceTask::kAssociativeRecall: {
+        const int64_t pairs = T / 2 - 1, half = V / 2, blank = V - 1;
+        // Distinct keys from [0, half - 1), values from [half, V - 1).
+        std::vector<int64_t> keys(half - 1);
+        std::iota(keys.begin(), keys.end(), 0);
+        for (int64_t i = 0; i < pairs; ++i) {
+          std::swap(keys[i], keys[i + rng.UniformInt(static_cast<int64_t>(keys.size()) - i)]);
+        }
+        std::vector<int64_t> values(pairs);
+        for (int64_t i = 0; i < pairs; ++i) {
+          values[i] = half + rng.UniformInt(V - 1 - half);
+          ex.tokens[2 * i] = keys[i];
+          ex.tokens[2 * i + 1] = values[i];
+        }
+        const int64_t query = rng.UniformInt(pairs);
+        ex.tokens[T - 2] = keys[query];
+        ex.tokens[T - 1] = blank;
+        ex.targets[T - 1] = values[query];
+        break;
+      }
+    }
+  }
+  return std::make_unique<InMemoryDataset>(info, std::move(examples));
+}
+
+// ---------------------------------------------------------------- files
+
+std::string ReadFileMaybeGzip(const std::string& path) {
+  // gzopen reads plain files unchanged, so one code path serves both.
+  gzFile file = gzopen(path.c_str(), "rb");
+  SP_CHECK(file != nullptr, "cannot open '", path, "': ", std::strerror(errno));
+  std::string content;
+  char buffer[1 << 16];
+  while (true) {
+    const int n = gzread(file, buffer, sizeof(buffer));
+    if (n < 0) {
+      int code = 0;
+      const std::string message = gzerror(file, &code);
+      gzclose(file);
+      SP_CHECK(false, "cannot read '", path, "': ", message);
+    }
+    if (n == 0) break;
+    content.append(buffer, n);
+  }
+  gzclose(file);
+  return content;
+}
+
+namespace {
+
+// Splits a CSV line into numbers; errors name file, line and column.
+std::vector<double> ParseCsvNumbers(const std::string& line, const std::string& path,
+                                    int64_t line_number) {
+  std::vector<double> values;
+  std::stringstream stream(line);
+  std::string cell;
+  int64_t column = 0;
+  while (std::getline(stream, cell, ',')) {
+    ++column;
+    const auto first = cell.find_first_not_of(" \t\r");
+    const auto last = cell.find_last_not_of(" \t\r");
+    SP_CHECK(first != std::string::npos, path, ":", line_number, ": column ", column,
+             " is empty");
+    const std::string text = cell.substr(first, last - first + 1);
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    SP_CHECK(end == text.c_str() + text.size() && std::isfinite(value), path, ":", line_number,
+             ": column ", column, " is not a finite number: '", text, "'");
+    values.push_back(value);
+  }
+  return values;
+}
+
+int64_t AsClass(double value, int64_t num_classes, bool allow_ignore, const std::string& path,
+                int64_t line_number, int64_t column, const char* what) {
+  const int64_t id = static_cast<int64_t>(value);
+  SP_CHECK(static_cast<double>(id) == value, path, ":", line_number, ": column ", column, " (",
+           what, ") must be an integer, got ", value);
+  SP_CHECK((id >= 0 && id < num_classes) || (allow_ignore && id == kIgnoreTarget), path, ":",
+           line_number, ": column ", column, " (", what, ") is ", id, ", outside [0, ",
+           num_classes, ")");
+  return id;
+}
+
+}  // namespace
+
+DigitsSplit LoadDigits(const std::string& path, double test_fraction, uint64_t seed) {
+  SP_CHECK(test_fraction > 0 && test_fraction < 1, "LoadDigits: test_fraction must be in (0, 1)");
+  const std::string content = ReadFileMaybeGzip(path);
+  std::vector<Example> examples;
+  std::stringstream lines(content);
+  std::string line;
+  int64_t line_number = 0;
+  while (std::getline(lines, line)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::vector<double> values = ParseCsvNumbers(line, path, line_number);
+    SP_CHECK(values.size() == 65, path, ":", line_number, ": expected 65 columns (64 pixels and "
+             "a label), got ", values.size());
+    Example ex;
+    // 16 tokens: the 2x2 patches of the 8x8 image in row-major patch order.
+    for (int64_t pr = 0; pr < 4; ++pr) {
+      for (int64_t pc = 0; pc < 4; ++pc) {
+        for (int64_t dr = 0; dr < 2; ++dr) {
+          for (int64_t dc = 0; dc < 2; ++dc) {
+            const int64_t column = (2 * pr + dr) * 8 + (2 * pc + dc);
+            SP_CHECK(values[column] >= 0 && values[column] <= 16, path, ":", line_number,
+                     ": pixel column ", column + 1, " is ", values[column], ", outside [0, 16]");
+            ex.features.push_back(values[column] / 16.0);
+          }
+        }
+      }
+    }
+    ex.targets = {AsClass(values[64], 10, false, path, line_number, 65, "label")};
+    examples.push_back(std::move(ex));
+  }
+  SP_CHECK(examples.size() >= 2, path, ": needs at least two examples, found ", examples.size());
+  // Seeded shuffle, then the split.
+  Rng rng(seed);
+  for (int64_t i = static_cast<int64_t>(examples.size()) - 1; i > 0; --i) {
+    std::swap(examples[i], examples[rng.UniformInt(i + 1)]);
+  }
+  const int64_t test_count = std::max<int64_t>(
+      1, static_cast<int64_t>(test_fraction * static_cast<double>(examples.size())));
+  DatasetInfo info;
+  info.length = 16;
+  info.feature_dim = 4;
+  info.num_classes = 10;
+  info.per_token_targets = false;
+  std::vector<Example> test(std::make_move_iterator(examples.end() - test_count),
+                            std::make_move_iterator(examples.end()));
+  examples.resize(examples.size() - test_count);
+  return {std::make_unique<InMemoryDataset>(info, std::move(examples)),
+          std::make_unique<InMemoryDataset>(info, std::move(test))};
+}
+
+std::unique_ptr<InMemoryDataset> LoadCsvDataset(const CsvDatasetOptions& options) {
+  const std::string& path = options.path;
+  SP_CHECK(options.length >= 1, path, ": csv dataset needs length >= 1");
+  SP_CHECK(options.num_classes >= 1, path, ": csv dataset needs num_classes >= 1");
+  SP_CHECK(options.feature_dim > 0 || options.vocab_size > 0, path,
+           ": csv dataset of token ids needs vocab_size >= 1");
+  const std::string content = ReadFileMaybeGzip(path);
+  const int64_t inputs = options.feature_dim > 0 ? options.length * options.feature_dim
+                                                 : options.length;
+  DatasetInfo info;
+  info.length = options.length;
+  info.vocab_size = options.feature_dim > 0 ? 0 : options.vocab_size;
+  info.feature_dim = options.feature_dim;
+  info.num_classes = options.num_classes;
+  std::vector<Example> examples;
+  std::stringstream lines(content);
+  std::string line;
+  int64_t line_number = 0;
+  bool first = true;
+  while (std::getline(lines, line)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::vector<double> values = ParseCsvNumbers(line, path, line_number);
+    const int64_t count = static_cast<int64_t>(values.size());
+    const bool per_token = count == inputs + options.length;
+    SP_CHECK(per_token || count == inputs + 1, path, ":", line_number, ": expected ",
+             inputs + options.length, " columns (inputs and per-token targets) or ", inputs + 1,
+             " (inputs and one label), got ", count);
+    if (first) {
+      info.per_token_targets = per_token;
+      first = false;
+    }
+    SP_CHECK(per_token == info.per_token_targets, path, ":", line_number,
+             ": rows mix per-token targets and single labels");
+    Example ex;
+    for (int64_t c = 0; c < inputs; ++c) {
+      if (options.feature_dim > 0) {
+        ex.features.push_back(values[c]);
+      } else {
+        ex.tokens.push_back(
+            AsClass(values[c], options.vocab_size, false, path, line_number, c + 1, "token id"));
+      }
+    }
+    for (int64_t c = inputs; c < count; ++c) {
+      ex.targets.push_back(
+          AsClass(values[c], options.num_classes, per_token, path, line_number, c + 1, "target"));
+    }
+    examples.push_back(std::move(ex));
+  }
+  SP_CHECK(!examples.empty(), path, ": no examples");
+  return std::make_unique<InMemoryDataset>(info, std::move(examples));
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,156 @@
+// Datasets: a finite, indexable list of examples, and a Batcher that draws
+// seeded, shuffled batches from one and can save and restore its position.
+//
+// An example is either a token sequence (ids in [0, vocab_size)) or a
+// sequence of feature vectors (e.g. image patches), with targets that are
+// either one class per token (sequence tasks; kIgnoreTarget marks positions
+// that carry no loss) or one class per example (classification).
+//
+// Built in: the synthetic sequence tasks (reverse, sort, copy, prefix
+// parity, associative recall; generated from a seed with a length knob, so a
+// model trained at one length can be evaluated at another), the 8x8 digits
+// images as 2x2-patch tokens, and CSV files of token ids or features for a
+// user's own data.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/random.h"
+#include "framework/tensor.h"
+
+namespace stillpoint {
+
+constexpr int64_t kIgnoreTarget = -1;
+
+struct Example {
+  std::vector<int64_t> tokens;    // [length] when the dataset has tokens
+  std::vector<double> features;   // [length * feature_dim] when it has features
+  std::vector<int64_t> targets;   // [length] (per token) or [1] (per example)
+};
+
+struct DatasetInfo {
+  int64_t length = 0;        // tokens per example
+  int64_t vocab_size = 0;    // > 0 for token inputs
+  int64_t feature_dim = 0;   // > 0 for feature inputs
+  int64_t num_classes = 0;   // size of the output layer
+  bool per_token_targets = true;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual const DatasetInfo& info() const = 0;
+  virtual int64_t size() const = 0;
+  virtual const Example& Get(int64_t index) const = 0;
+};
+
+// A dataset held in memory (all built-in datasets are).
+class InMemoryDataset : public Dataset {
+ public:
+  InMemoryDataset(DatasetInfo info, std::vector<Example> examples);
+  const DatasetInfo& info() const override { return info_; }
+  int64_t size() const override { return static_cast<int64_t>(examples_.size()); }
+  const Example& Get(int64_t index) const override;
+
+ private:
+  DatasetInfo info_;
+  std::vector<Example> examples_;
+};
+
+// A batch in the layout models consume.
+struct Batch {
+  int64_t batch_size = 0;
+  int64_t length = 0;
+  std::vector<int64_t> tokens;  // [batch_size * length] (token datasets)
+  Tensor features;              // [batch_size, length, feature_dim] (feature datasets)
+  std::vector<int64_t> targets; // [batch_size * length] or [batch_size]
+};
+
+// Stacks examples [indices] into a batch of the given dtype.
+Batch MakeBatch(const Dataset& dataset, const std::vector<int64_t>& indices, DType dtype);
+
+// Draws batches in a seeded random order, epoch after epoch; the position
+// (epoch, offset within the epoch's permutation) can be saved and restored so
+// a resumed run sees exactly the same batches.
+class Batcher {
+ public:
+  Batcher(const Dataset& dataset, int64_t batch_size, uint64_t seed, DType dtype);
+  Batch Next();
+
+  struct Position {
+    int64_t epoch = 0;
+    int64_t offset = 0;
+  };
+  Position position() const { return {epoch_, offset_}; }
+  void Restore(const Position& position);
+
+ private:
+  void Shuffle();
+  const Dataset& dataset_;
+  int64_t batch_size_;
+  uint64_t seed_;
+  DType dtype_;
+  int64_t epoch_ = 0;
+  int64_t offset_ = 0;
+  std::vector<int64_t> order_;
+};
+
+// ------------------------------------------------------ built-in datasets
+
+enum class SequenceTask { kReverse, kSort, kCopy, kPrefixParity, kAssociativeRecall };
+const char* ToString(SequenceTask task);
+bool StringToSequenceTask(const std::string& text, SequenceTask* task);
+
+struct SequenceTaskOptions {
+  SequenceTask task = SequenceTask::kReverse;
+  int64_t length = 16;       // tokens per example
+  int64_t vocab_size = 16;   // symbols (parity uses 2 input symbols regardless)
+  int64_t num_examples = 4096;
+  uint64_t seed = 0;
+
+  bool IsValid(std::string* error) const;
+};
+
+// The tasks (x input tokens, y targets, T = length):
+//   reverse            y_t = x_{T-1-t}
+//   sort               y = x sorted ascending
+//   copy               first half random symbols, second half a blank symbol;
+//                      y_t = x_{t - T/2} on the second half, ignored on the first
+//   prefix_parity      x_t in {0, 1}; y_t = (x_0 + ... + x_t) mod 2
+//   associative_recall T/2 - 1 (key, value) pairs of distinct keys from the
+//                      lower half of the vocabulary and values from the upper
+//                      half, then a query token (one of the keys) and a blank;
+//                      only the last position has a target: the query's value
+std::unique_ptr<InMemoryDataset> MakeSequenceTask(const SequenceTaskOptions& options);
+
+// The 8x8 digits CSV (64 pixels in 0..16 then the label, per line) as 16
+// tokens of 2x2 patches with 4 features each (pixel / 16). Errors name the
+// file and line. Reads plain or gzip-compressed (.gz) files.
+struct DigitsSplit {
+  std::unique_ptr<InMemoryDataset> train;
+  std::unique_ptr<InMemoryDataset> test;
+};
+DigitsSplit LoadDigits(const std::string& path, double test_fraction, uint64_t seed);
+
+// A user's CSV: one example per line, no header. With token inputs the first
+// `length` columns are token ids; with features the first length *
+// feature_dim columns are numbers. The remaining columns are targets: either
+// `length` per-token classes (kIgnoreTarget allowed) or one class label.
+// Errors name the file, line and column.
+struct CsvDatasetOptions {
+  std::string path;
+  int64_t length = 0;
+  int64_t feature_dim = 0;  // 0: token ids
+  int64_t vocab_size = 0;   // required for token ids
+  int64_t num_classes = 0;
+};
+std::unique_ptr<InMemoryDataset> LoadCsvDataset(const CsvDatasetOptions& options);
+
+// Reads a whole file, transparently gunzipping a .gz file; throws an Error
+// naming the path when it cannot.
+std::string ReadFileMaybeGzip(const std::string& path);
+
+}  // namespace stillpoint

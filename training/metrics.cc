@@ -1,0 +1,144 @@
+#include "training/metrics.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <sstream>
+
+#include "framework/check.h"
+
+namespace stillpoint {
+namespace {
+
+std::string FormatDouble(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char buffer[64];
+  auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return std::string(buffer, result.ptr);
+}
+
+}  // namespace
+
+std::string JsonNumber(double value) {
+  return std::isfinite(value) ? FormatDouble(value) : "null";
+}
+
+std::string JsonString(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buffer[8];
+          std::snprintf(buffer, sizeof(buffer), "\\u%04x", c);
+          out += buffer;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+MetricsWriter::MetricsWriter(const std::string& directory, std::vector<std::string> columns,
+                             bool append)
+    : columns_(std::move(columns)) {
+  std::filesystem::create_directories(directory);
+  csv_path_ = (std::filesystem::path(directory) / "metrics.csv").string();
+  jsonl_path_ = (std::filesystem::path(directory) / "metrics.jsonl").string();
+  const bool write_header = !append || !std::filesystem::exists(csv_path_) ||
+                            std::filesystem::file_size(csv_path_) == 0;
+  const auto mode = append ? std::ios::app : std::ios::trunc;
+  csv_.open(csv_path_, std::ios::out | mode);
+  SP_CHECK(csv_.good(), "cannot write metrics file '", csv_path_, "'");
+  jsonl_.open(jsonl_path_, std::ios::out | mode);
+  SP_CHECK(jsonl_.good(), "cannot write metrics file '", jsonl_path_, "'");
+  if (write_header) {
+    for (std::size_t i = 0; i < columns_.size(); ++i) csv_ << (i ? "," : "") << columns_[i];
+    csv_ << "\n" << std::flush;
+  }
+}
+
+void MetricsWriter::Write(const std::map<std::string, double>& row) {
+  for (const auto& [key, value] : row) {
+    SP_CHECK(std::find(columns_.begin(), columns_.end(), key) != columns_.end(),
+             "MetricsWriter: '", key, "' is not a declared column");
+  }
+  std::string csv_line, json = "{";
+  bool first_json = true;
+  for (std::size_t i = 0; i < columns_.size(); ++i) {
+    auto it = row.find(columns_[i]);
+    if (i) csv_line += ",";
+    if (it == row.end()) continue;
+    csv_line += FormatDouble(it->second);
+    json += (first_json ? "" : ",") + JsonString(columns_[i]) + ":" + JsonNumber(it->second);
+    if (!std::isfinite(it->second)) {
+      json += "," + JsonString(columns_[i] + "_nonfinite") + ":" +
+              JsonString(FormatDouble(it->second));
+    }
+    first_json = false;
+  }
+  csv_ << csv_line << "\n" << std::flush;
+  jsonl_ << json << "}\n" << std::flush;
+  SP_CHECK(csv_.good() && jsonl_.good(), "MetricsWriter: writing '", csv_path_, "' failed");
+}
+
+std::map<std::string, std::vector<double>> ReadMetricsCsv(const std::string& path) {
+  std::ifstream in(path);
+  SP_CHECK(in.good(), "cannot open metrics file '", path, "'");
+  std::string line;
+  SP_CHECK(static_cast<bool>(std::getline(in, line)), path, ": empty metrics file");
+  std::vector<std::string> names;
+  {
+    std::stringstream header(line);
+    std::string name;
+    while (std::getline(header, name, ',')) names.push_back(name);
+  }
+  std::map<std::string, std::vector<double>> columns;
+  int64_t line_number = 1;
+  while (std::getline(in, line)) {
+    ++line_number;
+    std::vector<std::string> cells;
+    std::string cell;
+    std::stringstream stream(line);
+    while (std::getline(stream, cell, ',')) cells.push_back(cell);
+    if (!line.empty() && line.back() == ',') cells.push_back("");
+    SP_CHECK(cells.size() == names.size(), path, ":", line_number, ": expected ", names.size(),
+             " cells, got ", cells.size());
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      double value = std::numeric_limits<double>::quiet_NaN();
+      if (!cells[i].empty()) {
+        try {
+          std::size_t used = 0;
+          value = std::stod(cells[i], &used);
+          SP_CHECK(used == cells[i].size(), path, ":", line_number, ": bad number '", cells[i],
+                   "'");
+        } catch (const std::logic_error&) {
+          SP_CHECK(false, path, ":", line_number, ": bad number '", cells[i], "'");
+        }
+      }
+      columns[names[i]].push_back(value);
+    }
+  }
+  return columns;
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,48 @@
+// Metrics of a run, written as they happen to RUN_DIR/metrics.csv and
+// RUN_DIR/metrics.jsonl (one JSON object per line). Every row has the same
+// columns, declared when the writer is created; a value that does not apply
+// to a row (e.g. test accuracy on a step without evaluation) is written as an
+// empty CSV cell and as null in JSON. Rows are flushed as written, so a
+// killed run keeps every completed row.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace stillpoint {
+
+class MetricsWriter {
+ public:
+  // Creates (truncates) the two files, or appends when `append` is set
+  // (resumed runs); throws an Error naming the file if it cannot.
+  MetricsWriter(const std::string& directory, std::vector<std::string> columns,
+                bool append = false);
+
+  // Writes one row. Keys must be declared columns (an Error names an unknown
+  // one); missing columns are empty. Non-finite values are written as
+  // "nan"/"inf" in CSV and as null in JSON, with a "<column>_nonfinite"
+  // string field naming which.
+  void Write(const std::map<std::string, double>& row);
+
+  const std::vector<std::string>& columns() const { return columns_; }
+
+ private:
+  std::vector<std::string> columns_;
+  std::ofstream csv_;
+  std::ofstream jsonl_;
+  std::string csv_path_, jsonl_path_;
+};
+
+// Reads a metrics.csv back: one vector per column (NaN for empty cells).
+// Errors name the file and line.
+std::map<std::string, std::vector<double>> ReadMetricsCsv(const std::string& path);
+
+// A number as JSON text: shortest round-trip form, or null when not finite.
+std::string JsonNumber(double value);
+// A string as a JSON string literal (quoted, escaped).
+std::string JsonString(const std::string& text);
+
+}  // namespace stillpoint
