@@ -1,0 +1,205 @@
+// Matrix products. The kernels are Eigen GEMMs on row-major maps of the
+// tensors' storage; each GEMM runs single-threaded and ParallelFor spreads
+// independent products over the threads.
+//
+// Determinism: the work is cut into units whose boundaries depend only on the
+// shapes (one batch entry, or a fixed block of output rows), never on the
+// thread count, and each unit is one GEMM writing its own rows. So a result
+// is bitwise identical for any number of threads.
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "framework/ops.h"
+#include "framework/parallel.h"
+
+namespace stillpoint {
+namespace {
+
+// Output rows per work unit. Large enough that a unit is an efficient GEMM,
+// small enough that a single [rows, n] product still spreads over threads.
+constexpr int64_t kRowsPerUnit = 64;
+// Roughly how many multiply-adds a task should get before splitting pays.
+constexpr int64_t kFlopsPerTask = 1 << 15;
+
+template <typename T>
+using RowMajorMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T>
+using ConstMatrixMap = Eigen::Map<const RowMajorMatrix<T>>;
+template <typename T>
+using MatrixMap = Eigen::Map<RowMajorMatrix<T>>;
+
+// The problem after resolving ranks and transposes: `batch` products
+// C_i = op(A_i) op(B_i) with op(A_i) [m, k], op(B_i) [k, n]. When b_shared,
+// every i uses the same B.
+struct MatmulGeometry {
+  int64_t batch = 1;
+  int64_t m = 0;
+  int64_t k = 0;
+  int64_t n = 0;
+  bool b_shared = false;
+  Shape out_shape;
+};
+
+MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
+  SP_CHECK(a.defined() && b.defined(), "matmul: an input is undefined");
+  const Shape& sa = a.shape();
+  const Shape& sb = b.shape();
+  SP_CHECK(a.dtype() == b.dtype(), "matmul: dtypes differ: a ", sa, " is ", ToString(a.dtype()),
+           ", b ", sb, " is ", ToString(b.dtype()));
+  SP_CHECK(sa.rank() >= 2 && sb.rank() >= 2, "matmul: both inputs need rank >= 2, got a ", sa,
+           " and b ", sb);
+  SP_CHECK(sb.rank() == 2 || sb.rank() == sa.rank(), "matmul: b ", sb,
+           " must be rank 2 or have the rank of a ", sa);
+
+  MatmulGeometry geo;
+  geo.m = transpose_a ? sa[-1] : sa[-2];
+  const int64_t ka = transpose_a ? sa[-2] : sa[-1];
+  const int64_t kb = transpose_b ? sb[-1] : sb[-2];
+  geo.n = transpose_b ? sb[-2] : sb[-1];
+  SP_CHECK(ka == kb, "matmul: inner extents differ: a ", sa, " and b ", sb,
+           " (transpose_a = ", transpose_a, ", transpose_b = ", transpose_b, ") give ", ka, " vs ",
+           kb);
+  geo.k = ka;
+
+  std::vector<int64_t> out_dims;
+  for (int i = 0; i < sa.rank() - 2; ++i) {
+    geo.batch *= sa[i];
+    out_dims.push_back(sa[i]);
+  }
+  geo.b_shared = sb.rank() == 2 && sa.rank() > 2;
+  if (sb.rank() > 2) {
+    for (int i = 0; i < sb.rank() - 2; ++i) {
+      SP_CHECK(sa[i] == sb[i], "matmul: batch extents differ: a ", sa, " and b ", sb);
+    }
+  }
+  out_dims.push_back(geo.m);
+  out_dims.push_back(geo.n);
+  geo.out_shape = Shape(out_dims);
+  return geo;
+}
+
+// Writes rows [row_begin, row_end) of C = op(A) op(B), where A, B and C point
+// at one batch entry: A is [m, k] ([k, m] if transpose_a), B is [k, n]
+// ([n, k] if transpose_b), C is [m, n].
+template <typename T>
+void GemmRows(const T* a,
+              const T* b,
+              T* c,
+              int64_t m,
+              int64_t k,
+              int64_t n,
+              bool transpose_a,
+              bool transpose_b,
+              int64_t row_begin,
+              int64_t row_end) {
+  const int64_t rows = row_end - row_begin;
+  MatrixMap<T> out(c + row_begin * n, rows, n);
+  if (k == 0) {
+    out.setZero();
+    return;
+  }
+  const ConstMatrixMap<T> a_map(a, transpose_a ? k : m, transpose_a ? m : k);
+  const ConstMatrixMap<T> b_map(b, transpose_b ? n : k, transpose_b ? k : n);
+  if (!transpose_a && !transpose_b) {
+    out.noalias() = a_map.middleRows(row_begin, rows) * b_map;
+  } else if (!transpose_a && transpose_b) {
+    out.noalias() = a_map.middleRows(row_begin, rows) * b_map.transpose();
+  } else if (transpose_a && !transpose_b) {
+    out.noalias() = a_map.middleCols(row_begin, rows).transpose() * b_map;
+  } else {
+    out.noalias() = a_map.middleCols(row_begin, rows).transpose() * b_map.transpose();
+  }
+}
+
+// The forward kernel: a tensor-only product (no graph).
+Tensor MatmulValue(const Tensor& a,
+                   const Tensor& b,
+                   const MatmulGeometry& geo,
+                   bool transpose_a,
+                   bool transpose_b) {
+  Tensor out(geo.out_shape, a.dtype());
+  if (out.numel() == 0) return out;
+  // A shared B with an untransposed A is one tall product: fold the batch
+  // into the rows so small per-entry products become one efficient GEMM.
+  const bool fold = geo.b_shared && !transpose_a;
+  const int64_t batch = fold ? 1 : geo.batch;
+  const int64_t m = fold ? geo.batch * geo.m : geo.m;
+  const int64_t units_per_entry = (m + kRowsPerUnit - 1) / kRowsPerUnit;
+  const int64_t units = batch * units_per_entry;
+  const int64_t flops_per_unit = std::max<int64_t>(1, std::min(m, kRowsPerUnit) * geo.k * geo.n);
+  const int64_t min_chunk = std::max<int64_t>(1, kFlopsPerTask / flops_per_unit);
+  DispatchDType(a.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* a_data = a.data<T>();
+    const T* b_data = b.data<T>();
+    T* c_data = out.data<T>();
+    const int64_t a_stride = geo.m * geo.k;
+    const int64_t b_stride = geo.b_shared ? 0 : geo.k * geo.n;
+    const int64_t c_stride = geo.m * geo.n;
+    ParallelFor(0, units, min_chunk, [&](int64_t begin, int64_t end) {
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t entry = unit / units_per_entry;
+        const int64_t row_begin = (unit % units_per_entry) * kRowsPerUnit;
+        const int64_t row_end = std::min(m, row_begin + kRowsPerUnit);
+        GemmRows<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_data + entry * c_stride,
+                    m, geo.k, geo.n, transpose_a, transpose_b, row_begin, row_end);
+      }
+    });
+  });
+  return out;
+}
+
+// Gradient of a shared rank-2 B: the per-entry gradients summed over the batch.
+Var SharedOperandGrad(
+    const Var& a, const Var& g, const MatmulGeometry& geo, bool transpose_a, bool transpose_b) {
+  const int64_t rows = geo.batch * geo.m;
+  if (!transpose_a) {
+    // The sum over entries of op(A_i)^T G_i is one product of the folded rows.
+    const Var a2 = reshape(a, Shape{rows, geo.k});
+    const Var g2 = reshape(g, Shape{rows, geo.n});
+    return transpose_b ? matmul(g2, a2, true, false) : matmul(a2, g2, true, false);
+  }
+  // A_i is [k, m]: form the per-entry products, then add them up.
+  const Var per_entry = transpose_b ? matmul(g, a, true, true) : matmul(a, g, false, false);
+  const Shape& s = per_entry.shape();
+  return sum(reshape(per_entry, Shape{geo.batch, s[-2], s[-1]}), 0);
+}
+
+}  // namespace
+
+Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
+  const MatmulGeometry geo = ResolveMatmul(a, b, transpose_a, transpose_b);
+  Tensor out = MatmulValue(a.value(), b.value(), geo, transpose_a, transpose_b);
+  return RecordOp("matmul", out, {a, b},
+                  [geo, transpose_a, transpose_b](const VarList& in, const Var&, const Var& g) {
+                    const Var& a = in[0];
+                    const Var& b = in[1];
+                    Var da, db;
+                    if (a.requires_grad()) {
+                      // d op(A) = G op(B)^T; undo op on A.
+                      if (!transpose_a) {
+                        da = matmul(g, b, false, !transpose_b);
+                      } else if (!geo.b_shared) {
+                        da = matmul(b, g, transpose_b, true);
+                      } else {
+                        da = transpose(matmul(g, b, false, !transpose_b), -2, -1);
+                      }
+                    }
+                    if (b.requires_grad()) {
+                      // d op(B) = op(A)^T G; undo op on B.
+                      if (geo.b_shared) {
+                        db = SharedOperandGrad(a, g, geo, transpose_a, transpose_b);
+                      } else if (!transpose_b) {
+                        db = matmul(a, g, !transpose_a, false);
+                      } else {
+                        db = matmul(g, a, true, transpose_a);
+                      }
+                    }
+                    return VarList{da, db};
+                  });
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,470 @@
+// Fused row kernels over the last axis: logsumexp, softmax, log_softmax,
+// layer_norm and cross_entropy.
+//
+// Every kernel treats its input as [rows, n] and runs ParallelFor over rows;
+// a row is always reduced by one task in index order, so results do not
+// depend on the thread count. Reductions across rows (layer_norm's gain and
+// bias gradients, cross_entropy's mean) add fixed blocks of rows in a fixed
+// order for the same reason.
+//
+// Each VJP has two forms. When GradModeEnabled() is false (a backward
+// without create_graph) it runs a fused tensor-only kernel; when it is true
+// it is written with differentiable ops so the gradient can be
+// differentiated again.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "framework/ops.h"
+#include "framework/parallel.h"
+
+namespace stillpoint {
+namespace {
+
+// Row entries a task should process at least, so small inputs run inline.
+constexpr int64_t kEntriesPerTask = 1 << 14;
+// Rows per block of the deterministic cross-row reductions.
+constexpr int64_t kRowsPerBlock = 32;
+
+int64_t MinChunk(int64_t row_length) {
+  return std::max<int64_t>(1, kEntriesPerTask / std::max<int64_t>(1, row_length));
+}
+
+// x seen as [rows, n] with n the last extent.
+struct RowLayout {
+  int64_t rows = 1;
+  int64_t n = 1;
+};
+
+RowLayout Rows(const Var& x, const char* op) {
+  SP_CHECK(x.defined(), op, ": input is undefined");
+  SP_CHECK(x.rank() >= 1, op, ": needs rank >= 1 (works over the last axis), got ", x.shape());
+  RowLayout layout;
+  layout.n = x.shape()[-1];
+  for (int i = 0; i + 1 < x.rank(); ++i) layout.rows *= x.shape()[i];
+  return layout;
+}
+
+// x's shape with the last extent set to 1 (keepdim = true), or dropped.
+Shape ReducedShape(const Shape& shape, bool keepdim) {
+  std::vector<int64_t> dims = shape.dims();
+  if (keepdim) {
+    dims.back() = 1;
+  } else {
+    dims.pop_back();
+  }
+  return Shape(dims);
+}
+
+template <typename T>
+T RowMax(const T* x, int64_t n) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// log(sum(exp(x))) shifted by the row maximum. A row that is all -inf gives
+// -inf (log 0); a +inf entry gives +inf; NaN propagates.
+template <typename T>
+T RowLogSumExp(const T* x, int64_t n) {
+  const T m = RowMax(x, n);
+  if (!std::isfinite(m)) return m;
+  T s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
+  return m + std::log(s);
+}
+
+void CheckSameDType(const Var& x, const Var& other, const char* op, const char* name) {
+  SP_CHECK(other.dtype() == x.dtype(), op, ": ", name, " ", other.shape(), " is ",
+           ToString(other.dtype()), " but x ", x.shape(), " is ", ToString(x.dtype()));
+}
+
+// ------------------------------------------------------------ fused kernels
+
+// out[r] = logsumexp of row r.
+Tensor LogSumExpValue(const Tensor& x, const RowLayout& rl, const Shape& out_shape) {
+  Tensor out(out_shape, x.dtype());
+  DispatchDType(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = x.data<T>();
+    T* dst = out.data<T>();
+    ParallelFor(0, rl.rows, MinChunk(rl.n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) dst[r] = RowLogSumExp(in + r * rl.n, rl.n);
+    });
+  });
+  return out;
+}
+
+Tensor SoftmaxValue(const Tensor& x, const RowLayout& rl, bool log_space) {
+  Tensor out(x.shape(), x.dtype());
+  DispatchDType(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = x.data<T>();
+    T* dst = out.data<T>();
+    ParallelFor(0, rl.rows, MinChunk(rl.n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* row = in + r * rl.n;
+        T* y = dst + r * rl.n;
+        const T m = RowMax(row, rl.n);
+        T s = 0;
+        for (int64_t i = 0; i < rl.n; ++i) {
+          y[i] = std::exp(row[i] - m);
+          s += y[i];
+        }
+        if (log_space) {
+          const T log_s = std::log(s);
+          for (int64_t i = 0; i < rl.n; ++i) y[i] = (row[i] - m) - log_s;
+        } else {
+          for (int64_t i = 0; i < rl.n; ++i) y[i] /= s;
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// dx = g[r] * exp(x - lse[r]).
+Tensor LogSumExpBackward(const Tensor& x, const Tensor& lse, const Tensor& g, const RowLayout& rl) {
+  Tensor dx(x.shape(), x.dtype());
+  DispatchDType(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = x.data<T>();
+    const T* l = lse.data<T>();
+    const T* gr = g.data<T>();
+    T* dst = dx.data<T>();
+    ParallelFor(0, rl.rows, MinChunk(rl.n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t i = 0; i < rl.n; ++i) {
+          dst[r * rl.n + i] = gr[r] * std::exp(in[r * rl.n + i] - l[r]);
+        }
+      }
+    });
+  });
+  return dx;
+}
+
+// softmax: dx = y (g - <g, y>); log_softmax: dx = g - exp(y) sum(g).
+Tensor SoftmaxBackward(const Tensor& y, const Tensor& g, const RowLayout& rl, bool log_space) {
+  Tensor dx(y.shape(), y.dtype());
+  DispatchDType(y.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* yv = y.data<T>();
+    const T* gv = g.data<T>();
+    T* dst = dx.data<T>();
+    ParallelFor(0, rl.rows, MinChunk(rl.n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const T* yr = yv + r * rl.n;
+        const T* gr = gv + r * rl.n;
+        T* d = dst + r * rl.n;
+        T acc = 0;
+        if (log_space) {
+          for (int64_t i = 0; i < rl.n; ++i) acc += gr[i];
+          for (int64_t i = 0; i < rl.n; ++i) d[i] = gr[i] - std::exp(yr[i]) * acc;
+        } else {
+          for (int64_t i = 0; i < rl.n; ++i) acc += gr[i] * yr[i];
+          for (int64_t i = 0; i < rl.n; ++i) d[i] = yr[i] * (gr[i] - acc);
+        }
+      }
+    });
+  });
+  return dx;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ softmax family
+
+Var logsumexp(const Var& x, bool keepdim) {
+  const RowLayout rl = Rows(x, "logsumexp");
+  const Shape keep_shape = ReducedShape(x.shape(), true);
+  Tensor out = LogSumExpValue(x.value(), rl, ReducedShape(x.shape(), keepdim));
+  return RecordOp(
+      "logsumexp", out, {x}, [rl, keep_shape](const VarList& in, const Var& self, const Var& g) {
+        if (!GradModeEnabled()) {
+          return VarList{Var(LogSumExpBackward(in[0].value(), self.value(), g.value(), rl))};
+        }
+        return VarList{mul(reshape(g, keep_shape), softmax(in[0]))};
+      });
+}
+
+Var softmax(const Var& x) {
+  const RowLayout rl = Rows(x, "softmax");
+  Tensor out = SoftmaxValue(x.value(), rl, /*log_space=*/false);
+  return RecordOp("softmax", out, {x}, [rl](const VarList&, const Var& self, const Var& g) {
+    if (!GradModeEnabled()) {
+      return VarList{Var(SoftmaxBackward(self.value(), g.value(), rl, false))};
+    }
+    // y (g - <g, y>), with y the (differentiable) output.
+    return VarList{mul(self, sub(g, sum(mul(g, self), -1, true)))};
+  });
+}
+
+Var log_softmax(const Var& x) {
+  const RowLayout rl = Rows(x, "log_softmax");
+  Tensor out = SoftmaxValue(x.value(), rl, /*log_space=*/true);
+  return RecordOp("log_softmax", out, {x}, [rl](const VarList&, const Var& self, const Var& g) {
+    if (!GradModeEnabled()) {
+      return VarList{Var(SoftmaxBackward(self.value(), g.value(), rl, true))};
+    }
+    // g - softmax(x) sum(g), with softmax(x) = exp(y).
+    return VarList{sub(g, mul(exp(self), sum(g, -1, true)))};
+  });
+}
+
+// --------------------------------------------------------------- layer_norm
+
+namespace {
+
+struct LayerNormGrads {
+  Tensor dx, dgain, dbias;
+};
+
+// stats holds (mean, rstd) per row.
+template <typename T>
+void LayerNormForwardKernel(const Tensor& x,
+                            const Tensor* gain,
+                            const Tensor* bias,
+                            double eps,
+                            const RowLayout& rl,
+                            Tensor* out,
+                            Tensor* stats) {
+  const T* in = x.data<T>();
+  const T* gv = gain ? gain->data<T>() : nullptr;
+  const T* bv = bias ? bias->data<T>() : nullptr;
+  T* y = out->data<T>();
+  T* st = stats->data<T>();
+  const int64_t n = rl.n;
+  const T inv_n = T(1) / static_cast<T>(n);
+  ParallelFor(0, rl.rows, MinChunk(n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = in + r * n;
+      T* yr = y + r * n;
+      T mean = 0;
+      for (int64_t i = 0; i < n; ++i) mean += row[i];
+      mean *= inv_n;
+      T var = 0;
+      for (int64_t i = 0; i < n; ++i) var += (row[i] - mean) * (row[i] - mean);
+      var *= inv_n;
+      const T rstd = T(1) / std::sqrt(var + static_cast<T>(eps));
+      for (int64_t i = 0; i < n; ++i) {
+        T v = (row[i] - mean) * rstd;
+        if (gv) v *= gv[i];
+        if (bv) v += bv[i];
+        yr[i] = v;
+      }
+      st[2 * r] = mean;
+      st[2 * r + 1] = rstd;
+    }
+  });
+}
+
+// The fused backward: dx from the saved row statistics, and the gain/bias
+// gradients summed over fixed blocks of rows, then over blocks in order.
+template <typename T>
+LayerNormGrads LayerNormBackwardKernel(const Tensor& x,
+                                       const Tensor* gain,
+                                       bool want_gain,
+                                       bool want_bias,
+                                       const Tensor& stats,
+                                       const Tensor& g,
+                                       const RowLayout& rl) {
+  const int64_t n = rl.n;
+  const int64_t blocks = (rl.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  std::vector<T> gain_partial(want_gain ? blocks * n : 0, T(0));
+  std::vector<T> bias_partial(want_bias ? blocks * n : 0, T(0));
+  LayerNormGrads grads;
+  grads.dx = Tensor(x.shape(), x.dtype());
+  const T* in = x.data<T>();
+  const T* gv = gain ? gain->data<T>() : nullptr;
+  const T* st = stats.data<T>();
+  const T* go = g.data<T>();
+  T* dx = grads.dx.data<T>();
+  const T inv_n = T(1) / static_cast<T>(n);
+  ParallelFor(0, blocks, MinChunk(kRowsPerBlock * n), [&](int64_t block_begin, int64_t block_end) {
+    for (int64_t b = block_begin; b < block_end; ++b) {
+      const int64_t row_end = std::min(rl.rows, (b + 1) * kRowsPerBlock);
+      for (int64_t r = b * kRowsPerBlock; r < row_end; ++r) {
+        const T* row = in + r * n;
+        const T* gr = go + r * n;
+        T* dr = dx + r * n;
+        const T mean = st[2 * r];
+        const T rstd = st[2 * r + 1];
+        // dxhat = g * gain; dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)).
+        T mean_d = 0;
+        T mean_dx = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const T xhat = (row[i] - mean) * rstd;
+          const T dxhat = gv ? gr[i] * gv[i] : gr[i];
+          mean_d += dxhat;
+          mean_dx += dxhat * xhat;
+        }
+        mean_d *= inv_n;
+        mean_dx *= inv_n;
+        for (int64_t i = 0; i < n; ++i) {
+          const T xhat = (row[i] - mean) * rstd;
+          const T dxhat = gv ? gr[i] * gv[i] : gr[i];
+          dr[i] = rstd * (dxhat - mean_d - xhat * mean_dx);
+          if (want_gain) gain_partial[b * n + i] += gr[i] * xhat;
+          if (want_bias) bias_partial[b * n + i] += gr[i];
+        }
+      }
+    }
+  });
+  auto reduce = [&](const std::vector<T>& partial) {
+    Tensor total = Tensor::Zeros(Shape{n}, x.dtype());
+    T* t = total.data<T>();
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t i = 0; i < n; ++i) t[i] += partial[b * n + i];
+    }
+    return total;
+  };
+  if (want_gain) grads.dgain = reduce(gain_partial);
+  if (want_bias) grads.dbias = reduce(bias_partial);
+  return grads;
+}
+
+}  // namespace
+
+Var layer_norm(const Var& x, const Var& gain, const Var& bias, double eps) {
+  const RowLayout rl = Rows(x, "layer_norm");
+  const Shape param_shape{rl.n};
+  if (gain.defined()) {
+    SP_CHECK(gain.shape() == param_shape, "layer_norm: gain ", gain.shape(),
+             " must be [D] = ", param_shape, " for x ", x.shape());
+    CheckSameDType(x, gain, "layer_norm", "gain");
+  }
+  if (bias.defined()) {
+    SP_CHECK(bias.shape() == param_shape, "layer_norm: bias ", bias.shape(),
+             " must be [D] = ", param_shape, " for x ", x.shape());
+    CheckSameDType(x, bias, "layer_norm", "bias");
+  }
+  SP_CHECK(eps >= 0.0, "layer_norm: eps must be >= 0, got ", eps);
+  SP_CHECK(rl.n > 0, "layer_norm: the last axis of x ", x.shape(), " is empty");
+
+  Tensor out(x.shape(), x.dtype());
+  Tensor stats(Shape{rl.rows, 2}, x.dtype());
+  const Tensor gain_value = gain.defined() ? gain.value() : Tensor();
+  const Tensor bias_value = bias.defined() ? bias.value() : Tensor();
+  DispatchDType(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    LayerNormForwardKernel<T>(x.value(), gain.defined() ? &gain_value : nullptr,
+                              bias.defined() ? &bias_value : nullptr, eps, rl, &out, &stats);
+  });
+
+  return RecordOp("layer_norm", out, {x, gain, bias},
+                  [rl, eps, stats](const VarList& in, const Var&, const Var& g) {
+                    const Var& x = in[0];
+                    const Var& gain = in[1];
+                    const Var& bias = in[2];
+                    const Shape param_shape{rl.n};
+                    if (!GradModeEnabled()) {
+                      LayerNormGrads grads = DispatchDType(x.dtype(), [&](auto zero) {
+                        using T = decltype(zero);
+                        const Tensor gain_value = gain.defined() ? gain.value() : Tensor();
+                        return LayerNormBackwardKernel<T>(
+                            x.value(), gain.defined() ? &gain_value : nullptr, gain.requires_grad(),
+                            bias.requires_grad(), stats, g.value(), rl);
+                      });
+                      return VarList{Var(grads.dx),
+                                     grads.dgain.defined() ? Var(grads.dgain) : Var(),
+                                     grads.dbias.defined() ? Var(grads.dbias) : Var()};
+                    }
+                    // The same formulas with differentiable ops, recomputing the
+                    // statistics from x so they carry their dependence on x.
+                    const Var centered = sub(x, mean(x, -1, true));
+                    const Var rstd = rsqrt(add_scalar(mean(square(centered), -1, true), eps));
+                    const Var xhat = mul(centered, rstd);
+                    const Var dxhat = gain.defined() ? mul(g, gain) : g;
+                    const Var dx = mul(rstd, sub(sub(dxhat, mean(dxhat, -1, true)),
+                                                 mul(xhat, mean(mul(dxhat, xhat), -1, true))));
+                    Var dgain, dbias;
+                    if (gain.requires_grad()) dgain = sum_to(mul(g, xhat), param_shape);
+                    if (bias.requires_grad()) dbias = sum_to(g, param_shape);
+                    return VarList{dx, dgain, dbias};
+                  });
+}
+
+// ------------------------------------------------------------ cross_entropy
+
+Var cross_entropy(const Var& logits, const std::vector<int64_t>& targets, int64_t ignore_index) {
+  const RowLayout rl = Rows(logits, "cross_entropy");
+  SP_CHECK(rl.n > 0, "cross_entropy: logits ", logits.shape(), " have no classes");
+  SP_CHECK(static_cast<int64_t>(targets.size()) == rl.rows, "cross_entropy: ", targets.size(),
+           " targets for logits ", logits.shape(), " (", rl.rows, " rows of ", rl.n, " classes)");
+  int64_t kept = 0;
+  for (std::size_t r = 0; r < targets.size(); ++r) {
+    if (targets[r] == ignore_index) continue;
+    SP_CHECK(targets[r] >= 0 && targets[r] < rl.n, "cross_entropy: target ", targets[r], " (row ",
+             r, ") is out of range [0, ", rl.n, ") for logits ", logits.shape(), " (ignore_index ",
+             ignore_index, ")");
+    ++kept;
+  }
+
+  // Per-row lse is kept for the fused backward; per-row losses are added in
+  // row order afterwards.
+  Tensor lse(Shape{rl.rows}, logits.dtype());
+  std::vector<double> row_loss(rl.rows, 0.0);
+  DispatchDType(logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = logits.value().data<T>();
+    T* l = lse.data<T>();
+    ParallelFor(0, rl.rows, MinChunk(rl.n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        l[r] = RowLogSumExp(in + r * rl.n, rl.n);
+        if (targets[r] != ignore_index) {
+          row_loss[r] = static_cast<double>(l[r] - in[r * rl.n + targets[r]]);
+        }
+      }
+    });
+  });
+  double total = 0.0;
+  for (double v : row_loss) total += v;
+  // With every row ignored the loss (and its gradient) is 0, not 0/0.
+  const double inv_kept = kept > 0 ? 1.0 / static_cast<double>(kept) : 0.0;
+  Tensor out = Tensor::Scalar(total * inv_kept, logits.dtype());
+
+  return RecordOp(
+      "cross_entropy", out, {logits},
+      [rl, targets, ignore_index, inv_kept, lse](const VarList& in, const Var&, const Var& g) {
+        const Var& x = in[0];
+        if (!GradModeEnabled()) {
+          // (softmax - onehot) * g / N on kept rows, 0 on ignored rows.
+          Tensor dx(x.shape(), x.dtype());
+          DispatchDType(x.dtype(), [&](auto zero) {
+            using T = decltype(zero);
+            const T* xv = x.value().data<T>();
+            const T* l = lse.data<T>();
+            T* d = dx.data<T>();
+            const T scale = static_cast<T>(g.value().item() * inv_kept);
+            ParallelFor(0, rl.rows, MinChunk(rl.n), [&](int64_t begin, int64_t end) {
+              for (int64_t r = begin; r < end; ++r) {
+                T* dr = d + r * rl.n;
+                if (targets[r] == ignore_index) {
+                  std::fill_n(dr, rl.n, T(0));
+                  continue;
+                }
+                for (int64_t i = 0; i < rl.n; ++i) {
+                  dr[i] = std::exp(xv[r * rl.n + i] - l[r]) * scale;
+                }
+                dr[targets[r]] -= scale;
+              }
+            });
+          });
+          return VarList{Var(dx)};
+        }
+        Tensor onehot = Tensor::Zeros(x.shape(), x.dtype());
+        Tensor weight = Tensor::Zeros(ReducedShape(x.shape(), true), x.dtype());
+        for (int64_t r = 0; r < rl.rows; ++r) {
+          if (targets[r] == ignore_index) continue;
+          onehot.set(r * rl.n + targets[r], 1.0);
+          weight.set(r, inv_kept);
+        }
+        const Var per_entry = mul(sub(softmax(x), constant(onehot)), constant(weight));
+        return VarList{mul(per_entry, g)};
+      });
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,222 @@
+// matmul: values against a naive triple loop, first and second order
+// gradients for every layout (2-D with all transposes, batched 3-D and 4-D,
+// batched with a shared rank-2 operand), float32, errors, and independence
+// from the thread count.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "framework/gradcheck.h"
+#include "framework/ops.h"
+#include "framework/parallel.h"
+#include "framework/random.h"
+
+namespace stillpoint {
+namespace {
+
+Var Random(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat64) {
+  Rng rng(seed);
+  return Var(RandomNormal(shape, 0.0, 1.0, dtype, rng));
+}
+
+// C[i, j] = sum_p op(A)[i, p] op(B)[p, j], for every batch entry; B may be
+// rank 2 and shared.
+Tensor NaiveMatmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  const int64_t m = ta ? a.dim(-1) : a.dim(-2);
+  const int64_t k = ta ? a.dim(-2) : a.dim(-1);
+  const int64_t n = tb ? b.dim(-2) : b.dim(-1);
+  const int64_t batch = a.numel() / (m * k);
+  const bool shared = b.rank() == 2 && a.rank() > 2;
+  std::vector<int64_t> dims = a.shape().dims();
+  dims[dims.size() - 2] = m;
+  dims[dims.size() - 1] = n;
+  Tensor c(Shape(dims), DType::kFloat64);
+  for (int64_t e = 0; e < batch; ++e) {
+    const int64_t ao = e * m * k;
+    const int64_t bo = shared ? 0 : e * k * n;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0.0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double av = ta ? a.at(ao + p * m + i) : a.at(ao + i * k + p);
+          const double bv = tb ? b.at(bo + j * k + p) : b.at(bo + p * n + j);
+          s += av * bv;
+        }
+        c.set(e * m * n + i * n + j, s);
+      }
+    }
+  }
+  return c;
+}
+
+// Shapes of A and B for op(A) [m, k] and op(B) [k, n] with leading dims.
+std::pair<Shape, Shape> Operands(
+    std::vector<int64_t> lead, int64_t m, int64_t k, int64_t n, bool ta, bool tb, bool shared_b) {
+  std::vector<int64_t> a = lead;
+  a.push_back(ta ? k : m);
+  a.push_back(ta ? m : k);
+  std::vector<int64_t> b = shared_b ? std::vector<int64_t>{} : lead;
+  b.push_back(tb ? n : k);
+  b.push_back(tb ? k : n);
+  return {Shape(a), Shape(b)};
+}
+
+class MatmulLayoutTest : public ::testing::TestWithParam<std::tuple<int /*layout*/, bool, bool>> {
+ protected:
+  // layout 0: 2-D; 1: batched 3-D; 2: batched 4-D; 3: 3-D with shared B.
+  std::pair<Shape, Shape> Shapes() const {
+    const auto [layout, ta, tb] = GetParam();
+    switch (layout) {
+      case 0:
+        return Operands({}, 3, 4, 5, ta, tb, false);
+      case 1:
+        return Operands({2}, 3, 4, 2, ta, tb, false);
+      case 2:
+        return Operands({2, 2}, 2, 3, 2, ta, tb, false);
+      default:
+        return Operands({3}, 2, 4, 3, ta, tb, true);
+    }
+  }
+};
+
+TEST_P(MatmulLayoutTest, ValueMatchesNaiveTripleLoop) {
+  const auto [layout, ta, tb] = GetParam();
+  const auto [sa, sb] = Shapes();
+  Var a = Random(sa, 1);
+  Var b = Random(sb, 2);
+  Var c = matmul(a, b, ta, tb);
+  Tensor expected = NaiveMatmul(a.value(), b.value(), ta, tb);
+  ASSERT_EQ(c.shape(), expected.shape());
+  EXPECT_LT(MaxAbsDiff(c.value(), expected), 1e-12);
+}
+
+TEST_P(MatmulLayoutTest, FirstOrderGradients) {
+  const auto [layout, ta, tb] = GetParam();
+  const auto [sa, sb] = Shapes();
+  auto r =
+      CheckGradients([ta = ta, tb = tb](const VarList& in) { return matmul(in[0], in[1], ta, tb); },
+                     {Random(sa, 3), Random(sb, 4)});
+  EXPECT_TRUE(r) << r;
+}
+
+TEST_P(MatmulLayoutTest, SecondOrderGradients) {
+  const auto [layout, ta, tb] = GetParam();
+  const auto [sa, sb] = Shapes();
+  // matmul is bilinear: the second-order terms are the cross terms, and a
+  // square makes the Hessian depend on the values too.
+  auto r = CheckSecondOrderGradients(
+      [ta = ta, tb = tb](const VarList& in) { return square(matmul(in[0], in[1], ta, tb)); },
+      {Random(sa, 5), Random(sb, 6)});
+  EXPECT_TRUE(r) << r;
+}
+
+std::string LayoutName(const ::testing::TestParamInfo<MatmulLayoutTest::ParamType>& info) {
+  static const char* kLayouts[] = {"TwoD", "Batched3D", "Batched4D", "SharedB"};
+  const auto [layout, ta, tb] = info.param;
+  return std::string(kLayouts[layout]) + (ta ? "_Ta" : "_Na") + (tb ? "_Tb" : "_Nb");
+}
+
+INSTANTIATE_TEST_SUITE_P(AllLayouts,
+                         MatmulLayoutTest,
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3),
+                                            ::testing::Bool(),
+                                            ::testing::Bool()),
+                         LayoutName);
+
+TEST(MatmulTest, LargeProductSplitIntoRowBlocksMatchesNaive) {
+  // More rows than one work unit, so the product is split into row blocks.
+  Var a = Random(Shape{150, 20}, 7);
+  Var b = Random(Shape{20, 9}, 8);
+  EXPECT_LT(MaxAbsDiff(matmul(a, b).value(), NaiveMatmul(a.value(), b.value(), false, false)),
+            1e-12);
+  Var at = Random(Shape{20, 150}, 9);
+  EXPECT_LT(MaxAbsDiff(matmul(at, b, true, false).value(),
+                       NaiveMatmul(at.value(), b.value(), true, false)),
+            1e-12);
+}
+
+TEST(MatmulTest, Float32MatchesFloat64) {
+  Var a = Random(Shape{2, 5, 7}, 10);
+  Var b = Random(Shape{7, 3}, 11);
+  Var c64 = matmul(a, b);
+  Var c32 = matmul(Var(a.value().To(DType::kFloat32)), Var(b.value().To(DType::kFloat32)));
+  EXPECT_EQ(c32.dtype(), DType::kFloat32);
+  EXPECT_LT(MaxAbsDiff(c32.value().To(DType::kFloat64), c64.value()), 1e-5);
+}
+
+TEST(MatmulTest, Float32GradientsMatchFloat64) {
+  Var a64(Random(Shape{3, 4, 5}, 12).value(), true);
+  Var b64(Random(Shape{5, 2}, 13).value(), true);
+  Var a32(a64.value().To(DType::kFloat32), true);
+  Var b32(b64.value().To(DType::kFloat32), true);
+  backward(sum(square(matmul(a64, b64))));
+  backward(sum(square(matmul(a32, b32))));
+  EXPECT_LT(MaxAbsDiff(a32.grad().value().To(DType::kFloat64), a64.grad().value()), 1e-4);
+  EXPECT_LT(MaxAbsDiff(b32.grad().value().To(DType::kFloat64), b64.grad().value()), 1e-4);
+}
+
+std::string ErrorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MatmulTest, ErrorsNameTheOpAndShapes) {
+  Var a = Random(Shape{2, 3}, 1);
+  Var b = Random(Shape{4, 5}, 2);
+  const std::string inner = ErrorOf([&] { matmul(a, b); });
+  EXPECT_NE(inner.find("matmul"), std::string::npos) << inner;
+  EXPECT_NE(inner.find("[2, 3]"), std::string::npos) << inner;
+  EXPECT_NE(inner.find("[4, 5]"), std::string::npos) << inner;
+
+  Var batched_a = Random(Shape{2, 3, 4}, 3);
+  Var batched_b = Random(Shape{3, 4, 5}, 4);
+  const std::string batch = ErrorOf([&] { matmul(batched_a, batched_b); });
+  EXPECT_NE(batch.find("matmul"), std::string::npos) << batch;
+  EXPECT_NE(batch.find("[3, 4, 5]"), std::string::npos) << batch;
+
+  const std::string rank = ErrorOf([&] { matmul(Random(Shape{3}, 5), b); });
+  EXPECT_NE(rank.find("matmul"), std::string::npos) << rank;
+  EXPECT_NE(rank.find("[3]"), std::string::npos) << rank;
+
+  Var b32(Tensor::Zeros(Shape{3, 5}, DType::kFloat32));
+  const std::string dtype = ErrorOf([&] { matmul(a, b32); });
+  EXPECT_NE(dtype.find("matmul"), std::string::npos) << dtype;
+  EXPECT_NE(dtype.find("float32"), std::string::npos) << dtype;
+}
+
+TEST(MatmulTest, BatchedResultIsBitwiseIndependentOfThreadCount) {
+  Var a(Random(Shape{8, 70, 33}, 20, DType::kFloat32).value(), true);
+  Var b(Random(Shape{8, 33, 41}, 21, DType::kFloat32).value(), true);
+  Var shared(Random(Shape{33, 41}, 22, DType::kFloat32).value(), true);
+  // Per thread count: the two products and the gradients of both operands.
+  std::vector<Tensor> results[2];
+  for (int threads : {1, 2}) {
+    ScopedNumThreads scoped(threads);
+    Var batched = matmul(a, b);
+    Var with_shared = matmul(a, shared);
+    VarList g = grad({add(sum(square(batched)), sum(square(with_shared)))}, {a, b, shared});
+    results[threads - 1] = {batched.value(), with_shared.value(), g[0].value(), g[1].value(),
+                            g[2].value()};
+  }
+  for (std::size_t i = 0; i < results[0].size(); ++i) {
+    EXPECT_EQ(MaxAbsDiff(results[0][i], results[1][i]), 0.0) << "result " << i;
+  }
+}
+
+TEST(MatmulTest, EmptyInnerExtentGivesZeros) {
+  Var a(Tensor::Zeros(Shape{2, 0}, DType::kFloat64));
+  Var b(Tensor::Zeros(Shape{0, 3}, DType::kFloat64));
+  Var c = matmul(a, b);
+  ASSERT_EQ(c.shape(), (Shape{2, 3}));
+  EXPECT_EQ(MaxAbsDiff(c.value(), Tensor::Zeros(Shape{2, 3}, DType::kFloat64)), 0.0);
+}
+
+}  // namespace
+}  // namespace stillpoint
