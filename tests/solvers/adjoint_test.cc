@@ -1,0 +1,378 @@
+// The adjoint linear solvers on explicit per-sample matrices J_b, where the
+// exact solution of w = g + J^T w is known from a dense LU.
+#include "solvers/adjoint.h"
+
+#include <gtest/gtest.h>
+
+#include <Eigen/Dense>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "framework/parallel.h"
+#include "framework/random.h"
+
+namespace stillpoint {
+namespace {
+
+// Per-sample Jacobians and the VJP they define.
+struct LinearAdjoint {
+  std::vector<Eigen::MatrixXd> jacobians;
+  int64_t vjp_calls = 0;
+
+  int64_t batch() const { return static_cast<int64_t>(jacobians.size()); }
+  int64_t n() const { return jacobians[0].rows(); }
+
+  BatchedVjp Vjp() {
+    return [this](const Tensor& v, Tensor* out) {
+      ++vjp_calls;
+      const int64_t n_ = n();
+      for (int64_t b = 0; b < batch(); ++b) {
+        Eigen::VectorXd vb(n_);
+        for (int64_t i = 0; i < n_; ++i) vb(i) = v.at(b * n_ + i);
+        const Eigen::VectorXd r = jacobians[b].transpose() * vb;
+        for (int64_t i = 0; i < n_; ++i) out->set(b * n_ + i, r(i));
+      }
+    };
+  }
+
+  // (I - J_b^T)^{-1} g_b.
+  Tensor Exact(const Tensor& g) const {
+    Tensor w(g.shape(), g.dtype());
+    const int64_t n_ = n();
+    for (int64_t b = 0; b < batch(); ++b) {
+      Eigen::MatrixXd a = Eigen::MatrixXd::Identity(n_, n_) - jacobians[b].transpose();
+      Eigen::VectorXd gb(n_);
+      for (int64_t i = 0; i < n_; ++i) gb(i) = g.at(b * n_ + i);
+      const Eigen::VectorXd x = a.partialPivLu().solve(gb);
+      for (int64_t i = 0; i < n_; ++i) w.set(b * n_ + i, x(i));
+    }
+    return w;
+  }
+};
+
+// Random J_b with spectral norm `norm`; symmetric if asked.
+LinearAdjoint MakeLinear(int64_t batch, int64_t n, double norm, bool symmetric, uint64_t seed) {
+  Rng rng(seed);
+  LinearAdjoint linear;
+  for (int64_t b = 0; b < batch; ++b) {
+    Eigen::MatrixXd m(n, n);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) m(i, j) = rng.Normal();
+    }
+    if (symmetric) m = 0.5 * (m + m.transpose()).eval();
+    const double spectral = Eigen::JacobiSVD<Eigen::MatrixXd>(m).singularValues()(0);
+    linear.jacobians.push_back(m * (norm / spectral));
+  }
+  return linear;
+}
+
+Tensor RandomRhs(int64_t batch, int64_t n, uint64_t seed, DType dtype = DType::kFloat64) {
+  Rng rng(seed);
+  return RandomNormal(Shape{batch, n}, 0.0, 1.0, dtype, rng);
+}
+
+double RelativeDiff(const Tensor& a, const Tensor& b) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    diff += (a.at(i) - b.at(i)) * (a.at(i) - b.at(i));
+    norm += b.at(i) * b.at(i);
+  }
+  return std::sqrt(diff / norm);
+}
+
+BackwardOptions Options(AdjointSolverType solver, double tolerance = 1e-10) {
+  BackwardOptions options;
+  options.solver = solver;
+  options.tolerance = tolerance;
+  options.max_iterations = 300;
+  options.neumann_terms = 300;
+  return options;
+}
+
+class AdjointSolverTest : public ::testing::TestWithParam<AdjointSolverType> {};
+
+TEST_P(AdjointSolverTest, AgreesWithDenseOnSymmetricContraction) {
+  // Symmetric J with ||J|| = 0.7: I - J is SPD, so every solver applies.
+  LinearAdjoint linear = MakeLinear(3, 12, 0.7, true, 1);
+  const Tensor g = RandomRhs(3, 12, 2);
+  Tensor dense;
+  const AdjointSummary dense_summary =
+      SolveAdjoint(Options(AdjointSolverType::kDense), linear.Vjp(), g, &dense);
+  ASSERT_TRUE(dense_summary.IsUsable()) << dense_summary.FullReport();
+  EXPECT_LT(RelativeDiff(dense, linear.Exact(g)), 1e-12);
+
+  Tensor w;
+  const AdjointSummary summary = SolveAdjoint(Options(GetParam()), linear.Vjp(), g, &w);
+  EXPECT_TRUE(summary.IsUsable()) << summary.FullReport();
+  EXPECT_EQ(summary.solver, GetParam());
+  EXPECT_LE(summary.MaxRelResidual(), 1e-10) << summary.FullReport();
+  EXPECT_LT(RelativeDiff(w, dense), 1e-8) << summary.FullReport();
+  EXPECT_EQ(summary.sample_iterations.size(), 3u);
+  EXPECT_GT(summary.vjp_evaluations, 0);
+}
+
+TEST_P(AdjointSolverTest, FloatStatesWork) {
+  LinearAdjoint linear = MakeLinear(2, 8, 0.5, true, 3);
+  const Tensor g = RandomRhs(2, 8, 4, DType::kFloat32);
+  Tensor w;
+  const AdjointSummary summary = SolveAdjoint(Options(GetParam(), 1e-5), linear.Vjp(), g, &w);
+  EXPECT_EQ(w.dtype(), DType::kFloat32);
+  EXPECT_TRUE(summary.IsUsable()) << summary.FullReport();
+  EXPECT_LT(RelativeDiff(w, linear.Exact(g.To(DType::kFloat64))), 1e-4);
+}
+
+TEST_P(AdjointSolverTest, ZeroGradientSampleConvergesAtOnce) {
+  LinearAdjoint linear = MakeLinear(2, 6, 0.5, true, 5);
+  Tensor g = RandomRhs(2, 6, 6);
+  for (int64_t i = 0; i < 6; ++i) g.set(6 + i, 0.0);  // sample 1: g = 0
+  Tensor w;
+  const AdjointSummary summary = SolveAdjoint(Options(GetParam()), linear.Vjp(), g, &w);
+  EXPECT_TRUE(summary.IsUsable()) << summary.FullReport();
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(w.at(6 + i), 0.0);
+}
+
+TEST_P(AdjointSolverTest, WarmStartAtTheSolutionNeedsNoIterations) {
+  LinearAdjoint linear = MakeLinear(2, 6, 0.5, true, 7);
+  const Tensor g = RandomRhs(2, 6, 8);
+  Tensor w = linear.Exact(g);
+  const AdjointSummary summary = SolveAdjoint(Options(GetParam(), 1e-8), linear.Vjp(), g, &w);
+  EXPECT_TRUE(summary.IsUsable()) << summary.FullReport();
+  if (GetParam() == AdjointSolverType::kDense) {
+    // The dense solve is exact and ignores the start (n VJPs regardless).
+    EXPECT_FALSE(summary.warm_started);
+    EXPECT_EQ(summary.iterations, 6);
+    return;
+  }
+  EXPECT_TRUE(summary.warm_started);
+  EXPECT_EQ(summary.iterations, 0) << summary.FullReport();
+}
+
+INSTANTIATE_TEST_SUITE_P(AllAdjointSolvers,
+                         AdjointSolverTest,
+                         ::testing::ValuesIn(AllAdjointSolverTypes()),
+                         [](const ::testing::TestParamInfo<AdjointSolverType>& info) {
+                           return std::string(ToString(info.param));
+                         });
+
+TEST(AdjointSolver, NonSymmetricSolversAgreeWithDense) {
+  LinearAdjoint linear = MakeLinear(3, 10, 0.8, false, 11);
+  const Tensor g = RandomRhs(3, 10, 12);
+  const Tensor exact = linear.Exact(g);
+  for (AdjointSolverType solver :
+       {AdjointSolverType::kFixedPoint, AdjointSolverType::kAnderson, AdjointSolverType::kBroyden,
+        AdjointSolverType::kGmres, AdjointSolverType::kNeumann, AdjointSolverType::kDense}) {
+    Tensor w;
+    const AdjointSummary summary = SolveAdjoint(Options(solver), linear.Vjp(), g, &w);
+    EXPECT_TRUE(summary.IsUsable()) << summary.FullReport();
+    EXPECT_LT(RelativeDiff(w, exact), 1e-8) << ToString(solver);
+  }
+}
+
+TEST(AdjointSolver, ResultsDoNotDependOnThreadCount) {
+  LinearAdjoint linear = MakeLinear(5, 12, 0.8, true, 31);
+  const Tensor g = RandomRhs(5, 12, 32);
+  for (AdjointSolverType solver :
+       {AdjointSolverType::kGmres, AdjointSolverType::kMinres,
+        AdjointSolverType::kConjugateGradient, AdjointSolverType::kDense}) {
+    Tensor one_thread, two_threads;
+    {
+      ScopedNumThreads threads(1);
+      SolveAdjoint(Options(solver), linear.Vjp(), g, &one_thread);
+    }
+    {
+      ScopedNumThreads threads(2);
+      SolveAdjoint(Options(solver), linear.Vjp(), g, &two_threads);
+    }
+    EXPECT_EQ(MaxAbsDiff(one_thread, two_threads), 0.0) << ToString(solver);
+  }
+}
+
+TEST(AdjointSolver, NeumannConvergesToDenseAsTermsGrow) {
+  LinearAdjoint linear = MakeLinear(2, 8, 0.6, false, 13);
+  const Tensor g = RandomRhs(2, 8, 14);
+  const Tensor exact = linear.Exact(g);
+  double previous = 1e300;
+  for (int terms : {0, 2, 5, 10, 20, 40}) {
+    BackwardOptions options = Options(AdjointSolverType::kNeumann, 0.0);
+    options.neumann_terms = terms;
+    Tensor w;
+    const AdjointSummary summary = SolveAdjoint(options, linear.Vjp(), g, &w);
+    const double error = RelativeDiff(w, exact);
+    EXPECT_LT(error, previous) << terms << " terms";
+    // The error of k terms is (J^T)^{k+1} (I - J^T)^{-1} g: at most
+    // 0.6^(k+1) / 0.4 relative.
+    EXPECT_LT(error, std::pow(0.6, terms + 1) / 0.4 * 1.01) << terms << " terms";
+    EXPECT_EQ(summary.iterations, terms);
+    previous = error;
+  }
+}
+
+TEST(AdjointSolver, GmresWithSmallRestartConverges) {
+  LinearAdjoint linear = MakeLinear(2, 16, 0.9, false, 15);
+  const Tensor g = RandomRhs(2, 16, 16);
+  BackwardOptions options = Options(AdjointSolverType::kGmres);
+  options.gmres_restart = 3;
+  Tensor w;
+  const AdjointSummary summary = SolveAdjoint(options, linear.Vjp(), g, &w);
+  EXPECT_TRUE(summary.IsUsable()) << summary.FullReport();
+  EXPECT_LT(RelativeDiff(w, linear.Exact(g)), 1e-8);
+}
+
+TEST(AdjointSolver, ExpansiveJacobianFixedPointReportsFailureGmresSolves) {
+  // Symmetric J with eigenvalues in [1.2, 2]: I - J is negative definite.
+  // The fixed-point iteration cannot converge and must say so; GMRES and
+  // MINRES solve the system; CG detects that I - J is not positive definite.
+  LinearAdjoint linear;
+  Rng rng(17);
+  for (int b = 0; b < 2; ++b) {
+    Eigen::MatrixXd m(8, 8);
+    for (int i = 0; i < 8; ++i) {
+      for (int j = 0; j < 8; ++j) m(i, j) = rng.Normal();
+    }
+    const Eigen::HouseholderQR<Eigen::MatrixXd> qr(m);
+    const Eigen::MatrixXd q = qr.householderQ();
+    Eigen::VectorXd eigenvalues(8);
+    for (int i = 0; i < 8; ++i) eigenvalues(i) = 1.2 + 0.8 * i / 7.0;
+    linear.jacobians.push_back(q * eigenvalues.asDiagonal() * q.transpose());
+  }
+  const Tensor g = RandomRhs(2, 8, 18);
+  const Tensor exact = linear.Exact(g);
+
+  Tensor w;
+  AdjointSummary summary =
+      SolveAdjoint(Options(AdjointSolverType::kFixedPoint), linear.Vjp(), g, &w);
+  EXPECT_FALSE(summary.IsUsable()) << summary.FullReport();
+  EXPECT_NE(summary.termination_type, TerminationType::kConverged);
+
+  for (AdjointSolverType solver :
+       {AdjointSolverType::kGmres, AdjointSolverType::kMinres, AdjointSolverType::kDense}) {
+    Tensor x;
+    summary = SolveAdjoint(Options(solver), linear.Vjp(), g, &x);
+    EXPECT_TRUE(summary.IsUsable()) << summary.FullReport();
+    EXPECT_LT(RelativeDiff(x, exact), 1e-8) << ToString(solver);
+  }
+
+  Tensor cg;
+  summary = SolveAdjoint(Options(AdjointSolverType::kConjugateGradient), linear.Vjp(), g, &cg);
+  EXPECT_FALSE(summary.IsUsable());
+  EXPECT_EQ(summary.CountSamples(TerminationType::kLinearAlgebraFailure), 2)
+      << summary.FullReport();
+}
+
+TEST(AdjointSolver, NonFiniteVjpFallsBackToG) {
+  LinearAdjoint linear = MakeLinear(2, 4, 0.5, true, 19);  // symmetric, for cg
+  linear.jacobians[1](0, 0) = std::numeric_limits<double>::quiet_NaN();
+  const Tensor g = RandomRhs(2, 4, 20);
+  for (AdjointSolverType solver : {AdjointSolverType::kGmres, AdjointSolverType::kNeumann,
+                                   AdjointSolverType::kConjugateGradient}) {
+    Tensor w;
+    const AdjointSummary summary = SolveAdjoint(Options(solver), linear.Vjp(), g, &w);
+    EXPECT_EQ(summary.sample_termination[0], TerminationType::kConverged) << ToString(solver);
+    EXPECT_EQ(summary.sample_termination[1], TerminationType::kNonFinite)
+        << ToString(solver) << "\n"
+        << summary.FullReport();
+    EXPECT_EQ(summary.termination_type, TerminationType::kNonFinite);
+    for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(w.at(4 + i), g.at(4 + i)) << ToString(solver);
+  }
+}
+
+TEST(AdjointSolver, DenseRefusesLargeStates) {
+  LinearAdjoint linear = MakeLinear(1, 6, 0.5, false, 21);
+  const Tensor g = RandomRhs(1, 6, 22);
+  BackwardOptions options = Options(AdjointSolverType::kDense);
+  options.dense_max_state_size = 5;
+  Tensor w;
+  try {
+    SolveAdjoint(options, linear.Vjp(), g, &w);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dense_max_state_size"), std::string::npos) << e.what();
+  }
+}
+
+TEST(AdjointSolver, DenseReportsSingularSystem) {
+  LinearAdjoint linear;
+  linear.jacobians.push_back(Eigen::MatrixXd::Identity(3, 3));  // I - J = 0
+  const Tensor g = RandomRhs(1, 3, 23);
+  Tensor w;
+  const AdjointSummary summary =
+      SolveAdjoint(Options(AdjointSolverType::kDense), linear.Vjp(), g, &w);
+  EXPECT_EQ(summary.termination_type, TerminationType::kLinearAlgebraFailure)
+      << summary.FullReport();
+}
+
+TEST(AdjointSolver, MaxIterationsIsReported) {
+  LinearAdjoint linear = MakeLinear(2, 20, 0.95, false, 25);
+  const Tensor g = RandomRhs(2, 20, 26);
+  BackwardOptions options = Options(AdjointSolverType::kGmres);
+  options.max_iterations = 3;
+  Tensor w;
+  const AdjointSummary summary = SolveAdjoint(options, linear.Vjp(), g, &w);
+  EXPECT_EQ(summary.termination_type, TerminationType::kMaxIterations) << summary.FullReport();
+  EXPECT_EQ(summary.iterations, 3);
+  EXPECT_GT(summary.MaxRelResidual(), options.tolerance);
+}
+
+TEST(AdjointSolver, ShapeMismatchIsMisuse) {
+  LinearAdjoint linear = MakeLinear(2, 4, 0.5, false, 27);
+  const Tensor g = RandomRhs(2, 4, 28);
+  Tensor w = Tensor::Zeros(Shape{2, 5}, DType::kFloat64);
+  EXPECT_THROW(SolveAdjoint(Options(AdjointSolverType::kGmres), linear.Vjp(), g, &w), Error);
+}
+
+TEST(BackwardOptions, IsValidNamesTheField) {
+  BackwardOptions options;
+  std::string error;
+  EXPECT_TRUE(options.IsValid(&error)) << error;
+  options.phantom_tau = 1.5;
+  EXPECT_FALSE(options.IsValid(&error));
+  EXPECT_NE(error.find("phantom_tau"), std::string::npos) << error;
+  options = BackwardOptions();
+  options.gmres_restart = 0;
+  EXPECT_FALSE(options.IsValid(&error));
+  EXPECT_NE(error.find("gmres_restart"), std::string::npos) << error;
+  options = BackwardOptions();
+  options.tolerance = -1;
+  EXPECT_FALSE(options.IsValid(&error));
+  EXPECT_NE(error.find("tolerance"), std::string::npos) << error;
+}
+
+TEST(BackwardOptions, EnumsRoundTrip) {
+  for (AdjointSolverType type : AllAdjointSolverTypes()) {
+    AdjointSolverType parsed = AdjointSolverType::kDense;
+    ASSERT_TRUE(StringToAdjointSolverType(ToString(type), &parsed)) << ToString(type);
+    EXPECT_EQ(parsed, type);
+  }
+  for (BackwardMode mode :
+       {BackwardMode::kIft, BackwardMode::kJfb, BackwardMode::kPhantom, BackwardMode::kUnrolled}) {
+    BackwardMode parsed = BackwardMode::kUnrolled;
+    ASSERT_TRUE(StringToBackwardMode(ToString(mode), &parsed)) << ToString(mode);
+    EXPECT_EQ(parsed, mode);
+  }
+  BackwardMode mode = BackwardMode::kJfb;
+  EXPECT_TRUE(StringToBackwardMode("IFT", &mode));
+  EXPECT_EQ(mode, BackwardMode::kIft);
+  EXPECT_FALSE(StringToBackwardMode("implicit", &mode));
+  EXPECT_EQ(mode, BackwardMode::kIft);  // untouched on failure
+  AdjointSolverType type = AdjointSolverType::kGmres;
+  EXPECT_TRUE(StringToAdjointSolverType("CG", &type));
+  EXPECT_EQ(type, AdjointSolverType::kConjugateGradient);
+}
+
+TEST(AdjointSummary, ReportsSayWhatHappened) {
+  LinearAdjoint linear = MakeLinear(2, 4, 0.5, false, 29);
+  const Tensor g = RandomRhs(2, 4, 30);
+  Tensor w;
+  const AdjointSummary summary =
+      SolveAdjoint(Options(AdjointSolverType::kGmres), linear.Vjp(), g, &w);
+  const std::string brief = summary.BriefReport();
+  EXPECT_NE(brief.find("ift/gmres: CONVERGED, 2/2 converged"), std::string::npos) << brief;
+  const std::string full = summary.FullReport();
+  EXPECT_NE(full.find("sample 1: CONVERGED"), std::string::npos) << full;
+  EXPECT_EQ(summary.vjp_evaluations, linear.vjp_calls);
+}
+
+}  // namespace
+}  // namespace stillpoint

@@ -1,0 +1,428 @@
+// Gradients through SolveImplicit: for every forward solver and every
+// backward mode, against central finite differences of the converged solve,
+// the closed form, and the explicit unrolled reference; memory independence
+// of the forward iterations; graph semantics of the implicit node.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/buffer_pool.h"
+#include "framework/ops.h"
+#include "framework/random.h"
+#include "solvers/implicit.h"
+#include "tests/solvers/implicit_problems.h"
+
+namespace stillpoint {
+namespace {
+
+using implicit_test::AffineProblem;
+using implicit_test::AffineSolution;
+using implicit_test::AnalyticGradients;
+using implicit_test::Cosine;
+using implicit_test::HopfieldProblem;
+using implicit_test::ImplicitProblem;
+using implicit_test::NumericGradients;
+using implicit_test::ProbeLoss;
+using implicit_test::RelativeError;
+using implicit_test::ScaledEnergyCell;
+using implicit_test::TanhProblem;
+using implicit_test::TightForward;
+
+// Exact modes must match finite differences to this relative error.
+constexpr double kExactTolerance = 1e-6;
+
+ImplicitProblem MakeProblem(const std::string& name) {
+  if (name == "affine") return AffineProblem(2, 4, 3, false, 11);
+  if (name == "affine_symmetric") return AffineProblem(2, 4, 3, true, 12);
+  if (name == "tanh") return TanhProblem(2, 4, 3, 13);
+  return HopfieldProblem(2, 4, 3, 2.0, 14);
+}
+
+Tensor Probe(const ImplicitProblem& p, uint64_t seed = 99) {
+  Rng rng(seed);
+  return RandomNormal(p.z0.shape(), 0.0, 1.0, DType::kFloat64, rng);
+}
+
+BackwardOptions Ift(AdjointSolverType solver) {
+  BackwardOptions options;
+  options.mode = BackwardMode::kIft;
+  options.solver = solver;
+  options.tolerance = 1e-12;
+  options.max_iterations = 200;
+  options.neumann_terms = 200;
+  return options;
+}
+
+// ------------------------------------------- every forward x every backward
+
+class ImplicitGradTest
+    : public ::testing::TestWithParam<std::tuple<std::string, ForwardSolverType>> {};
+
+TEST_P(ImplicitGradTest, EveryBackwardModeAgainstFiniteDifferences) {
+  const auto [problem_name, forward_type] = GetParam();
+  ImplicitProblem p = MakeProblem(problem_name);
+  ASSERT_TRUE(forward_type != ForwardSolverType::kCeresLbfgs || p.energy);
+  const Tensor probe = Probe(p);
+  ForwardSolverOptions forward = TightForward(forward_type);
+  ForwardSolverOptions reference = forward;
+  if (forward_type == ForwardSolverType::kCeresLbfgs) {
+    // Ceres' line search ends near 1e-10, too coarse for differences with
+    // step 1e-5: polish its result with Anderson for the reference solve,
+    // and differentiate at the plain Ceres solution.
+    forward.absolute_tolerance = 1e-9;
+    reference.fallback_chain = {ForwardSolverType::kAnderson};
+    reference.fallback_residual_threshold = 1e-13;
+  }
+  const std::vector<Tensor> numeric = NumericGradients(p, p.cell, reference, probe);
+
+  ImplicitOptions options;
+  options.forward = forward;
+  std::vector<Tensor> ift_gradient;
+  for (AdjointSolverType solver : AllAdjointSolverTypes()) {
+    const bool needs_symmetry =
+        solver == AdjointSolverType::kConjugateGradient || solver == AdjointSolverType::kMinres;
+    if (needs_symmetry && !p.symmetric) continue;
+    options.backward = Ift(solver);
+    ImplicitResult result;
+    const std::vector<Tensor> analytic = AnalyticGradients(p, p.cell, options, probe, &result);
+    ASSERT_TRUE(result.forward.IsUsable()) << result.forward.FullReport();
+    ASSERT_NE(result.backward, nullptr);
+    EXPECT_TRUE(result.backward->IsUsable()) << result.backward->FullReport();
+    EXPECT_LT(RelativeError(analytic, numeric), kExactTolerance)
+        << p.name << " / " << ToString(forward_type) << " / ift " << ToString(solver);
+    if (solver == AdjointSolverType::kDense) ift_gradient = analytic;
+  }
+  ASSERT_FALSE(ift_gradient.empty());
+
+  // unrolled(k) at large k is exact (contraction 0.6: 0.6^80 ~ 1e-18).
+  options.backward = BackwardOptions();
+  options.backward.mode = BackwardMode::kUnrolled;
+  options.backward.unrolled_steps = 80;
+  const std::vector<Tensor> unrolled = AnalyticGradients(p, p.cell, options, probe);
+  EXPECT_LT(RelativeError(unrolled, numeric), kExactTolerance) << p.name << " unrolled";
+
+  // jfb and phantom are approximations that still point the right way.
+  options.backward = BackwardOptions();
+  options.backward.mode = BackwardMode::kJfb;
+  const std::vector<Tensor> jfb = AnalyticGradients(p, p.cell, options, probe);
+  EXPECT_GT(Cosine(jfb, ift_gradient), 0.0) << p.name << " jfb";
+  EXPECT_GT(RelativeError(jfb, ift_gradient), 1e-4) << "jfb should not be exact here";
+
+  options.backward.mode = BackwardMode::kPhantom;
+  options.backward.phantom_steps = 5;
+  options.backward.phantom_tau = 0.5;
+  const std::vector<Tensor> phantom = AnalyticGradients(p, p.cell, options, probe);
+  EXPECT_GT(Cosine(phantom, ift_gradient), 0.0) << p.name << " phantom";
+}
+
+std::string ParamName(
+    const ::testing::TestParamInfo<std::tuple<std::string, ForwardSolverType>>& info) {
+  return std::get<0>(info.param) + "_" + ToString(std::get<1>(info.param));
+}
+
+// Every forward solver on every problem, except ceres_lbfgs on the maps that
+// have no energy (it minimises one).
+std::vector<std::tuple<std::string, ForwardSolverType>> AllCombinations() {
+  std::vector<std::tuple<std::string, ForwardSolverType>> out;
+  for (const std::string problem : {"affine", "affine_symmetric", "tanh", "hopfield"}) {
+    const bool has_energy = problem == "affine_symmetric" || problem == "hopfield";
+    for (ForwardSolverType type : AllForwardSolverTypes()) {
+      if (type == ForwardSolverType::kCeresLbfgs && !has_energy) continue;
+      out.emplace_back(problem, type);
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllForwardSolvers,
+                         ImplicitGradTest,
+                         ::testing::ValuesIn(AllCombinations()),
+                         ParamName);
+
+// ------------------------------------------------------ closed-form checks
+
+TEST(ImplicitGrad, AffineMatchesClosedForm) {
+  // z* = (I - W)^{-1} c per row, so dL/dc_b = (I - W)^{-T} p_b and
+  // dL/db = sum_b (I - W)^{-T} p_b.
+  ImplicitProblem p = AffineProblem(3, 5, 2, false, 21);
+  const Tensor probe = Probe(p);
+  ImplicitOptions options;
+  options.forward = TightForward(ForwardSolverType::kAnderson);
+  options.backward = Ift(AdjointSolverType::kGmres);
+  ImplicitResult result;
+  const std::vector<Tensor> analytic = AnalyticGradients(p, p.cell, options, probe, &result);
+  EXPECT_LT(MaxAbsDiff(result.z_star.value(), AffineSolution(p)), 1e-10);
+
+  const Tensor& w = p.params[0].value();
+  const int64_t n = 5;
+  Eigen::MatrixXd iwt = Eigen::MatrixXd::Identity(n, n);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) iwt(i, j) -= w.at(j * n + i);
+  }
+  Eigen::VectorXd expected = Eigen::VectorXd::Zero(n);
+  for (int64_t b = 0; b < 3; ++b) {
+    Eigen::VectorXd pb(n);
+    for (int64_t i = 0; i < n; ++i) pb(i) = probe.at(b * n + i);
+    expected += iwt.partialPivLu().solve(pb);
+  }
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(analytic[2].at(i), expected(i), 1e-9) << i;
+}
+
+TEST(ImplicitGrad, IftMatchesUnrolledAsStepsGrow) {
+  ImplicitProblem p = TanhProblem(2, 6, 3, 31, 0.9);
+  const Tensor probe = Probe(p);
+  ImplicitOptions options;
+  options.forward = TightForward(ForwardSolverType::kAnderson);
+  options.backward = Ift(AdjointSolverType::kGmres);
+  const std::vector<Tensor> ift = AnalyticGradients(p, p.cell, options, probe);
+  double previous = 1e300;
+  for (int steps : {5, 20, 80, 200}) {
+    options.backward = BackwardOptions();
+    options.backward.mode = BackwardMode::kUnrolled;
+    options.backward.unrolled_steps = steps;
+    const double error = RelativeError(AnalyticGradients(p, p.cell, options, probe), ift);
+    // Decreasing until both reach rounding level.
+    EXPECT_TRUE(error < previous || error < 1e-11) << steps << " steps: " << error;
+    previous = error;
+  }
+  EXPECT_LT(previous, 1e-8);
+}
+
+// For f_s(z) = z - s grad E(z), I - J = s Hess E: the fixed point and the
+// implicit gradient do not depend on s, and CG / MINRES apply.
+TEST(ImplicitGrad, EnergyGradientDoesNotDependOnStep) {
+  for (const std::string name : {"affine_symmetric", "hopfield"}) {
+    ImplicitProblem p = MakeProblem(name);
+    const Tensor probe = Probe(p);
+    std::vector<Tensor> reference;
+    for (AdjointSolverType solver :
+         {AdjointSolverType::kConjugateGradient, AdjointSolverType::kMinres}) {
+      for (double s : {0.25, 0.5, 1.0}) {
+        ImplicitOptions options;
+        options.forward = TightForward(ForwardSolverType::kAnderson);
+        options.backward = Ift(solver);
+        ImplicitResult result;
+        const std::vector<Tensor> g =
+            AnalyticGradients(p, ScaledEnergyCell(p.cell, s), options, probe, &result);
+        ASSERT_TRUE(result.backward->IsUsable()) << result.backward->FullReport();
+        if (reference.empty()) {
+          reference = g;
+          continue;
+        }
+        EXPECT_LT(RelativeError(g, reference), 1e-9)
+            << name << " " << ToString(solver) << " s = " << s;
+      }
+    }
+  }
+}
+
+TEST(ImplicitGrad, Float32GradientMatchesFloat64) {
+  ImplicitProblem p = TanhProblem(3, 8, 4, 35, 0.8);
+  const Tensor probe = Probe(p);
+  ImplicitOptions options;
+  options.backward.solver = AdjointSolverType::kGmres;
+  options.backward.tolerance = 1e-5;
+  options.forward.relative_tolerance = 1e-6;
+  const std::vector<Tensor> reference = AnalyticGradients(p, p.cell, options, probe);
+
+  // The same cell in float32.
+  VarList params32;
+  for (const Var& param : p.params)
+    params32.push_back(Var(param.value().To(DType::kFloat32), true));
+  const Var w = params32[0], u = params32[1], b = params32[2], x = params32[3];
+  CellFn cell32 = [w, u, b, x](const Var& z, const std::vector<int64_t>& ids) {
+    return tanh(add(add(matmul(z, w, false, true), matmul(gather(x, 0, ids), u, false, true)), b));
+  };
+  ImplicitResult result = SolveImplicit(cell32, p.z0.To(DType::kFloat32), options);
+  ASSERT_EQ(result.z_star.dtype(), DType::kFloat32);
+  VarList grads = grad({ProbeLoss(result.z_star, probe.To(DType::kFloat32))}, params32);
+  EXPECT_TRUE(result.backward->IsUsable()) << result.backward->FullReport();
+  std::vector<Tensor> converted;
+  for (const Var& g : grads) converted.push_back(g.value().To(DType::kFloat64));
+  EXPECT_LT(RelativeError(converted, reference), 1e-4);
+}
+
+// ------------------------------------------------------ memory and graph
+
+int64_t PeakBytesOfSolveAndBackward(BackwardMode mode, int iterations) {
+  ImplicitProblem p = TanhProblem(4, 64, 8, 41, 0.9);
+  const Tensor probe = Probe(p);
+  ImplicitOptions options;
+  options.forward.type = ForwardSolverType::kPicard;
+  options.forward.picard_damping = 0.05;  // far from converged after 100 steps
+  options.forward.max_iterations = iterations;
+  options.forward.stop_mode = StopMode::kAbsolute;
+  options.forward.absolute_tolerance = 0.0;  // a fixed budget
+  options.backward.mode = mode;
+  options.backward.unrolled_steps = iterations;
+  ReleaseCachedBuffers();
+  ResetBufferPoolStats();
+  const int64_t base = GetBufferPoolStats().bytes_in_use;
+  {
+    ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+    if (mode != BackwardMode::kUnrolled) {
+      EXPECT_EQ(result.forward.iterations, iterations);
+    }
+    VarList grads = grad({ProbeLoss(result.z_star, probe)}, p.params);
+    EXPECT_TRUE(grads[0].defined());
+  }
+  return GetBufferPoolStats().peak_bytes_in_use - base;
+}
+
+TEST(ImplicitGrad, MemoryDoesNotGrowWithForwardIterations) {
+  const int64_t peak_10 = PeakBytesOfSolveAndBackward(BackwardMode::kIft, 10);
+  const int64_t peak_100 = PeakBytesOfSolveAndBackward(BackwardMode::kIft, 100);
+  EXPECT_GT(peak_10, 0);
+  EXPECT_LE(std::abs(static_cast<double>(peak_100 - peak_10)), 0.03 * peak_10)
+      << "peak bytes: 10 iterations " << peak_10 << ", 100 iterations " << peak_100;
+  // The test can fail: recording the iterations (unrolled) grows memory.
+  const int64_t unrolled_10 = PeakBytesOfSolveAndBackward(BackwardMode::kUnrolled, 10);
+  const int64_t unrolled_100 = PeakBytesOfSolveAndBackward(BackwardMode::kUnrolled, 100);
+  EXPECT_GT(unrolled_100, 4 * unrolled_10);
+}
+
+TEST(ImplicitGrad, RecordsOneCellEvaluation) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 51);
+  ImplicitOptions options;
+  ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+  // One evaluation of the cell, whatever the number of forward iterations.
+  Var f_once = p.cell(Var(p.z0, true), {0, 1});
+  EXPECT_EQ(CountGraphNodes({result.z_star}), CountGraphNodes({f_once}) + 1);
+  EXPECT_STREQ(result.z_star.op_name(), "implicit");
+}
+
+TEST(ImplicitGrad, SecondBackwardWithoutRetainGraphThrows) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 61);
+  const Tensor probe = Probe(p);
+  ImplicitResult result = SolveImplicit(p.cell, p.z0, ImplicitOptions());
+  Var loss = ProbeLoss(result.z_star, probe);
+  backward(loss);
+  try {
+    backward(loss);
+    FAIL() << "a second backward through a freed implicit node must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("retain_graph"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ImplicitGrad, RetainGraphAllowsTwoBackwards) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 62);
+  const Tensor probe = Probe(p);
+  ImplicitOptions options;
+  options.backward = Ift(AdjointSolverType::kGmres);
+  ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+  Var loss = ProbeLoss(result.z_star, probe);
+  VarList first = grad({loss}, p.params, {}, {.retain_graph = true});
+  VarList second = grad({loss}, p.params);
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_LT(MaxAbsDiff(first[i].value(), second[i].value()), 1e-12) << i;
+  }
+}
+
+// ------------------------------------------------------ reporting, options
+
+TEST(ImplicitGrad, BackwardSummaryIsFilledWhenBackwardRuns) {
+  ImplicitProblem p = TanhProblem(3, 4, 3, 71);
+  ImplicitOptions options;
+  options.backward.solver = AdjointSolverType::kGmres;
+  ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+  ASSERT_NE(result.backward, nullptr);
+  EXPECT_TRUE(result.backward->sample_termination.empty());  // not run yet
+  backward(ProbeLoss(result.z_star, Probe(p)));
+  EXPECT_EQ(result.backward->batch_size, 3);
+  EXPECT_EQ(result.backward->CountSamples(TerminationType::kConverged), 3);
+  EXPECT_GT(result.backward->vjp_evaluations, 0);
+  EXPECT_LE(result.backward->MaxRelResidual(), options.backward.tolerance);
+  EXPECT_NE(result.backward->BriefReport().find("ift/gmres"), std::string::npos)
+      << result.backward->BriefReport();
+}
+
+TEST(ImplicitGrad, DefaultBackwardIsIft) {
+  ImplicitOptions options;
+  EXPECT_EQ(options.backward.mode, BackwardMode::kIft);
+  EXPECT_EQ(options.backward.solver, AdjointSolverType::kFixedPoint);
+}
+
+TEST(ImplicitGrad, WarmStartReusesThePreviousAdjoint) {
+  ImplicitProblem p = TanhProblem(2, 6, 3, 81, 0.9);
+  const Tensor probe = Probe(p);
+  ImplicitOptions options;
+  options.forward = TightForward(ForwardSolverType::kAnderson);
+  options.backward = Ift(AdjointSolverType::kFixedPoint);
+  options.backward.tolerance = 1e-10;
+  options.backward.warm_start = true;
+  std::string error;
+  EXPECT_FALSE(options.IsValid(&error));  // no AdjointWarmStart given
+  EXPECT_NE(error.find("adjoint_warm_start"), std::string::npos) << error;
+  options.adjoint_warm_start = std::make_shared<AdjointWarmStart>();
+
+  ImplicitResult first;
+  const std::vector<Tensor> g1 = AnalyticGradients(p, p.cell, options, probe, &first);
+  EXPECT_FALSE(first.backward->warm_started);
+  ASSERT_TRUE(options.adjoint_warm_start->solution.defined());
+  ImplicitResult second;
+  const std::vector<Tensor> g2 = AnalyticGradients(p, p.cell, options, probe, &second);
+  EXPECT_TRUE(second.backward->warm_started);
+  EXPECT_LT(second.backward->iterations, first.backward->iterations / 2)
+      << first.backward->BriefReport() << "\n"
+      << second.backward->BriefReport();
+  EXPECT_LT(RelativeError(g2, g1), 1e-8);
+}
+
+TEST(ImplicitGrad, TapeOffReturnsTheSolutionWithoutGraph) {
+  ImplicitProblem p = AffineProblem(2, 4, 3, false, 91);
+  ImplicitOptions options;
+  options.forward = TightForward(ForwardSolverType::kAnderson);
+  NoGrad no_grad;
+  ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+  EXPECT_FALSE(result.z_star.requires_grad());
+  EXPECT_EQ(result.backward, nullptr);
+  EXPECT_LT(MaxAbsDiff(result.z_star.value(), AffineSolution(p)), 1e-10);
+}
+
+TEST(ImplicitGrad, UnrolledReportsItsSteps) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 92);
+  ImplicitOptions options;
+  options.backward.mode = BackwardMode::kUnrolled;
+  options.backward.unrolled_steps = 3;
+  ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+  EXPECT_EQ(result.forward.iterations, 3);
+  EXPECT_EQ(result.forward.termination_type, TerminationType::kMaxIterations)
+      << result.forward.FullReport();  // 3 steps do not reach 1e-4
+  backward(ProbeLoss(result.z_star, Probe(p)));
+  EXPECT_EQ(result.backward->mode, BackwardMode::kUnrolled);
+  EXPECT_EQ(result.backward->iterations, 3);
+}
+
+TEST(ImplicitGrad, SampledIteratesAreKept) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 93, 0.9);
+  ImplicitOptions options;
+  options.forward.type = ForwardSolverType::kPicard;
+  options.forward.max_iterations = 20;
+  options.forward.absolute_tolerance = 0.0;
+  options.forward.stop_mode = StopMode::kAbsolute;
+  options.sampled_iterates = 4;
+  ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+  ASSERT_EQ(result.sampled_iterates.size(), 4u);
+  EXPECT_EQ(result.sampled_iterates[0].shape(), p.z0.shape());
+  // Later iterates are closer to the fixed point.
+  const double first = MaxAbsDiff(result.sampled_iterates.front(), result.z_star.value());
+  const double last = MaxAbsDiff(result.sampled_iterates.back(), result.z_star.value());
+  EXPECT_LT(last, first);
+}
+
+TEST(ImplicitGrad, CellThatChangesShapeIsMisuse) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 94);
+  CellFn bad = [](const Var& z, const std::vector<int64_t>&) { return sum(z, 1, true); };
+  EXPECT_THROW(SolveImplicit(bad, p.z0, ImplicitOptions()), Error);
+  ImplicitOptions dense;
+  dense.backward.solver = AdjointSolverType::kDense;
+  dense.backward.dense_max_state_size = 3;  // n = 4
+  EXPECT_THROW(SolveImplicit(p.cell, p.z0, dense), Error);
+}
+
+}  // namespace
+}  // namespace stillpoint

@@ -1,0 +1,197 @@
+// Jacobian regularization, spectral radius and fixed-point correction.
+#include "solvers/regularizers.h"
+
+#include <gtest/gtest.h>
+
+#include <Eigen/Dense>
+#include <cmath>
+#include <vector>
+
+#include "framework/gradcheck.h"
+#include "framework/ops.h"
+#include "tests/solvers/implicit_problems.h"
+
+namespace stillpoint {
+namespace {
+
+using implicit_test::AffineProblem;
+using implicit_test::ImplicitProblem;
+using implicit_test::TanhProblem;
+
+double FrobeniusSquared(const Tensor& m) {
+  double total = 0.0;
+  for (double v : m.ToVector()) total += v * v;
+  return total;
+}
+
+TEST(JacobianFrobeniusPenalty, EqualsTheHutchinsonFormula) {
+  // For the affine map J_b = W: each probe gives sum_b ||v_b^T W||^2.
+  ImplicitProblem p = AffineProblem(3, 5, 2, false, 1);
+  const Tensor z = Tensor::Zeros(Shape{3, 5}, DType::kFloat64);
+  Rng rng(7);
+  const Var penalty = JacobianFrobeniusPenalty(p.cell, z, 4, rng);
+  EXPECT_EQ(penalty.numel(), 1);
+
+  Rng replay(7);
+  const Tensor& w = p.params[0].value();
+  Eigen::MatrixXd wm(5, 5);
+  for (int i = 0; i < 5; ++i) {
+    for (int j = 0; j < 5; ++j) wm(i, j) = w.at(i * 5 + j);
+  }
+  double expected = 0.0;
+  for (int k = 0; k < 4; ++k) {
+    const Tensor v = RandomNormal(Shape{3, 5}, 0.0, 1.0, DType::kFloat64, replay);
+    for (int b = 0; b < 3; ++b) {
+      Eigen::RowVectorXd vb(5);
+      for (int i = 0; i < 5; ++i) vb(i) = v.at(b * 5 + i);
+      expected += (vb * wm).squaredNorm();
+    }
+  }
+  expected /= 4.0 * 15.0;
+  EXPECT_NEAR(penalty.item(), expected, 1e-12 * expected);
+}
+
+TEST(JacobianFrobeniusPenalty, IsUnbiased) {
+  // E ||v^T W||^2 = ||W||_F^2, so the estimate tends to ||W||_F^2 / n.
+  ImplicitProblem p = AffineProblem(8, 6, 2, false, 2);
+  const Tensor z = Tensor::Zeros(Shape{8, 6}, DType::kFloat64);
+  Rng rng(3);
+  const double estimate = JacobianFrobeniusPenalty(p.cell, z, 400, rng).item();
+  const double exact = FrobeniusSquared(p.params[0].value()) / 6.0;
+  EXPECT_NEAR(estimate, exact, 0.08 * exact);
+}
+
+TEST(JacobianFrobeniusPenalty, IsDifferentiableInTheParameters) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 4);
+  Rng z_rng(5);
+  const Tensor z = RandomNormal(Shape{2, 4}, 0.0, 0.5, DType::kFloat64, z_rng);
+  const Var u = p.params[1].detach();
+  const Var b = p.params[2].detach();
+  const Var x = p.params[3].detach();
+  auto penalty_of = [&](const VarList& inputs) {
+    const Var w = inputs[0];
+    CellFn cell = [w, u, b, x](const Var& state, const std::vector<int64_t>& ids) {
+      return tanh(
+          add(add(matmul(state, w, false, true), matmul(gather(x, 0, ids), u, false, true)), b));
+    };
+    Rng rng(11);  // the same probes at every evaluation
+    return JacobianFrobeniusPenalty(cell, z, 3, rng);
+  };
+  GradCheckOptions options;
+  options.relative_tolerance = 1e-5;
+  const GradCheckResult r = CheckGradients(penalty_of, {p.params[0].detach()}, options);
+  EXPECT_TRUE(r) << r;
+}
+
+TEST(JacobianFrobeniusPenalty, RejectsBadProbeCount) {
+  ImplicitProblem p = AffineProblem(2, 3, 2, false, 6);
+  Rng rng(1);
+  EXPECT_THROW(JacobianFrobeniusPenalty(p.cell, p.z0, 0, rng), Error);
+}
+
+TEST(SpectralRadius, FindsTheDominantEigenvalue) {
+  // Affine map with W = Q diag(0.8, -0.5, 0.4, 0.3, -0.2) Q^T: rho = 0.8.
+  ImplicitProblem p = AffineProblem(2, 5, 2, false, 8);
+  Rng rng(9);
+  Eigen::MatrixXd m(5, 5);
+  for (int i = 0; i < 5; ++i) {
+    for (int j = 0; j < 5; ++j) m(i, j) = rng.Normal();
+  }
+  const Eigen::HouseholderQR<Eigen::MatrixXd> qr(m);
+  const Eigen::MatrixXd q = qr.householderQ();
+  Eigen::VectorXd eigenvalues(5);
+  eigenvalues << 0.8, -0.5, 0.4, 0.3, -0.2;
+  const Eigen::MatrixXd w = q * eigenvalues.asDiagonal() * q.transpose();
+  Tensor& w_value = p.params[0].mutable_value();
+  for (int i = 0; i < 5; ++i) {
+    for (int j = 0; j < 5; ++j) w_value.set(i * 5 + j, w(i, j));
+  }
+  SpectralRadiusOptions options;
+  options.max_iterations = 100;
+  options.tolerance = 1e-12;
+  const SpectralRadiusResult result = EstimateSpectralRadius(p.cell, p.z0, options);
+  ASSERT_EQ(result.radius.size(), 2u);
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_NEAR(result.radius[b], 0.8, 1e-6) << b;
+    EXPECT_TRUE(result.converged[b]);
+    EXPECT_LT(result.iterations[b], 100);
+  }
+  EXPECT_NEAR(result.max_radius, 0.8, 1e-6);
+}
+
+TEST(SpectralRadius, ContractionIsBelowOne) {
+  ImplicitProblem p = TanhProblem(3, 6, 2, 10);
+  const SpectralRadiusResult result = EstimateSpectralRadius(p.cell, p.z0);
+  EXPECT_GT(result.max_radius, 0.0);
+  EXPECT_LE(result.max_radius, 0.6 + 1e-9);  // ||diag(tanh') W|| <= ||W|| <= 0.6
+}
+
+TEST(FixedPointCorrection, WeightsTheCorrectedIterates) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 12);
+  Rng rng(13);
+  std::vector<Tensor> iterates;
+  for (int i = 0; i < 3; ++i) {
+    iterates.push_back(RandomNormal(Shape{2, 4}, 0.0, 0.5, DType::kFloat64, rng));
+  }
+  auto loss = [](const Var& z) { return sum(square(z)); };
+  FixedPointCorrectionOptions options;
+  options.steps = 2;
+  options.tau = 0.5;
+  options.gamma = 0.5;
+  const Var total = FixedPointCorrectionLoss(p.cell, iterates, loss, options);
+
+  double expected = 0.0;
+  {
+    NoGrad no_grad;
+    for (int i = 0; i < 3; ++i) {
+      Var z(iterates[i]);
+      for (int k = 0; k < 2; ++k) z = add(mul_scalar(z, 0.5), mul_scalar(p.cell(z, {0, 1}), 0.5));
+      expected += std::pow(0.5, 2 - i) * loss(z).item();
+    }
+  }
+  EXPECT_NEAR(total.item(), expected, 1e-12);
+
+  // The gradient reaches the parameters, and matches finite differences.
+  auto loss_of = [&](const VarList& inputs) {
+    const Var w = inputs[0];
+    const Var u = p.params[1].detach();
+    const Var b = p.params[2].detach();
+    const Var x = p.params[3].detach();
+    CellFn cell = [w, u, b, x](const Var& state, const std::vector<int64_t>& ids) {
+      return tanh(
+          add(add(matmul(state, w, false, true), matmul(gather(x, 0, ids), u, false, true)), b));
+    };
+    return FixedPointCorrectionLoss(cell, iterates, loss, options);
+  };
+  const GradCheckResult r = CheckGradients(loss_of, {p.params[0].detach()});
+  EXPECT_TRUE(r) << r;
+}
+
+TEST(FixedPointCorrection, WorksOnSampledIterates) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 14, 0.9);
+  ImplicitOptions options;
+  options.forward.type = ForwardSolverType::kPicard;
+  options.forward.max_iterations = 12;
+  options.forward.stop_mode = StopMode::kAbsolute;
+  options.forward.absolute_tolerance = 0.0;
+  options.sampled_iterates = 3;
+  ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+  ASSERT_EQ(result.sampled_iterates.size(), 3u);
+  const Var loss = FixedPointCorrectionLoss(p.cell, result.sampled_iterates,
+                                            [](const Var& z) { return mean(square(z)); });
+  VarList grads = grad({loss}, p.params);
+  ASSERT_TRUE(grads[0].defined());
+  EXPECT_GT(FrobeniusSquared(grads[0].value()), 0.0);
+}
+
+TEST(FixedPointCorrection, RejectsMisuse) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 15);
+  auto loss = [](const Var& z) { return sum(z); };
+  EXPECT_THROW(FixedPointCorrectionLoss(p.cell, {}, loss), Error);
+  FixedPointCorrectionOptions options;
+  options.gamma = 0.0;
+  EXPECT_THROW(FixedPointCorrectionLoss(p.cell, {p.z0}, loss, options), Error);
+}
+
+}  // namespace
+}  // namespace stillpoint
