@@ -1,0 +1,283 @@
+// EnergyLayer: attention defined as an energy.
+//
+// An energy layer maps a state z (one per sample) and a context (the inputs
+// the energy depends on: keys, stored patterns, queries, masks) to a scalar
+// energy per sample. Its output is a stationary point z* of the energy, found
+// by iterating an update map z -> Update(z) whose fixed points are exactly
+// the stationary points (a gradient step, or the layer's own CCCP/EM step,
+// which never increases the energy). Gradients flow through z* either by
+// backpropagating through k unrolled updates or, at a solved fixed point, by
+// the implicit function theorem (solvers/implicit.h); both use the same
+// Update, so a layer is written once.
+//
+// Writing a layer: derive from EnergyLayer and implement Energy. That is
+// enough: EnergyGrad defaults to reverse-mode autodiff of Energy (recorded
+// with create_graph, so the gradient step is itself differentiable and the
+// implicit backward can take vector-Jacobian products through it), and
+// Update defaults to the gradient step z - gradient_step() * EnergyGrad(z).
+// Override EnergyGrad for speed (an analytic gradient written with
+// differentiable ops) and Update for a better-than-gradient step (CCCP, EM).
+//
+// Shapes. States are [B, ...] with the sample on axis 0 (rank 2 to 4); the
+// energy is [B]. A context holds per-sample entries (axis 0 = sample, so a
+// solver that iterates only the unconverged samples can select their rows)
+// and shared entries (used by every sample as they are).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/module.h"
+#include "framework/tensor.h"
+#include "layers/attention.h"
+#include "solvers/implicit.h"
+#include "solvers/problem.h"
+
+namespace stillpoint {
+
+// How a self-attention energy (keys computed from the state itself) is
+// differentiated inside an update.
+//   kFull: the true gradient of the energy, including the key-side term;
+//          the only choice that is guaranteed to descend the energy.
+//   kStop: keys are held fixed inside the update (the query-side term only),
+//          as iterated Hopfield/hflayers attention does. Its fixed points are
+//          generally not stationary points of one scalar energy.
+// Either way the update map itself depends on the state through the keys, so
+// the implicit backward differentiates the map that was actually iterated.
+enum class KeyGrad { kStop, kFull };
+const char* ToString(KeyGrad key_grad);
+// Parses "stop" or "full"; returns false on anything else.
+bool StringToKeyGrad(const std::string& text, KeyGrad* key_grad);
+
+// The inputs of an energy besides the state, by name. Entries are Vars, so
+// gradients reach whatever they were computed from (projections, parameters,
+// the layer input).
+class EnergyContext {
+ public:
+  // A per-sample entry: axis 0 is the sample (extent B, the batch size of
+  // every per-sample entry). Replaces an entry of the same name.
+  void Set(const std::string& name, const Var& value);
+  // An entry used unchanged by every sample (a parameter, a broadcastable
+  // mask). Replaces an entry of the same name.
+  void SetShared(const std::string& name, const Var& value);
+
+  bool Has(const std::string& name) const;
+  // Throws an Error naming the entry and listing those that exist.
+  const Var& Get(const std::string& name) const;
+
+  // The number of samples (axis 0 of the per-sample entries); -1 if there
+  // are none.
+  int64_t batch_size() const { return batch_size_; }
+
+  // The context of a subset of samples: per-sample entries restricted to the
+  // rows sample_ids (with a differentiable gather, so gradients still reach
+  // the full entries); shared entries unchanged. All of 0..B-1 in order
+  // returns the context itself.
+  EnergyContext Select(const std::vector<int64_t>& sample_ids) const;
+
+  // "keys [2, 3, 4], beta (shared) [3]" (for error messages).
+  std::string Describe() const;
+
+ private:
+  struct Entry {
+    std::string name;
+    Var value;
+    bool per_sample = true;
+  };
+  void Put(const std::string& name, const Var& value, bool per_sample);
+
+  std::vector<Entry> entries_;
+  int64_t batch_size_ = -1;
+};
+
+// How a layer of the catalogue reaches its state.
+enum class EnergySolveMode {
+  kFixedSteps,  // "fixed_steps": `steps` updates, backpropagated through
+  kFixedPoint   // "fixed_point": solved to the fixed point (SolveImplicit)
+};
+const char* ToString(EnergySolveMode mode);
+// Parses "fixed_steps" or "fixed_point"; returns false on anything else.
+bool StringToEnergySolveMode(const std::string& text, EnergySolveMode* mode);
+
+struct EnergySolveOptions {
+  EnergySolveMode mode = EnergySolveMode::kFixedSteps;
+  // Updates in kFixedSteps mode (0: the state is left as initialised).
+  int steps = 1;
+  // kFixedPoint: the forward solver and the backward mode. The map solved
+  // is the layer's Update; the energy is handed to the solver too (so
+  // ceres_lbfgs can minimise it directly). For CCCP/gradient-step updates
+  // I - J is the Hessian of the energy up to the step, so the symmetric
+  // adjoint solvers (cg at minima, minres at saddles) apply.
+  ImplicitOptions implicit;
+  // Record the energy of every sample along the solve in the report: after
+  // every step (fixed steps), or at z0 and z* (fixed point). Costs one
+  // energy evaluation per entry, off the tape.
+  bool trace_energy = false;
+};
+
+// Fixed-steps options with the given number of steps (for in-class defaults).
+inline EnergySolveOptions FixedSteps(int steps) {
+  EnergySolveOptions options;
+  options.steps = steps;
+  return options;
+}
+
+// What a solve did (EnergyLayer::last_solve()).
+struct EnergySolveReport {
+  EnergySolveMode mode = EnergySolveMode::kFixedSteps;
+  // Updates taken in kFixedSteps mode.
+  int steps = 0;
+  // kFixedPoint: the forward summary, and the backward summary once a
+  // backward pass has gone through the result (see solvers/implicit.h).
+  ImplicitResult implicit;
+  // With trace_energy: energies[t][b] as described there.
+  std::vector<std::vector<double>> energies;
+};
+
+class EnergyLayer : public Module {
+ public:
+  // The energy of every sample.
+  //   z: [B, ...] state; ctx: per-sample entries with extent B on axis 0.
+  //   returns [B].
+  // Must be written with differentiable ops (the default gradient and the
+  // implicit backward differentiate it).
+  virtual Var Energy(const Var& z, const EnergyContext& ctx) const = 0;
+
+  // dE/dz, shaped like z. Default: AutodiffEnergyGrad. An override must
+  // equal the autodiff gradient (tests compare them) and use differentiable
+  // ops, so the update built on it can be differentiated.
+  virtual Var EnergyGrad(const Var& z, const EnergyContext& ctx) const;
+
+  // The update map, shaped like z. Its fixed points are the stationary
+  // points of Energy. Default: GradientStep(z, ctx, gradient_step()).
+  virtual Var Update(const Var& z, const EnergyContext& ctx) const;
+
+  // True when Update never increases Energy whatever the state (CCCP and EM
+  // updates); a plain gradient step only descends for a small enough step.
+  virtual bool UpdateIsMonotone() const { return false; }
+
+  // z - step * EnergyGrad(z, ctx).
+  Var GradientStep(const Var& z, const EnergyContext& ctx, double step) const;
+
+  // The step of the default Update. Default 0.1; must be > 0.
+  double gradient_step() const { return gradient_step_; }
+  void set_gradient_step(double step);
+
+  // SolveEnergy on this layer, keeping the report for last_solve(). The
+  // layers of the catalogue call it from Forward.
+  Var Solve(const Var& z0, const EnergyContext& ctx, const EnergySolveOptions& options) const;
+  // What the last Solve did (solver summaries, energies). Not thread safe:
+  // one layer object solves on one thread at a time.
+  const EnergySolveReport& last_solve() const { return *last_solve_; }
+
+ private:
+  double gradient_step_ = 0.1;
+  // Diagnostics written by the const Solve (like a cache, not state).
+  std::shared_ptr<EnergySolveReport> last_solve_ = std::make_shared<EnergySolveReport>();
+};
+
+// dE/dz by reverse-mode autodiff of layer.Energy. With grad mode on, the
+// gradient is recorded (create_graph), so it is a differentiable function of
+// z, the context and the parameters. With grad mode off (inside solver
+// iterations) the tape is switched on just long enough to differentiate and
+// a plain value is returned. A state that does not require grad is
+// differentiated through a fresh leaf holding its value.
+Var AutodiffEnergyGrad(const EnergyLayer& layer, const Var& z, const EnergyContext& ctx);
+
+// ---------------------------------------------------------- driving updates
+
+// A map for the implicit solver (the signature of solvers/implicit.h's
+// CellFn): z holds the states of the samples listed in sample_ids, either
+// shaped [k, ...state_shape] or flattened [k, n]; the result has z's shape.
+// The context is selected to the same samples. The layer must outlive the
+// returned function and every graph recorded through it.
+using EnergyCellFn = CellFn;
+
+// state_shape: the shape of one sample's state (without the batch axis).
+EnergyCellFn MakeUpdateCell(const EnergyLayer& layer,
+                            const EnergyContext& ctx,
+                            const Shape& state_shape);
+// The same with the plain gradient step z - step * grad E instead of the
+// layer's Update (its Jacobian satisfies I - J = step * Hessian).
+EnergyCellFn MakeGradientStepCell(const EnergyLayer& layer,
+                                  const EnergyContext& ctx,
+                                  const Shape& state_shape,
+                                  double step);
+// The per-sample energy and gradient on flattened states, for solvers that
+// minimise the energy directly (solvers/problem.h BatchedEnergy).
+BatchedEnergy MakeBatchedEnergy(const EnergyLayer& layer,
+                                const EnergyContext& ctx,
+                                const Shape& state_shape);
+
+// k updates recorded on the tape (the fixed-k-step mode: gradients by
+// backpropagation through the unrolled steps). steps = 0 returns z0.
+Var UnrollUpdates(const EnergyLayer& layer, const Var& z0, const EnergyContext& ctx, int steps);
+
+// Runs the layer's updates from z0 as options say; the result is
+// differentiable with respect to the context and the parameters (and, with
+// fixed steps, z0; a fixed point does not depend on where the solve
+// started). report (optional) receives what happened.
+Var SolveEnergy(const EnergyLayer& layer,
+                const Var& z0,
+                const EnergyContext& ctx,
+                const EnergySolveOptions& options,
+                EnergySolveReport* report = nullptr);
+
+// ------------------------------------------------------ attention masks
+
+// Stores the masks of an attention energy over scores [B, H, N, S] (N
+// queries, S keys) in ctx as the per-sample entry "mask": one additive
+// tensor [B, 1 or H, N, S] holding -inf where a key is hidden (causal
+// masking, key_mask) plus mask.additive. Nothing is stored when there is
+// nothing to mask. The conventions are those of MultiHeadAttention
+// (attention.h): causal hides key j from query i when j > i + (S - N);
+// key_mask is [B, S] or [S]; additive broadcasts to [B, H, N, S].
+void AddAttentionMask(const AttentionMask& mask,
+                      bool causal,
+                      int64_t batch,
+                      int64_t heads,
+                      int64_t queries,
+                      int64_t keys,
+                      DType dtype,
+                      EnergyContext* ctx);
+// scores + ctx's "mask" when the context has one, else scores.
+Var ApplyAttentionMask(const Var& scores, const EnergyContext& ctx);
+
+struct EnergyTraceOptions {
+  // Updates to run at most.
+  int max_steps = 100;
+  // Stop when every sample's step ||z_{t+1} - z_t|| (Euclidean over the
+  // whole state) is <= tolerance. 0 runs exactly max_steps updates.
+  double tolerance = 0.0;
+};
+
+// The energy along the updates, for tests and diagnostics. Nothing is
+// recorded on the tape.
+struct EnergyTrace {
+  // energies[t][b]: the energy of sample b after t updates (t = 0: z0).
+  std::vector<std::vector<double>> energies;
+  // step_norms[t][b] = ||z_{t+1} - z_t|| for sample b.
+  std::vector<std::vector<double>> step_norms;
+  // The state after the last update, shaped like z0.
+  Tensor final_state;
+  int steps = 0;
+  // True when the tolerance was reached.
+  bool converged = false;
+
+  // How many (t, b) have energies[t + 1][b] > energies[t][b] + slack.
+  int64_t CountIncreases(double slack = 0.0) const;
+  // The largest energy increase over all steps and samples (<= 0 when the
+  // energy never went up).
+  double MaxIncrease() const;
+};
+
+EnergyTrace TraceUpdates(const EnergyLayer& layer,
+                         const Tensor& z0,
+                         const EnergyContext& ctx,
+                         const EnergyTraceOptions& options = {});
+
+}  // namespace stillpoint

@@ -1,0 +1,184 @@
+#include "layers/energy_transformer.h"
+
+#include <cmath>
+#include <sstream>
+#include <utility>
+
+#include "framework/init.h"
+#include "framework/ops.h"
+
+namespace stillpoint {
+
+const char* ToString(EnergyTransformerMemory memory) {
+  return memory == EnergyTransformerMemory::kRelu2 ? "relu2" : "softmax";
+}
+
+bool StringToEnergyTransformerMemory(const std::string& text, EnergyTransformerMemory* memory) {
+  if (text == "relu2") {
+    *memory = EnergyTransformerMemory::kRelu2;
+  } else if (text == "softmax") {
+    *memory = EnergyTransformerMemory::kSoftmax;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* ToString(EnergyTransformerDynamics dynamics) {
+  return dynamics == EnergyTransformerDynamics::kNonLeaky ? "non_leaky" : "leaky";
+}
+
+bool StringToEnergyTransformerDynamics(const std::string& text,
+                                       EnergyTransformerDynamics* dynamics) {
+  if (text == "non_leaky") {
+    *dynamics = EnergyTransformerDynamics::kNonLeaky;
+  } else if (text == "leaky") {
+    *dynamics = EnergyTransformerDynamics::kLeaky;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+EnergyTransformerBlock::EnergyTransformerBlock(const EnergyTransformerOptions& options, Rng& rng)
+    : options_(options) {
+  EnergyTransformerOptions& o = options_;
+  SP_CHECK(o.dim > 0 && o.heads > 0 && o.head_dim > 0 && o.memories > 0,
+           "EnergyTransformerBlock: dim, heads, head_dim and memories must be > 0");
+  SP_CHECK(o.step > 0.0, "EnergyTransformerBlock: step must be > 0, got ", o.step);
+  SP_CHECK(
+      o.memory_beta > 0.0 && o.layer_norm_eps >= 0.0 && o.weight_std >= 0.0 && o.memory_std >= 0.0,
+      "EnergyTransformerBlock: memory_beta must be > 0, layer_norm_eps and the init "
+      "scales >= 0");
+  if (o.beta == 0.0) o.beta = 1.0 / std::sqrt(static_cast<double>(o.head_dim));
+  SP_CHECK(o.beta > 0.0, "EnergyTransformerBlock: beta must be > 0, got ", o.beta);
+  gamma_ = RegisterParameter("gamma", Tensor::Ones({1}, o.dtype));
+  delta_ = RegisterParameter("delta", Tensor::Zeros({o.dim}, o.dtype));
+  Tensor wq(Shape{o.dim, o.heads * o.head_dim}, o.dtype);
+  init::Normal(wq, 0.0, o.weight_std, rng);
+  wq_ = RegisterParameter("wq", wq);
+  Tensor wk(Shape{o.dim, o.heads * o.head_dim}, o.dtype);
+  init::Normal(wk, 0.0, o.weight_std, rng);
+  wk_ = RegisterParameter("wk", wk);
+  beta_ = RegisterParameter("beta", Tensor::Full({o.heads}, o.beta, o.dtype), o.learn_beta);
+  Tensor memories(Shape{o.memories, o.dim}, o.dtype);
+  init::Normal(memories, 0.0, o.memory_std, rng);
+  memories_ = RegisterParameter("memories", memories);
+}
+
+std::string EnergyTransformerBlock::Name() const {
+  std::ostringstream out;
+  out << "EnergyTransformerBlock(dim " << options_.dim << ", heads " << options_.heads << ", "
+      << stillpoint::ToString(options_.dynamics) << ", " << stillpoint::ToString(options_.memory)
+      << " memory, key_grad " << stillpoint::ToString(options_.key_grad) << ")";
+  return out.str();
+}
+
+Var EnergyTransformerBlock::SplitHeads(const Var& x) const {
+  return permute(reshape(x, Shape{x.dim(0), x.dim(1), options_.heads, options_.head_dim}),
+                 {0, 2, 1, 3});
+}
+
+Var EnergyTransformerBlock::MergeHeads(const Var& x) const {
+  return reshape(permute(x, {0, 2, 1, 3}),
+                 Shape{x.dim(0), x.dim(2), options_.heads * options_.head_dim});
+}
+
+EnergyContext EnergyTransformerBlock::Prepare(const Var& x, const AttentionMask& mask) const {
+  SP_CHECK(x.defined() && x.rank() == 3 && x.dim(2) == options_.dim && x.dtype() == options_.dtype,
+           "EnergyTransformerBlock: tokens must be [B, N, ", options_.dim, "] ",
+           stillpoint::ToString(options_.dtype), ", got ",
+           x.defined() ? x.shape().ToString() : std::string("undefined"));
+  const int64_t n = x.dim(1);
+  AttentionMask combined = mask;
+  if (options_.exclude_self) {
+    SP_CHECK(n >= 2, "EnergyTransformerBlock: exclude_self needs at least 2 tokens, got ", n);
+    Tensor diagonal = Tensor::Zeros({n, n}, DType::kFloat64);
+    for (int64_t i = 0; i < n; ++i) diagonal.set(i * n + i, -INFINITY);
+    combined.additive =
+        mask.additive.defined()
+            ? add(constant(mask.additive.To(DType::kFloat64)), constant(diagonal)).value()
+            : diagonal;
+  }
+  EnergyContext ctx;
+  AddAttentionMask(combined, options_.causal, x.dim(0), options_.heads, n, n, options_.dtype, &ctx);
+  return ctx;
+}
+
+Var EnergyTransformerBlock::Normalize(const Var& x) const {
+  return layer_norm(x, broadcast_to(gamma_, Shape{options_.dim}), delta_, options_.layer_norm_eps);
+}
+
+Var EnergyTransformerBlock::Lagrangian(const Var& x) const {
+  Var centred = sub(x, mean(x, -1, /*keepdim=*/true));
+  Var spread = sqrt(add_scalar(mean(square(centred), -1), options_.layer_norm_eps));  // [B, N]
+  Var per_token = add(mul(mul_scalar(spread, static_cast<double>(options_.dim)), gamma_),
+                      sum(mul(x, delta_), -1));
+  return sum(per_token, -1);
+}
+
+Var EnergyTransformerBlock::LayerNormEnergy(const Var& x) const {
+  return sub(sum(sum(mul(Normalize(x), x), -1), -1), Lagrangian(x));
+}
+
+Var EnergyTransformerBlock::Scores(const Var& q, const Var& k, const EnergyContext& ctx) const {
+  Var scores = mul(matmul(q, k, false, true), reshape(beta_, Shape{1, options_.heads, 1, 1}));
+  return ApplyAttentionMask(scores, ctx);
+}
+
+Var EnergyTransformerBlock::AttentionEnergy(const Var& g, const EnergyContext& ctx) const {
+  Var q = SplitHeads(matmul(g, wq_));
+  Var k = SplitHeads(matmul(g, wk_));
+  Var per_query = div(logsumexp(Scores(q, k, ctx)), reshape(beta_, Shape{1, options_.heads, 1}));
+  return neg(sum(sum(per_query, -1), -1));
+}
+
+Var EnergyTransformerBlock::AttentionEnergyGrad(const Var& g, const EnergyContext& ctx) const {
+  Var q = SplitHeads(matmul(g, wq_));
+  Var k = SplitHeads(matmul(g, wk_));
+  Var p = softmax(Scores(q, k, ctx));  // [B, H, query, key]
+  // The beta of the scores cancels against the 1/beta of the energy.
+  Var query_side = matmul(MergeHeads(matmul(p, k)), wq_, false, true);
+  if (options_.key_grad == KeyGrad::kStop) return neg(query_side);
+  Var key_side = matmul(MergeHeads(matmul(p, q, /*transpose_a=*/true)), wk_, false, true);
+  return neg(add(query_side, key_side));
+}
+
+Var EnergyTransformerBlock::MemoryEnergy(const Var& g) const {
+  Var h = matmul(g, memories_, false, true);  // [B, N, M]
+  if (options_.memory == EnergyTransformerMemory::kRelu2) {
+    return mul_scalar(sum(sum(square(relu(h)), -1), -1), -0.5);
+  }
+  const double b = options_.memory_beta;
+  return mul_scalar(sum(logsumexp(mul_scalar(h, b)), -1), -1.0 / b);
+}
+
+Var EnergyTransformerBlock::MemoryEnergyGrad(const Var& g) const {
+  Var h = matmul(g, memories_, false, true);
+  Var weights = options_.memory == EnergyTransformerMemory::kRelu2
+                    ? relu(h)
+                    : softmax(mul_scalar(h, options_.memory_beta));
+  return neg(matmul(weights, memories_));
+}
+
+Var EnergyTransformerBlock::Energy(const Var& x, const EnergyContext& ctx) const {
+  Var g = Normalize(x);
+  Var energy = add(AttentionEnergy(g, ctx), MemoryEnergy(g));
+  if (options_.dynamics == EnergyTransformerDynamics::kLeaky) {
+    energy = add(energy, LayerNormEnergy(x));
+  }
+  return energy;
+}
+
+Var EnergyTransformerBlock::Update(const Var& x, const EnergyContext& ctx) const {
+  Var g = Normalize(x);
+  Var force = add(AttentionEnergyGrad(g, ctx), MemoryEnergyGrad(g));  // dE/dg
+  if (options_.dynamics == EnergyTransformerDynamics::kLeaky) force = add(x, force);
+  return sub(x, mul_scalar(force, options_.step));
+}
+
+Var EnergyTransformerBlock::Forward(const Var& x, const AttentionMask& mask) const {
+  return Solve(x, Prepare(x, mask), options_.solve);
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,215 @@
+#include "layers/expfam_attention.h"
+
+#include <cmath>
+#include <sstream>
+#include <utility>
+
+#include "framework/init.h"
+#include "framework/ops.h"
+
+namespace stillpoint {
+
+const char* ToString(ExpFamMeasure measure) {
+  switch (measure) {
+    case ExpFamMeasure::kDiscrete:
+      return "discrete";
+    case ExpFamMeasure::kGaussian:
+      return "gaussian";
+    case ExpFamMeasure::kMixture:
+      return "mixture";
+  }
+  return "unknown";
+}
+
+bool StringToExpFamMeasure(const std::string& text, ExpFamMeasure* measure) {
+  for (ExpFamMeasure m :
+       {ExpFamMeasure::kDiscrete, ExpFamMeasure::kGaussian, ExpFamMeasure::kMixture}) {
+    if (text == ToString(m)) {
+      *measure = m;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* ToString(ExpFamUpdate update) {
+  return update == ExpFamUpdate::kCccp ? "cccp" : "residual";
+}
+
+bool StringToExpFamUpdate(const std::string& text, ExpFamUpdate* update) {
+  if (text == "cccp") {
+    *update = ExpFamUpdate::kCccp;
+  } else if (text == "residual") {
+    *update = ExpFamUpdate::kResidual;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+ExpFamAttention::ExpFamAttention(const ExpFamAttentionOptions& options, Rng& rng)
+    : options_(options) {
+  const ExpFamAttentionOptions& o = options_;
+  SP_CHECK(o.dim > 0 && o.heads > 0 && o.dim % o.heads == 0, "ExpFamAttention: dim ", o.dim,
+           " must be a positive multiple of heads ", o.heads);
+  SP_CHECK(o.layer_norm_eps >= 0.0, "ExpFamAttention: layer_norm_eps must be >= 0");
+  const int64_t dh = head_dim();
+  switch (o.measure) {
+    case ExpFamMeasure::kDiscrete: {
+      SP_CHECK(o.beta > 0.0, "ExpFamAttention: beta must be > 0, got ", o.beta);
+      beta_ = RegisterParameter("beta", Tensor::Full({o.heads}, o.beta, o.dtype), o.learn_beta);
+      if (o.project_patterns) {
+        LinearOptions linear;
+        linear.bias = false;
+        linear.dtype = o.dtype;
+        wk_ = RegisterModule("wk", std::make_shared<Linear>(o.dim, o.dim, rng, linear));
+      }
+      break;
+    }
+    case ExpFamMeasure::kGaussian: {
+      Tensor mu(Shape{o.heads, dh}, o.dtype);
+      init::Normal(mu, 0.0, 0.02, rng);
+      mu_ = RegisterParameter("mu", mu);
+      break;
+    }
+    case ExpFamMeasure::kMixture: {
+      SP_CHECK(o.components > 0, "ExpFamAttention: components must be > 0");
+      Tensor means(Shape{o.heads, o.components, dh}, o.dtype);
+      init::Normal(means, 0.0, 1.0 / std::sqrt(static_cast<double>(dh)), rng);
+      means_ = RegisterParameter("means", means);
+      log_weights_ =
+          RegisterParameter("log_weights", Tensor::Zeros({o.heads, o.components}, o.dtype));
+      break;
+    }
+  }
+  if (o.measure != ExpFamMeasure::kDiscrete) {
+    // Sigma = L L^T starts small (eigenvalues around 0.25), so the CCCP map
+    // eta <- mu + Sigma eta starts as a contraction.
+    Tensor scale(Shape{o.heads, dh, dh}, o.dtype);
+    init::Normal(scale, 0.0, 0.5 / std::sqrt(static_cast<double>(dh)), rng);
+    scale_ = RegisterParameter("scale", scale);
+  }
+  if (o.update == ExpFamUpdate::kResidual && o.layer_norm) {
+    LayerNormOptions norm;
+    norm.eps = o.layer_norm_eps;
+    norm.elementwise_affine = o.layer_norm_affine;
+    norm.dtype = o.dtype;
+    norm_ = RegisterModule("norm", std::make_shared<LayerNorm>(o.dim, norm));
+  }
+}
+
+std::string ExpFamAttention::Name() const {
+  std::ostringstream out;
+  out << "ExpFamAttention(" << stillpoint::ToString(options_.measure) << ", "
+      << stillpoint::ToString(options_.update) << (norm_ ? " + layer norm" : "") << ", heads "
+      << options_.heads << ")";
+  return out.str();
+}
+
+Var ExpFamAttention::SplitHeads(const Var& x) const {
+  SP_CHECK(x.rank() == 3 && x.dim(2) == options_.dim, "ExpFamAttention: tokens must be [B, N, ",
+           options_.dim, "], got ", x.shape());
+  return permute(reshape(x, Shape{x.dim(0), x.dim(1), options_.heads, head_dim()}), {0, 2, 1, 3});
+}
+
+Var ExpFamAttention::MergeHeads(const Var& x) const {
+  return reshape(permute(x, {0, 2, 1, 3}), Shape{x.dim(0), x.dim(2), options_.dim});
+}
+
+Var ExpFamAttention::Covariance() const {
+  SP_CHECK(scale_.defined(), "ExpFamAttention: the discrete measure has no covariance");
+  return matmul(scale_, scale_, false, true);
+}
+
+Var ExpFamAttention::TimesCovariance(const Var& eta) const {
+  const int64_t dh = head_dim();
+  Var sigma = broadcast_to(Covariance(), Shape{eta.dim(0), options_.heads, dh, dh});
+  return matmul(eta, sigma);  // Sigma is symmetric: rows eta Sigma = (Sigma eta)^T
+}
+
+EnergyContext ExpFamAttention::Prepare(const Var& patterns) const {
+  EnergyContext ctx;
+  if (options_.measure != ExpFamMeasure::kDiscrete) {
+    SP_CHECK(!patterns.defined(), "ExpFamAttention: the ", stillpoint::ToString(options_.measure),
+             " measure takes no stored patterns");
+    return ctx;
+  }
+  SP_CHECK(patterns.defined() && patterns.dtype() == options_.dtype,
+           "ExpFamAttention: the discrete measure needs stored patterns [B, S, ", options_.dim,
+           "] of the layer's dtype");
+  ctx.Set("patterns", SplitHeads(wk_ ? wk_->Forward(patterns) : patterns));
+  return ctx;
+}
+
+Var ExpFamAttention::LogPartition(const Var& eta, const EnergyContext& ctx) const {
+  Var e = SplitHeads(eta);  // [B, H, N, dh]
+  const int64_t heads = options_.heads;
+  switch (options_.measure) {
+    case ExpFamMeasure::kDiscrete: {
+      const Var& x = ctx.Get("patterns");
+      Var scores = mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1}));
+      return div(logsumexp(scores), reshape(beta_, Shape{1, heads, 1}));
+    }
+    case ExpFamMeasure::kGaussian: {
+      Var linear = sum(mul(e, reshape(mu_, Shape{1, heads, 1, head_dim()})), -1);
+      return add(linear, mul_scalar(sum(mul(e, TimesCovariance(e)), -1), 0.5));
+    }
+    case ExpFamMeasure::kMixture: {
+      const int64_t k = options_.components;
+      Var means = broadcast_to(means_, Shape{e.dim(0), heads, k, head_dim()});
+      Var logits = add(matmul(e, means, false, true),
+                       reshape(log_softmax(log_weights_), Shape{1, heads, 1, k}));
+      return add(logsumexp(logits), mul_scalar(sum(mul(e, TimesCovariance(e)), -1), 0.5));
+    }
+  }
+  return Var();
+}
+
+Var ExpFamAttention::LogPartitionGrad(const Var& eta, const EnergyContext& ctx) const {
+  Var e = SplitHeads(eta);
+  const int64_t heads = options_.heads;
+  switch (options_.measure) {
+    case ExpFamMeasure::kDiscrete: {
+      const Var& x = ctx.Get("patterns");
+      Var scores = mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1}));
+      return MergeHeads(matmul(softmax(scores), x));
+    }
+    case ExpFamMeasure::kGaussian:
+      return MergeHeads(add(TimesCovariance(e), reshape(mu_, Shape{1, heads, 1, head_dim()})));
+    case ExpFamMeasure::kMixture: {
+      const int64_t k = options_.components;
+      Var means = broadcast_to(means_, Shape{e.dim(0), heads, k, head_dim()});
+      Var logits = add(matmul(e, means, false, true),
+                       reshape(log_softmax(log_weights_), Shape{1, heads, 1, k}));
+      return MergeHeads(add(TimesCovariance(e), matmul(softmax(logits), means)));
+    }
+  }
+  return Var();
+}
+
+Var ExpFamAttention::Energy(const Var& eta, const EnergyContext& ctx) const {
+  Var quadratic = mul_scalar(sum(sum(square(eta), -1), -1), 0.5);  // [B]
+  return sub(quadratic, sum(sum(LogPartition(eta, ctx), -1), -1));
+}
+
+Var ExpFamAttention::EnergyGrad(const Var& eta, const EnergyContext& ctx) const {
+  return sub(eta, LogPartitionGrad(eta, ctx));
+}
+
+Var ExpFamAttention::Update(const Var& eta, const EnergyContext& ctx) const {
+  if (options_.update == ExpFamUpdate::kCccp) return LogPartitionGrad(eta, ctx);
+  Var residual = add(eta, LogPartitionGrad(eta, ctx));
+  return norm_ ? norm_->Forward(residual) : residual;
+}
+
+Var ExpFamAttention::Forward(const Var& x) const {
+  SP_CHECK(options_.measure != ExpFamMeasure::kDiscrete,
+           "ExpFamAttention: the discrete measure needs stored patterns: Forward(x, patterns)");
+  return Solve(x, Prepare(Var()), options_.solve);
+}
+
+Var ExpFamAttention::Forward(const Var& x, const Var& patterns) const {
+  return Solve(x, Prepare(patterns), options_.solve);
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,190 @@
+// Modern Hopfield attention (Ramsauer et al. 2020), as an energy layer.
+//
+// Per head h, with stored patterns (keys) K_h = Y W_K,h, [S, dk], and a
+// state pattern xi (one per query, dk):
+//
+//   E(xi)   = 1/2 |xi|^2 - (1/beta_h) lse(beta_h K_h xi + a)       (a: mask)
+//   [+ (1/beta_h) ln S + M^2/2, M = max_s |k_s|, with energy_constants]
+//   Update:  xi <- K_h^T softmax(beta_h K_h xi + a)                 (CCCP)
+//
+// The CCCP update equals one gradient step of size 1 on E and never
+// increases E. The state starts at the projected queries xi_0 = R W_Q,h;
+// after the updates (or at the fixed point xi*) the output reads the values
+// with the final association:
+//
+//   out = concat_h( softmax(beta_h xi K_h^T + a) V_h ) W_O,   V_h = Z W_V,h.
+//
+// So `solve.steps = 0` is one-step multi-head attention with scale beta_h;
+// k steps iterate the retrieval in key space before reading the values (as
+// hflayers does with update_steps_max = k). The values are applied once,
+// after the solve: they are not part of the energy.
+//
+// In fixed-point mode the output depends on the queries only through the
+// basin the iteration starts in, so W_Q (and the queries) get no gradient
+// from the implicit backward (the fixed point does not move when xi_0 does).
+//
+// Shapes: stored Y [B, S, stored_size], state R [B, N, state_size], values
+// Z [B, S, value_size] (default: Y) -> [B, N, output_size]. The energy's
+// state is xi [B, H, N, dk] and its context holds "keys" [B, H, S, dk] (and
+// "mask" when masks are given). Every query must keep at least one key.
+//
+// Parameters: "beta" [H] (learnable unless learn_beta is false), the
+// projections "wq", "wk", "wv", "wo" (Linear, [in, out]), and with
+// normalize_stored / normalize_state the LayerNorms "norm_stored",
+// "norm_state".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "framework/autograd.h"
+#include "framework/random.h"
+#include "layers/attention.h"
+#include "layers/energy_layer.h"
+#include "layers/layer_norm.h"
+#include "layers/linear.h"
+
+namespace stillpoint {
+
+struct HopfieldOptions {
+  // Width of the state patterns R (the query source).
+  int64_t state_size = 64;
+  // Width of the stored patterns Y (the key source); 0 = state_size.
+  int64_t stored_size = 0;
+  // Width of the value source Z; 0 = stored_size.
+  int64_t value_size = 0;
+  int64_t heads = 1;
+  // Query/key width per head; 0 = state_size / heads.
+  int64_t head_dim = 0;
+  // Value width per head; 0 = head_dim.
+  int64_t value_head_dim = 0;
+  // Output width; 0 = state_size.
+  int64_t output_size = 0;
+  // Initial inverse temperature of every head; 0 = 1/sqrt(head_dim). Small
+  // beta makes the fixed point the average of the stored patterns (a metastable
+  // state); learn it or start it large when iterating to the fixed point.
+  double beta = 0.0;
+  bool learn_beta = true;
+  // LayerNorm on the stored / state patterns before their projections.
+  bool normalize_stored = false;
+  bool normalize_state = false;
+  // Biases on the four projections.
+  bool projection_bias = false;
+  // Autoregressive masking (query i sees keys j <= i + S - N).
+  bool causal = false;
+  // Adds Ramsauer's constants (1/beta) ln S + M^2/2 per query, which make
+  // 0 <= E <= 2 M^2 once |xi| <= M. They do not change the update. S and M
+  // count every stored pattern, masked or not.
+  bool energy_constants = false;
+  // Fixed steps (default 0: one-step attention) or the fixed point.
+  EnergySolveOptions solve = FixedSteps(0);
+  DType dtype = DType::kFloat32;
+};
+
+// What Prepare computes from the inputs: the energy's context, the initial
+// state and the per-head values.
+struct HopfieldProblem {
+  EnergyContext context;  // "keys" [B, H, S, dk] (+ "mask")
+  Var initial_state;      // xi_0 [B, H, N, dk]
+  Var values;             // [B, H, S, dv]
+};
+
+class HopfieldAttention : public EnergyLayer {
+ public:
+  HopfieldAttention(const HopfieldOptions& options, Rng& rng);
+
+  std::string Name() const override;
+
+  // Stored patterns also serve as values.
+  Var Forward(const Var& stored, const Var& state, const AttentionMask& mask = {}) const;
+  Var Forward(const Var& stored,
+              const Var& state,
+              const Var& values,
+              const AttentionMask& mask = {}) const;
+
+  // The steps of Forward, for tests and for callers that drive the solve.
+  HopfieldProblem Prepare(const Var& stored,
+                          const Var& state,
+                          const Var& values,
+                          const AttentionMask& mask = {}) const;
+  // xi [B, H, N, dk] -> [B, N, output_size].
+  Var Readout(const Var& xi, const HopfieldProblem& problem) const;
+  // softmax(beta K xi + a): [B, H, N, S].
+  Var Association(const Var& xi, const EnergyContext& ctx) const;
+
+  // EnergyLayer: xi [B, H, N, dk] -> [B].
+  Var Energy(const Var& xi, const EnergyContext& ctx) const override;
+  // xi - K^T softmax(beta K xi + a) (analytic).
+  Var EnergyGrad(const Var& xi, const EnergyContext& ctx) const override;
+  // CCCP: K^T softmax(beta K xi + a).
+  Var Update(const Var& xi, const EnergyContext& ctx) const override;
+  bool UpdateIsMonotone() const override { return true; }
+
+  const HopfieldOptions& options() const { return options_; }
+  // [H]
+  const Var& beta() const { return beta_; }
+  int64_t heads() const { return options_.heads; }
+  int64_t head_dim() const { return options_.head_dim; }
+  int64_t value_head_dim() const { return options_.value_head_dim; }
+
+ private:
+  // [B, T, H * d] -> [B, H, T, d].
+  Var SplitHeads(const Var& x, int64_t head_width) const;
+  // beta as [1, H, 1, 1].
+  Var Beta4() const;
+  // beta K xi + a: [B, H, N, S].
+  Var Scores(const Var& xi, const EnergyContext& ctx) const;
+
+  HopfieldOptions options_;
+  Var beta_;
+  std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
+  std::shared_ptr<LayerNorm> norm_stored_, norm_state_;
+};
+
+// Hopfield pooling: `quantity` learned state patterns query the input, so a
+// set [B, S, stored_size] is pooled into [B, quantity, output_size].
+// Parameters: "state_patterns" [quantity, state_size] (init N(0, 0.02^2))
+// and the inner layer "hopfield".
+class HopfieldPooling : public Module {
+ public:
+  HopfieldPooling(const HopfieldOptions& options, int64_t quantity, Rng& rng);
+
+  std::string Name() const override;
+
+  // stored [B, S, stored_size] -> [B, quantity, output_size].
+  Var Forward(const Var& stored, const AttentionMask& mask = {}) const;
+
+  const std::shared_ptr<HopfieldAttention>& hopfield() const { return hopfield_; }
+  const Var& state_patterns() const { return state_patterns_; }
+
+ private:
+  std::shared_ptr<HopfieldAttention> hopfield_;
+  Var state_patterns_;
+};
+
+// Hopfield lookup: the input queries `quantity` learned stored patterns,
+// each with a learned target that is read as its value.
+// Parameters: "stored_patterns" [quantity, stored_size], "targets"
+// [quantity, value_size] (both init N(0, 0.02^2)) and "hopfield".
+class HopfieldLookup : public Module {
+ public:
+  HopfieldLookup(const HopfieldOptions& options, int64_t quantity, Rng& rng);
+
+  std::string Name() const override;
+
+  // state [B, N, state_size] -> [B, N, output_size]. Masks refer to the
+  // `quantity` stored patterns as keys.
+  Var Forward(const Var& state, const AttentionMask& mask = {}) const;
+
+  const std::shared_ptr<HopfieldAttention>& hopfield() const { return hopfield_; }
+  const Var& stored_patterns() const { return stored_patterns_; }
+  const Var& targets() const { return targets_; }
+
+ private:
+  std::shared_ptr<HopfieldAttention> hopfield_;
+  Var stored_patterns_;
+  Var targets_;
+};
+
+}  // namespace stillpoint

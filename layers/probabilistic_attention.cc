@@ -1,0 +1,475 @@
+#include "layers/probabilistic_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <sstream>
+#include <utility>
+
+#include "framework/ops.h"
+
+namespace stillpoint {
+namespace {
+
+constexpr double kLogTwoPi = 1.8378770664093453;  // log(2 pi)
+
+// A precision broadcastable to [B, H, S] (rank 3) as [b, H, s, 1] (scales key rows).
+Var AsRows(const Var& p) { return reshape(p, Shape{p.dim(0), p.dim(1), p.dim(2), 1}); }
+// ... as [b, H, 1, s] (scales the key columns of logits [B, H, N, S]).
+Var AsCols(const Var& p) { return reshape(p, Shape{p.dim(0), p.dim(1), 1, p.dim(2)}); }
+
+// |x|^2 over the last axis, kept: [..., 1].
+Var SquaredNorm(const Var& x) { return sum(square(x), -1, /*keepdim=*/true); }
+// |x_j|^2 of [B, H, S, d] as columns [B, H, 1, S].
+Var SquaredNormCols(const Var& x) {
+  Var norms = sum(square(x), -1);  // [B, H, S]
+  return reshape(norms, Shape{norms.dim(0), norms.dim(1), 1, norms.dim(2)});
+}
+
+double MinValue(const Var& x) {
+  const std::vector<double> values = x.value().ToVector();
+  return values.empty() ? 0.0 : *std::min_element(values.begin(), values.end());
+}
+
+void CheckPrecision(const char* op,
+                    const char* what,
+                    const Var& p,
+                    int64_t batch,
+                    int64_t heads,
+                    int64_t keys,
+                    bool allow_zero) {
+  SP_CHECK(p.defined() && p.rank() == 3 && (p.dim(0) == 1 || p.dim(0) == batch) &&
+               p.dim(1) == heads && (p.dim(2) == 1 || p.dim(2) == keys),
+           op, ": ", what, " must broadcast to [", batch, ", ", heads, ", ", keys,
+           "] as a rank-3 tensor, got ",
+           p.defined() ? p.shape().ToString() : std::string("undefined"));
+  const double smallest = MinValue(p);
+  SP_CHECK(allow_zero ? smallest >= 0.0 : smallest > 0.0, op, ": ", what, " must be ",
+           allow_zero ? ">= 0" : "> 0", ", smallest entry is ", smallest);
+}
+
+// log pi_ij normalised over j (a scalar -log S when log_prior is undefined).
+Var NormalizedLogPrior(const Var& log_prior, const Var& like, int64_t keys) {
+  if (!log_prior.defined()) return scalar_like(like, -std::log(static_cast<double>(keys)));
+  SP_CHECK(log_prior.dim(-1) == keys, "log prior ", log_prior.shape(), " must have ", keys,
+           " entries on its last axis");
+  return sub(log_prior, logsumexp(log_prior, /*keepdim=*/true));
+}
+
+// log N(q_i; xi_j, alpha_j^-1 I_d): [B, H, N, S].
+Var LogGaussian(const Var& q, const Var& xi, const Var& precision) {
+  const double d = static_cast<double>(q.dim(-1));
+  Var sq =
+      add(sub(SquaredNorm(q), mul_scalar(matmul(q, xi, false, true), 2.0)), SquaredNormCols(xi));
+  Var cols = AsCols(precision);
+  return add(mul(cols, mul_scalar(sq, -0.5)),
+             add_scalar(mul_scalar(log(cols), 0.5 * d), -0.5 * d * kLogTwoPi));
+}
+
+// sum_i w_ij |x_i - c_j|^2 = (w^T |x|^2)_j - 2 c_j . (w^T x)_j + (sum_i w_ij) |c_j|^2, [B, H, S].
+Var WeightedSquaredDistance(
+    const Var& w, const Var& x, const Var& weighted_x, const Var& weight_sum, const Var& centres) {
+  Var xx = matmul(w, SquaredNorm(x), /*transpose_a=*/true);  // [B, H, S, 1]
+  xx = reshape(xx, Shape{xx.dim(0), xx.dim(1), xx.dim(2)});
+  return add(sub(xx, mul_scalar(sum(mul(centres, weighted_x), -1), 2.0)),
+             mul(weight_sum, sum(square(centres), -1)));
+}
+
+// sum of a Var's entries as a double, without recording.
+double Total(const Var& x) {
+  NoGrad no_grad;
+  return sum(x).item();
+}
+
+bool IsInfinite(double x) { return std::isinf(x) && x > 0.0; }
+
+}  // namespace
+
+// ----------------------------------------------------------------- AdaptKeys
+
+KeyAdaptationResult AdaptKeys(const Var& queries,
+                              const Var& keys,
+                              const Var& key_precision,
+                              const Var& log_prior,
+                              const KeyAdaptationOptions& options) {
+  const char* op = "AdaptKeys";
+  SP_CHECK(queries.rank() == 4 && keys.rank() == 4 && queries.dim(0) == keys.dim(0) &&
+               queries.dim(1) == keys.dim(1) && queries.dim(3) == keys.dim(3),
+           op, ": queries [B, H, N, d] ", queries.shape(), " and keys [B, H, S, d] ", keys.shape(),
+           " do not match");
+  const int64_t batch = keys.dim(0), heads = keys.dim(1), num_keys = keys.dim(2);
+  const double d = static_cast<double>(keys.dim(3));
+  CheckPrecision(op, "key_precision", key_precision, batch, heads, num_keys, false);
+  const double lambda = options.key_prior_precision;
+  SP_CHECK(options.iterations >= 0 && lambda >= 0.0 && options.precision_prior_rate >= 0.0, op,
+           ": iterations, key_prior_precision and precision_prior_rate must be >= 0");
+  SP_CHECK(options.precision_prior_shape >= 1.0, op,
+           ": precision_prior_shape must be >= 1 (else the precision update can turn negative), "
+           "got ", options.precision_prior_shape);
+
+  Var log_pi = NormalizedLogPrior(log_prior, queries, num_keys);
+  Var alpha = broadcast_to(key_precision, Shape{batch, heads, num_keys});
+  Var xi = keys;
+  const double a = options.precision_prior_shape, b = options.precision_prior_rate;
+
+  KeyAdaptationResult result;
+  for (int it = 0;; ++it) {
+    Var logits = add(log_pi, LogGaussian(queries, xi, alpha));  // [B, H, N, S]
+    double log_posterior = Total(logsumexp(logits));
+    if (lambda > 0.0 && !IsInfinite(lambda)) {
+      NoGrad no_grad;
+      log_posterior +=
+          static_cast<double>(batch * heads * num_keys) * 0.5 * d * (std::log(lambda) - kLogTwoPi) -
+          0.5 * lambda * sum(square(sub(xi, keys))).item();
+    }
+    if (options.adapt_precision) {
+      NoGrad no_grad;
+      log_posterior += (a - 1.0) * sum(log(alpha)).item() - b * sum(alpha).item();
+    }
+    result.log_posterior.push_back(log_posterior);
+    if (it == options.iterations) break;
+
+    Var w = softmax(logits);
+    Var weight_sum = sum(w, 2);                                 // [B, H, S]
+    Var weighted_q = matmul(w, queries, /*transpose_a=*/true);  // [B, H, S, d]
+    if (!IsInfinite(lambda)) {
+      Var centre = options.recentre_prior ? xi : keys;
+      Var alpha_rows = AsRows(alpha);
+      xi = div(add(mul_scalar(centre, lambda), mul(alpha_rows, weighted_q)),
+               add_scalar(mul(alpha_rows, AsRows(weight_sum)), lambda));
+    }
+    if (options.adapt_precision) {
+      Var spread = WeightedSquaredDistance(w, queries, weighted_q, weight_sum, xi);
+      alpha =
+          div(add_scalar(mul_scalar(weight_sum, d), 2.0 * (a - 1.0)), add_scalar(spread, 2.0 * b));
+    }
+  }
+  result.keys = xi;
+  result.key_precision = alpha;
+  return result;
+}
+
+// ---------------------------------------------------- PropagateClampedValues
+
+ValueBeliefResult PropagateClampedValues(const Var& queries,
+                                         const Var& keys,
+                                         const Var& key_precision,
+                                         const Var& values,
+                                         const Var& value_precision,
+                                         const Var& log_prior,
+                                         const Var& clamped_values,
+                                         const Tensor& clamp_mask,
+                                         const ValueBeliefOptions& options) {
+  const char* op = "PropagateClampedValues";
+  SP_CHECK(
+      queries.rank() == 4 && keys.rank() == 4 && values.rank() == 4 && clamped_values.rank() == 4,
+      op, ": queries, keys, values and clamped_values must be rank 4");
+  const int64_t batch = keys.dim(0), heads = keys.dim(1), num_keys = keys.dim(2);
+  const int64_t num_queries = queries.dim(2);
+  const double dv = static_cast<double>(values.dim(3));
+  SP_CHECK(queries.shape() == Shape({batch, heads, num_queries, keys.dim(3)}) &&
+               values.dim(0) == batch && values.dim(1) == heads && values.dim(2) == num_keys &&
+               clamped_values.shape() == Shape({batch, heads, num_queries, values.dim(3)}),
+           op, ": shapes do not agree: queries ", queries.shape(), ", keys ", keys.shape(),
+           ", values ", values.shape(), ", clamped_values ", clamped_values.shape());
+  SP_CHECK(clamp_mask.defined() && clamp_mask.shape() == Shape({batch, num_queries}), op,
+           ": clamp_mask must be [", batch, ", ", num_queries, "], got ",
+           clamp_mask.defined() ? clamp_mask.shape().ToString() : std::string("undefined"));
+  CheckPrecision(op, "key_precision", key_precision, batch, heads, num_keys, false);
+  CheckPrecision(op, "value_precision", value_precision, batch, heads, num_keys, false);
+  const double lambda = options.value_prior_precision;
+  SP_CHECK(options.iterations >= 0 && lambda >= 0.0 && options.precision_prior_rate >= 0.0 &&
+               options.mixing_concentration >= 1.0,
+           op,
+           ": iterations, value_prior_precision and precision_prior_rate must be >= 0 and "
+           "mixing_concentration >= 1");
+  SP_CHECK(options.precision_prior_shape >= 1.0, op,
+           ": precision_prior_shape must be >= 1 (else the precision update can turn negative), "
+           "got ", options.precision_prior_shape);
+  SP_CHECK(!options.adapt_mixing || !log_prior.defined() || log_prior.rank() < 2 ||
+               log_prior.dim(-2) == 1,
+           op,
+           ": adapt_mixing needs a prior shared by all query units (extent 1 on axis -2), "
+           "got log_prior ",
+           log_prior.shape());
+
+  std::vector<double> mask_values = clamp_mask.ToVector();
+  for (double& m : mask_values) m = m != 0.0 ? 1.0 : 0.0;
+  Var clamped(Tensor::FromVector(Shape{batch, 1, num_queries, 1}, mask_values, values.dtype()));
+  const Shape per_key{batch, heads, num_keys};
+  Var alpha = broadcast_to(key_precision, per_key);
+  Var beta = broadcast_to(value_precision, per_key);
+  Var log_pi = NormalizedLogPrior(log_prior, queries, num_keys);
+  Var mu = values;
+  const Var query_term = LogGaussian(queries, keys, alpha);  // fixed: keys do not move
+  const double a = options.precision_prior_shape, b = options.precision_prior_rate;
+  const double c = options.mixing_concentration;
+
+  ValueBeliefResult result;
+  result.log_prior = log_prior;
+  for (int it = 0;; ++it) {
+    Var value_term = mul(clamped, LogGaussian(clamped_values, mu, beta));
+    Var logits = add(add(log_pi, query_term), value_term);  // [B, H, N, S]
+    double log_posterior = Total(logsumexp(logits));
+    {
+      NoGrad no_grad;
+      if (lambda > 0.0 && !IsInfinite(lambda)) {
+        log_posterior += static_cast<double>(batch * heads * num_keys) * 0.5 * dv *
+                             (std::log(lambda) - kLogTwoPi) -
+                         0.5 * lambda * sum(square(sub(mu, values))).item();
+      }
+      if (options.adapt_value_precision) {
+        log_posterior += (a - 1.0) * sum(log(beta)).item() - b * sum(beta).item();
+      }
+      if (options.adapt_mixing && c != 1.0) {
+        Var shared = broadcast_to(log_pi, Shape{batch, heads, 1, num_keys});
+        log_posterior += (c - 1.0) * sum(shared).item();
+      }
+    }
+    result.log_posterior.push_back(log_posterior);
+    if (it == options.iterations) break;
+
+    Var w = softmax(logits);
+    Var w_clamped = mul(w, clamped);
+    Var weight_sum = sum(w_clamped, 2);                                        // [B, H, S]
+    Var weighted_v = matmul(w_clamped, clamped_values, /*transpose_a=*/true);  // [B, H, S, dv]
+    if (!IsInfinite(lambda)) {
+      Var beta_rows = AsRows(beta);
+      mu = div(add(mul_scalar(values, lambda), mul(beta_rows, weighted_v)),
+               add_scalar(mul(beta_rows, AsRows(weight_sum)), lambda));
+    }
+    if (options.adapt_value_precision) {
+      Var spread = WeightedSquaredDistance(w_clamped, clamped_values, weighted_v, weight_sum, mu);
+      beta =
+          div(add_scalar(mul_scalar(weight_sum, dv), 2.0 * (a - 1.0)), add_scalar(spread, 2.0 * b));
+    }
+    if (options.adapt_mixing) {
+      Var counts = add_scalar(sum(w, 2), c - 1.0);  // [B, H, S]
+      Var log_mix = sub(log(counts), log(sum(counts, -1, /*keepdim=*/true)));
+      log_pi = AsCols(log_mix);
+      result.log_prior = log_pi;
+    }
+  }
+  result.values = mu;
+  result.value_precision = beta;
+  return result;
+}
+
+// ------------------------------------------------------ ProbabilisticAttention
+
+namespace {
+
+ProbabilisticAttentionOptions Resolve(ProbabilisticAttentionOptions o) {
+  SP_CHECK(o.dim > 0 && o.heads > 0, "ProbabilisticAttention: dim and heads must be > 0");
+  if (o.head_dim == 0) {
+    SP_CHECK(o.dim % o.heads == 0, "ProbabilisticAttention: dim ", o.dim,
+             " is not a multiple of heads ", o.heads, "; set head_dim");
+    o.head_dim = o.dim / o.heads;
+  }
+  if (o.value_head_dim == 0) o.value_head_dim = o.head_dim;
+  if (o.query_precision == 0.0)
+    o.query_precision = 1.0 / std::sqrt(static_cast<double>(o.head_dim));
+  SP_CHECK(o.query_precision > 0.0 && o.value_precision >= 0.0,
+           "ProbabilisticAttention: query_precision must be > 0 and value_precision >= 0");
+  SP_CHECK(o.solve.steps >= 0, "ProbabilisticAttention: solve.steps must be >= 0");
+  return o;
+}
+
+}  // namespace
+
+ProbabilisticAttention::ProbabilisticAttention(const ProbabilisticAttentionOptions& options,
+                                               Rng& rng)
+    : options_(Resolve(options)) {
+  const ProbabilisticAttentionOptions& o = options_;
+  query_precision_ = RegisterParameter(
+      "query_precision", Tensor::Full({o.heads}, o.query_precision, o.dtype), o.learn_precisions);
+  value_precision_ = RegisterParameter(
+      "value_precision", Tensor::Full({o.heads}, o.value_precision, o.dtype), o.learn_precisions);
+  LinearOptions linear;
+  linear.bias = o.projection_bias;
+  linear.dtype = o.dtype;
+  wq_ = RegisterModule("wq", std::make_shared<Linear>(o.dim, o.heads * o.head_dim, rng, linear));
+  wk_ = RegisterModule("wk", std::make_shared<Linear>(o.dim, o.heads * o.head_dim, rng, linear));
+  wv_ = RegisterModule("wv",
+                       std::make_shared<Linear>(o.dim, o.heads * o.value_head_dim, rng, linear));
+  wo_ = RegisterModule("wo",
+                       std::make_shared<Linear>(o.heads * o.value_head_dim, o.dim, rng, linear));
+}
+
+std::string ProbabilisticAttention::Name() const {
+  std::ostringstream out;
+  out << "ProbabilisticAttention(heads " << options_.heads << ", head_dim " << options_.head_dim
+      << ", " << stillpoint::ToString(options_.solve.mode) << ")";
+  return out.str();
+}
+
+Var ProbabilisticAttention::SplitHeads(const Var& x, int64_t head_width) const {
+  return permute(reshape(x, Shape{x.dim(0), x.dim(1), options_.heads, head_width}), {0, 2, 1, 3});
+}
+
+ProbabilisticProblem ProbabilisticAttention::Prepare(
+    const Var& x, const Var& context, const ProbabilisticAttentionInputs& inputs) const {
+  const ProbabilisticAttentionOptions& o = options_;
+  const char* op = "ProbabilisticAttention";
+  for (const Var* input : {&x, &context}) {
+    SP_CHECK(input->defined() && input->rank() == 3 && input->dim(2) == o.dim &&
+                 input->dtype() == o.dtype,
+             op, ": inputs must be [B, T, ", o.dim, "] ", stillpoint::ToString(o.dtype), ", got ",
+             input->defined() ? input->shape().ToString() : std::string("undefined"));
+  }
+  SP_CHECK(x.dim(0) == context.dim(0), op, ": x ", x.shape(), " and context ", context.shape(),
+           " have different batch sizes");
+  const int64_t batch = x.dim(0), heads = o.heads, num_queries = x.dim(1);
+  const int64_t num_keys = context.dim(1);
+
+  Var q = SplitHeads(wq_->Forward(x), o.head_dim);         // [B, H, N, d]
+  Var xi = SplitHeads(wk_->Forward(context), o.head_dim);  // [B, H, S, d]
+  Var mu = SplitHeads(wv_->Forward(context), o.value_head_dim);
+
+  bool per_key_alpha = inputs.key_precision.defined();
+  bool per_key_beta = inputs.value_precision.defined();
+  Var alpha = per_key_alpha ? inputs.key_precision : reshape(query_precision_, Shape{1, heads, 1});
+  Var beta = per_key_beta ? inputs.value_precision : reshape(value_precision_, Shape{1, heads, 1});
+  CheckPrecision(op, "key precision", alpha, batch, heads, num_keys, false);
+  CheckPrecision(op, "value precision", beta, batch, heads, num_keys, true);
+  Var base_log_prior = inputs.log_prior;
+  auto magnitude = [&](const Var& keys, const Var& values) {
+    return add(mul(AsCols(alpha), mul_scalar(SquaredNormCols(keys), 0.5)),
+               mul(AsCols(beta), mul_scalar(SquaredNormCols(values), 0.5)));
+  };
+  auto with_magnitude = [&](const Var& keys, const Var& values) {
+    if (!o.magnitude_prior) return base_log_prior;
+    Var m = magnitude(keys, values);
+    return base_log_prior.defined() ? add(base_log_prior, m) : m;
+  };
+
+  ProbabilisticProblem problem;
+  if (o.key_adaptation.iterations > 0) {
+    KeyAdaptationResult adapted = AdaptKeys(q, xi, alpha, with_magnitude(xi, mu), o.key_adaptation);
+    xi = adapted.keys;
+    if (o.key_adaptation.adapt_precision) {
+      alpha = adapted.key_precision;
+      per_key_alpha = true;
+    }
+    problem.key_log_posterior = adapted.log_posterior;
+  }
+  bool mixing_adapted = false;
+  if (inputs.clamp_mask.defined()) {
+    SP_CHECK(
+        inputs.clamped_values.defined() &&
+            inputs.clamped_values.shape() == Shape({batch, num_queries, heads * o.value_head_dim}),
+        op, ": clamped_values must be [", batch, ", ", num_queries, ", ", heads * o.value_head_dim,
+        "] with a clamp_mask");
+    problem.clamp_mask = inputs.clamp_mask;
+    problem.clamped_values = SplitHeads(inputs.clamped_values, o.value_head_dim);
+  }
+  if (o.value_belief.iterations > 0) {
+    SP_CHECK(problem.clamp_mask.defined(), op,
+             ": value belief propagation needs clamp_mask and clamped_values");
+    SP_CHECK(num_queries == num_keys, op,
+             ": value belief propagation needs self-attention (N = S), got N ", num_queries, ", S ",
+             num_keys);
+    ValueBeliefResult belief =
+        PropagateClampedValues(q, xi, alpha, mu, beta, with_magnitude(xi, mu),
+                               problem.clamped_values, problem.clamp_mask, o.value_belief);
+    mu = belief.values;
+    if (o.value_belief.adapt_value_precision) {
+      beta = belief.value_precision;
+      per_key_beta = true;
+    }
+    if (o.value_belief.adapt_mixing) {
+      base_log_prior = belief.log_prior;
+      mixing_adapted = true;
+    }
+    problem.value_log_posterior = belief.log_posterior;
+  }
+
+  // The v-independent part of l_ij. Under the magnitude prior the key and
+  // value norms cancel exactly, so they are left out rather than added and
+  // subtracted.
+  Var alpha_cols = AsCols(alpha);
+  Var logits = sub(mul(alpha_cols, matmul(q, xi, false, true)),
+                   mul(alpha_cols, mul_scalar(SquaredNorm(q), 0.5)));
+  if (base_log_prior.defined()) logits = add(logits, base_log_prior);
+  if (!o.magnitude_prior || mixing_adapted) logits = sub(logits, magnitude(xi, mu));
+  if (o.log_normalizer && per_key_alpha) {
+    logits = add(logits, mul_scalar(log(alpha_cols), 0.5 * static_cast<double>(o.head_dim)));
+  }
+  if (o.log_normalizer && per_key_beta) {
+    logits =
+        add(logits, mul_scalar(log(AsCols(beta)), 0.5 * static_cast<double>(o.value_head_dim)));
+  }
+  EnergyContext masks;
+  AddAttentionMask(inputs.mask, o.causal, batch, heads, num_queries, num_keys, o.dtype, &masks);
+  logits = ApplyAttentionMask(logits, masks);
+
+  problem.context.Set("logits", logits);
+  problem.context.Set("values", mu);
+  if (per_key_beta) {
+    problem.context.Set("value_precision",
+                        AsCols(broadcast_to(beta, Shape{batch, heads, num_keys})));
+  } else {
+    problem.context.SetShared("value_precision", reshape(beta, Shape{1, heads, 1, 1}));
+  }
+  problem.initial_state = matmul(softmax(logits), mu);
+  return problem;
+}
+
+Var ProbabilisticAttention::Logits(const Var& v, const EnergyContext& ctx) const {
+  const Var& logits = ctx.Get("logits");
+  const Var& mu = ctx.Get("values");
+  const Var& beta = ctx.Get("value_precision");
+  SP_CHECK(v.rank() == 4 && v.dim(0) == mu.dim(0) && v.dim(1) == mu.dim(1) &&
+               v.dim(2) == logits.dim(2) && v.dim(3) == mu.dim(3),
+           "ProbabilisticAttention: state ", v.shape(), " does not match values ", mu.shape(),
+           " and logits ", logits.shape());
+  Var v_term = sub(matmul(v, mu, false, true), mul_scalar(SquaredNorm(v), 0.5));
+  return add(logits, mul(beta, v_term));
+}
+
+Var ProbabilisticAttention::Responsibilities(const Var& v, const EnergyContext& ctx) const {
+  return softmax(Logits(v, ctx));
+}
+
+Var ProbabilisticAttention::Energy(const Var& v, const EnergyContext& ctx) const {
+  Var per_query = logsumexp(Logits(v, ctx));  // [B, H, N]
+  return neg(sum(sum(per_query, -1), -1));
+}
+
+Var ProbabilisticAttention::Update(const Var& v, const EnergyContext& ctx) const {
+  Var w = Responsibilities(v, ctx);
+  const Var& mu = ctx.Get("values");
+  const Var& beta = ctx.Get("value_precision");
+  // Uniform beta: eq 19 (also right at beta = 0, where eq 15 would be 0/0).
+  if (beta.dim(-1) == 1) return matmul(w, mu);
+  Var weighted = mul(w, beta);
+  return div(matmul(weighted, mu), sum(weighted, -1, /*keepdim=*/true));
+}
+
+Var ProbabilisticAttention::Readout(const Var& v, const ProbabilisticProblem& problem) const {
+  Var out = v;
+  if (options_.force_clamped_output && problem.clamp_mask.defined()) {
+    std::vector<double> m = problem.clamp_mask.ToVector();
+    for (double& value : m) value = value != 0.0 ? 1.0 : 0.0;
+    Var clamped(Tensor::FromVector(Shape{v.dim(0), 1, v.dim(2), 1}, m, v.dtype()));
+    out = add(out, mul(clamped, sub(problem.clamped_values, out)));
+  }
+  Var merged = reshape(permute(out, {0, 2, 1, 3}),
+                       Shape{v.dim(0), v.dim(2), options_.heads * options_.value_head_dim});
+  return wo_->Forward(merged);
+}
+
+Var ProbabilisticAttention::Forward(const Var& x,
+                                    const Var& context,
+                                    const ProbabilisticAttentionInputs& inputs) const {
+  ProbabilisticProblem problem = Prepare(x, context, inputs);
+  Var v = Solve(problem.initial_state, problem.context, options_.solve);
+  return Readout(v, problem);
+}
+
+Var ProbabilisticAttention::Forward(const Var& x,
+                                    const ProbabilisticAttentionInputs& inputs) const {
+  return Forward(x, x, inputs);
+}
+
+}  // namespace stillpoint

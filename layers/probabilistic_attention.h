@@ -1,0 +1,249 @@
+// Probabilistic attention (Movellan & Gabbur 2020, "Probabilistic
+// Transformers"): attention as inference in a Gaussian mixture. Equation
+// numbers refer to docs/energy-models.md section 2.4.
+//
+// Every key unit j is a Gaussian over (query, value) pairs,
+//   p_j(q, v) = N(q; xi_j, alpha_j^-1 I_d) N(v; mu_j, beta_j^-1 I_dv),
+// and query unit i's belief is the mixture p_i = sum_j pi_ij p_j. The output
+// value of unit i is the MAP value v_i = argmax_v p_i(q_i, v), found by EM
+// (eqs 13-15):
+//   w_ij = softmax_j( l_ij(v_i) ),
+//   l_ij(v) = log pi_ij + (d/2) log alpha_j - alpha_j/2 |q_i - xi_j|^2
+//             + (dv/2) log beta_j - beta_j/2 |v - mu_j|^2,
+//   v_i <- sum_j w_ij beta_j mu_j / sum_j w_ij beta_j.
+// As an energy layer the state is v [B, H, N, dv] and the energy is
+//   E(v) = sum_i -lse_j l_ij(v_i)   (= -log p_i(q_i, v_i) up to a constant),
+// which EM never increases. With uniform precisions and the magnitude
+// priors pi_ij ∝ exp(alpha/2 |xi_j|^2 + beta/2 |mu_j|^2) (eqs 16-19) the
+// weights are softmax_j(alpha q_i.xi_j + beta v_i.mu_j), the update is
+// v_i <- sum_j w_ij mu_j, and beta = 0 is standard softmax attention with
+// scale alpha (one EM step is then exact). For beta > 0 the fixed point is
+// v0 + beta Cov_w[mu] v0 + O(beta^2) (v0 the beta = 0 output).
+//
+// Layer: q = x W_Q, xi = c W_K, mu = c W_V per head (c = x for
+// self-attention), then optionally
+//   - online key adaptation (eqs 22-30, AdaptKeys), before value inference;
+//   - clamped-value belief propagation (eqs 31-38, PropagateClampedValues):
+//     units with known values re-estimate the values (and optionally value
+//     precisions and mixing proportions) of the key units;
+// then value inference to the fixed point (or fixed EM steps), optional
+// overwriting of clamped units' outputs (force_clamped_output; the
+// reference implementation does not do it), and out = concat_h(v) W_O.
+//
+// Shapes: x [B, N, dim], context [B, S, dim] -> [B, N, dim]. The energy
+// context holds "logits" l_ij without the v-dependent part [B, H, N, S],
+// "values" mu [B, H, S, dv] and "value_precision" beta, [1 or B, H, 1, 1]
+// when uniform or [B, H, 1, S] per key.
+//
+// Parameters: "query_precision" alpha [H] and "value_precision" beta [H]
+// (uniform precisions; learnable unless learn_precisions is false; they must
+// stay > 0 and >= 0 respectively), and the Linears "wq", "wk", "wv", "wo".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/random.h"
+#include "layers/attention.h"
+#include "layers/energy_layer.h"
+#include "layers/linear.h"
+
+namespace stillpoint {
+
+// ------------------------------------------------- online key adaptation
+
+struct KeyAdaptationOptions {
+  // EM iterations over the keys (values marginalised out); 0 = off.
+  int iterations = 0;
+  // lambda_xi >= 0: precision of the Gaussian prior on each key, centred on
+  // the pretrained key (eq 29). 0 gives the soft k-means (ML) update;
+  // +infinity freezes the keys.
+  double key_prior_precision = 1.0;
+  // Reference-code variant: the prior is centred on the current key at each
+  // step, so iterating converges to the lambda = 0 point. Not exact MAP-EM.
+  bool recentre_prior = false;
+  // Re-estimate the key precisions alpha_j with a Gamma(shape, rate) prior
+  // (eq 30): alpha_j <- (d sum_i w_ij + 2 (shape - 1)) /
+  //                     (sum_i w_ij |q_i - xi_j|^2 + 2 rate).
+  // shape >= 1, rate >= 0 (shape 1, rate 0: maximum likelihood).
+  bool adapt_precision = false;
+  double precision_prior_shape = 1.0;
+  double precision_prior_rate = 0.0;
+};
+
+struct KeyAdaptationResult {
+  Var keys;           // [B, H, S, d]
+  Var key_precision;  // alpha_j, broadcastable to [B, H, S]
+  // The log posterior (up to a constant) before the first and after every
+  // iteration, summed over samples and heads:
+  //   sum_i log sum_j pi_ij N(q_i; xi_j, alpha_j^-1 I)
+  //   + sum_j log N(xi_j; xi°_j, lambda^-1 I)     (0 < lambda < inf)
+  //   + sum_j (shape - 1) log alpha_j - rate alpha_j   (adapt_precision)
+  std::vector<double> log_posterior;
+};
+
+// MAP-EM over the keys given the queries (eqs 22-30). The prior over units
+// pi_ij = softmax_j(log_prior_ij) is held fixed (exact EM).
+//   queries [B, H, N, d], keys (pretrained xi°) [B, H, S, d],
+//   key_precision broadcastable to [B, H, S] (each entry > 0),
+//   log_prior undefined (uniform) or broadcastable to [B, H, N, S].
+// Written with differentiable ops: gradients flow through the iterations.
+KeyAdaptationResult AdaptKeys(const Var& queries,
+                              const Var& keys,
+                              const Var& key_precision,
+                              const Var& log_prior,
+                              const KeyAdaptationOptions& options);
+
+// --------------------------------------- clamped-value belief propagation
+
+struct ValueBeliefOptions {
+  // EM iterations over the value parameters; 0 = off.
+  int iterations = 0;
+  // lambda_mu >= 0: precision of the Gaussian prior on each value mean,
+  // centred on the pretrained value (eqs 35-36). 0: the mean is the
+  // weighted mean of the clamped values; +infinity freezes the values.
+  double value_prior_precision = 0.0;
+  // Re-estimate the value precisions beta_j with a Gamma(shape, rate)
+  // prior (eq 37); shape >= 1, rate >= 0.
+  bool adapt_value_precision = false;
+  double precision_prior_shape = 1.0;
+  double precision_prior_rate = 0.0;
+  // Re-estimate mixing proportions pi_j (shared by all query units) with a
+  // symmetric Dirichlet(concentration) prior (eq 38); concentration >= 1.
+  bool adapt_mixing = false;
+  double mixing_concentration = 1.0;
+};
+
+struct ValueBeliefResult {
+  Var values;           // mu [B, H, S, dv]
+  Var value_precision;  // beta, broadcastable to [B, H, S]
+  // The prior over units to use afterwards: log pi_j as [B, H, 1, S] when
+  // adapt_mixing, else the log_prior given (possibly undefined).
+  Var log_prior;
+  // Before the first and after every iteration, summed over samples and
+  // heads (up to a constant):
+  //   sum_{i clamped} log sum_j pi_ij N(q_i; xi_j, alpha_j^-1) N(v_i; mu_j, beta_j^-1)
+  //   + sum_{i free} log sum_j pi_ij N(q_i; xi_j, alpha_j^-1)
+  //   + value-mean, value-precision and Dirichlet log priors (when active).
+  std::vector<double> log_posterior;
+};
+
+// EM over the value parameters given units with clamped values (eqs 35-38).
+//   queries [B, H, N, d], keys [B, H, S, d], key_precision and
+//   value_precision broadcastable to [B, H, S] (> 0), values (pretrained
+//   mu°) [B, H, S, dv], log_prior as in AdaptKeys, clamped_values
+//   [B, H, N, dv] (read where clamped), clamp_mask [B, N] (nonzero =
+//   clamped).
+ValueBeliefResult PropagateClampedValues(const Var& queries,
+                                         const Var& keys,
+                                         const Var& key_precision,
+                                         const Var& values,
+                                         const Var& value_precision,
+                                         const Var& log_prior,
+                                         const Var& clamped_values,
+                                         const Tensor& clamp_mask,
+                                         const ValueBeliefOptions& options);
+
+// ------------------------------------------------------------ the layer
+
+struct ProbabilisticAttentionOptions {
+  // Model width of x and the context (and of the output).
+  int64_t dim = 64;
+  int64_t heads = 1;
+  // Query/key width d per head; 0 = dim / heads.
+  int64_t head_dim = 0;
+  // Value width dv per head; 0 = head_dim.
+  int64_t value_head_dim = 0;
+  // Initial uniform query/key precision alpha; 0 = 1/sqrt(head_dim).
+  double query_precision = 0.0;
+  // Initial uniform value precision beta (0 = standard attention).
+  double value_precision = 0.0;
+  bool learn_precisions = true;
+  // pi_ij ∝ exp(alpha_j/2 |xi_j|^2 + beta_j/2 |mu_j|^2) (eq 17).
+  bool magnitude_prior = true;
+  // Keep (d/2) log alpha_j + (dv/2) log beta_j in the logits when
+  // precisions are given per key (the reference code drops them, which is
+  // only right for uniform precisions, where they cancel).
+  bool log_normalizer = true;
+  bool causal = false;
+  bool projection_bias = false;
+  EnergySolveOptions solve = FixedSteps(20);
+  KeyAdaptationOptions key_adaptation;
+  ValueBeliefOptions value_belief;
+  // Output the clamped value itself at clamped units.
+  bool force_clamped_output = false;
+  DType dtype = DType::kFloat32;
+};
+
+// Optional inputs of a forward pass.
+struct ProbabilisticAttentionInputs {
+  // Per-key precisions [B, H, S] replacing the uniform parameters.
+  Var key_precision;
+  Var value_precision;
+  // log pi°_ij, broadcastable to [B, H, N, S] (undefined: uniform).
+  Var log_prior;
+  AttentionMask mask;
+  // Clamped-value belief propagation (self-attention, N = S): clamp_mask
+  // [B, N] nonzero where unit i's value is known, clamped_values
+  // [B, N, H * dv] those values in the per-head value space.
+  Tensor clamp_mask;
+  Var clamped_values;
+};
+
+// What Prepare computes: the energy context (see above), the initial state
+// (the beta = 0 answer softmax(l) mu) and the clamping, if any.
+struct ProbabilisticProblem {
+  EnergyContext context;
+  Var initial_state;   // [B, H, N, dv]
+  Var clamped_values;  // [B, H, N, dv] or undefined
+  Tensor clamp_mask;   // [B, N] or undefined
+  // Diagnostics of the adaptation steps that ran (empty otherwise).
+  std::vector<double> key_log_posterior;
+  std::vector<double> value_log_posterior;
+};
+
+class ProbabilisticAttention : public EnergyLayer {
+ public:
+  ProbabilisticAttention(const ProbabilisticAttentionOptions& options, Rng& rng);
+
+  std::string Name() const override;
+
+  // Self-attention: x [B, N, dim] -> [B, N, dim].
+  Var Forward(const Var& x, const ProbabilisticAttentionInputs& inputs = {}) const;
+  // Queries from x [B, N, dim], keys and values from context [B, S, dim].
+  Var Forward(const Var& x,
+              const Var& context,
+              const ProbabilisticAttentionInputs& inputs = {}) const;
+
+  ProbabilisticProblem Prepare(const Var& x,
+                               const Var& context,
+                               const ProbabilisticAttentionInputs& inputs = {}) const;
+  // Applies force_clamped_output and W_O: v [B, H, N, dv] -> [B, N, dim].
+  Var Readout(const Var& v, const ProbabilisticProblem& problem) const;
+
+  // EnergyLayer: v [B, H, N, dv] -> [B].
+  Var Energy(const Var& v, const EnergyContext& ctx) const override;
+  // EM step (eq 15, or eq 19 for uniform precisions).
+  Var Update(const Var& v, const EnergyContext& ctx) const override;
+  bool UpdateIsMonotone() const override { return true; }
+  // The EM responsibilities w_ij at v: [B, H, N, S].
+  Var Responsibilities(const Var& v, const EnergyContext& ctx) const;
+
+  const ProbabilisticAttentionOptions& options() const { return options_; }
+  const Var& query_precision() const { return query_precision_; }
+  const Var& value_precision() const { return value_precision_; }
+
+ private:
+  Var SplitHeads(const Var& x, int64_t head_width) const;
+  // l_ij(v) for the state v: [B, H, N, S].
+  Var Logits(const Var& v, const EnergyContext& ctx) const;
+
+  ProbabilisticAttentionOptions options_;
+  Var query_precision_, value_precision_;
+  std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
+};
+
+}  // namespace stillpoint
