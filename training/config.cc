@@ -326,6 +326,8 @@ class ConfigBuilder {
         }
         value.items.push_back(item.Scalar());
       }
+    } else if (key.type == ConfigType::kString && node.IsNull()) {
+      value.items.push_back("");  // `key:` with no value, or `key=` on the command line
     } else {
       if (!node.IsScalar()) {
         throw ConfigError(where + ": key '" + key.path + "' must be " + TypeName(key.type) +
@@ -409,7 +411,10 @@ Config Config::FromYaml(const ConfigSchema& schema, const std::string& yaml_text
   ConfigBuilder builder(&config, source);
   for (const ConfigKey& key : schema.keys()) {
     if (key.required) continue;
-    builder.SetValue(key, YAML::Load(key.default_value), "default");
+    // Scalars are taken as text (an empty string stays a string); lists parse.
+    builder.SetValue(key, IsList(key.type) ? YAML::Load(key.default_value)
+                                           : YAML::Node(key.default_value),
+                     "default");
   }
   YAML::Node root;
   try {

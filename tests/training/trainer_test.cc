@@ -1,0 +1,234 @@
+// End-to-end behaviour of the trainer and the CLI commands on tiny configs.
+#include "training/trainer.h"
+
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "training/checkpoint.h"
+#include "training/cli_commands.h"
+#include "training/config_schema.h"
+#include "training/metrics.h"
+
+namespace stillpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("stillpoint_trainer_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A tiny reverse task that trains in well under a second per variant.
+  std::string WriteConfig(const std::string& name, const std::string& extra = "") {
+    const std::string path = (dir_ / (name + ".yaml")).string();
+    std::ofstream(path) << "seed: 3\nthreads: 1\n"
+                        << "task: {kind: reverse, length: 5, vocab_size: 5, train_examples: 256, "
+                           "test_examples: 64}\n"
+                        << "model:\n  dim: 16\n  heads: 2\n  hidden: 32\n  max_length: 8\n"
+                        << "  num_layers: 2\n  unroll_steps: 3\n"
+                        << "train:\n  steps: 40\n  batch_size: 16\n  eval_every: 20\n"
+                        << "  log_every: 5\n  checkpoint_every: 10\n"
+                        << "  optimizer: {lr: 0.01}\n  schedule: {warmup_steps: 5}\n"
+                        << "log: {dir: " << (dir_ / ("run_" + name)).string()
+                        << ", progress: none}\n"
+                        << extra;
+    return path;
+  }
+  fs::path dir_;
+};
+
+TEST_F(TrainerTest, TrainingReducesTheLossAndFillsTheRunDirectory) {
+  for (const std::string kind : {"explicit", "tied", "implicit"}) {
+    const std::string path = WriteConfig(kind);
+    Config config = Config::FromFile(StillpointSchema(), path, {"model.kind=" + kind});
+    Experiment e = BuildExperiment(config, path);
+    TrainSummary summary = Train(e);
+    const auto metrics = ReadMetricsCsv(summary.run_dir + "/metrics.csv");
+    const std::vector<double>& loss = metrics.at("loss");
+    ASSERT_GE(loss.size(), 4u);
+    EXPECT_LT(loss.back(), 0.8 * loss.front()) << kind;
+    EXPECT_EQ(summary.steps, 40);
+    for (const char* file : {"config.yaml", "metrics.jsonl", "checkpoint.ckpt", "loss.svg",
+                             "accuracy.svg", "solver.svg", "summary.md", "summary.json"}) {
+      EXPECT_TRUE(fs::exists(summary.run_dir + "/" + file)) << kind << ": " << file;
+    }
+    // The resolved config is complete and loads again.
+    Config resolved = Config::FromFile(StillpointSchema(), summary.run_dir + "/config.yaml");
+    EXPECT_EQ(resolved.GetString("model.kind"), kind);
+    EXPECT_EQ(resolved.GetInt("train.steps"), 40);
+    if (kind == std::string("implicit")) {
+      EXPECT_GT(summary.forward.iterations_mean, 0.0);
+      EXPECT_GT(summary.backward.iterations_mean, 0.0);
+      EXPECT_FALSE(std::isnan(metrics.at("fwd_iters_mean").back()));
+    }
+  }
+}
+
+TEST_F(TrainerTest, ResumingGivesBitwiseIdenticalParameters) {
+  const std::string path = WriteConfig("resume", "");
+  auto params_after = [&](const std::vector<int64_t>& chunks, const std::string& run) {
+    for (std::size_t k = 0; k < chunks.size(); ++k) {
+      Config config = Config::FromFile(StillpointSchema(), path,
+                                       {"model.kind=implicit", "train.steps=12",
+                                        "log.dir=" + (dir_ / run).string()});
+      Experiment e = BuildExperiment(config, path);
+      TrainOptions options;
+      options.resume = k > 0;
+      options.stop_after_steps = chunks[k];
+      Train(e, options);
+    }
+    return LoadCheckpoint((dir_ / run / "checkpoint.ckpt").string());
+  };
+  const CheckpointState straight = params_after({12}, "straight");
+  const CheckpointState split = params_after({6, 6}, "split");
+  EXPECT_EQ(straight.step, 12);
+  EXPECT_EQ(split.step, 12);
+  ASSERT_EQ(straight.model.size(), split.model.size());
+  for (std::size_t i = 0; i < straight.model.size(); ++i) {
+    EXPECT_EQ(straight.model[i].second.ToVector(), split.model[i].second.ToVector())
+        << straight.model[i].first;
+  }
+}
+
+TEST_F(TrainerTest, NonFiniteLossStopsTheRunAndKeepsTheLastGoodCheckpoint) {
+  // An absurd learning rate drives the parameters to overflow within a few steps.
+  const std::string path = WriteConfig(
+      "nan", "");
+  std::ostringstream out, err;
+  TrainArgs args;
+  args.config_path = path;
+  args.overrides = {"model.kind=explicit", "train.optimizer.lr=1e30", "train.clip_norm=0",
+                    "train.schedule.warmup_steps=0", "train.on_nonfinite=stop",
+                    "train.checkpoint_every=1", "train.optimizer.type=sgd"};
+  const int code = RunTrain(args, out, err);
+  EXPECT_EQ(code, 1);
+  const std::string text = out.str() + err.str();
+  EXPECT_NE(text.find("non-finite"), std::string::npos) << text;
+  const CheckpointState last = LoadCheckpoint((dir_ / "run_nan" / "checkpoint.ckpt").string());
+  for (const auto& [name, tensor] : last.model) {
+    EXPECT_FALSE(HasNonFinite(tensor)) << name;
+  }
+}
+
+TEST_F(TrainerTest, CommandsReportBadInputWithExitCodeTwo) {
+  std::ostringstream out, err;
+  TrainArgs args;
+  args.config_path = (dir_ / "missing.yaml").string();
+  EXPECT_EQ(RunTrain(args, out, err), 2);
+  EXPECT_NE(err.str().find("missing.yaml"), std::string::npos) << err.str();
+
+  const std::string typo = (dir_ / "typo.yaml").string();
+  std::ofstream(typo) << "task:\n  kind: reverse\ntrain:\n  stepz: 3\n";
+  err.str("");
+  args.config_path = typo;
+  EXPECT_EQ(RunTrain(args, out, err), 2);
+  EXPECT_NE(err.str().find("typo.yaml:4:3: unknown key 'train.stepz' (did you mean "
+                           "'train.steps'?)"),
+            std::string::npos)
+      << err.str();
+
+  err.str("");
+  args.config_path = WriteConfig("bad_override");
+  args.overrides = {"model.dim=-3"};
+  EXPECT_EQ(RunTrain(args, out, err), 2);
+  EXPECT_NE(err.str().find("model.dim"), std::string::npos) << err.str();
+
+  EvalArgs eval;
+  eval.run = (dir_ / "nothing_here").string();
+  err.str("");
+  EXPECT_EQ(RunEval(eval, out, err), 2);
+}
+
+TEST_F(TrainerTest, EvalOfATrainedRunMatchesTheTrainingSummary) {
+  TrainArgs args;
+  args.config_path = WriteConfig("eval");
+  args.overrides = {"model.kind=implicit", "train.steps=20"};
+  std::ostringstream out, err;
+  ASSERT_EQ(RunTrain(args, out, err), 0) << err.str();
+  std::ifstream summary_file((dir_ / "run_eval" / "summary.json").string());
+  const YAML::Node summary = YAML::Load(summary_file);
+  EvalArgs eval;
+  eval.run = (dir_ / "run_eval").string();
+  eval.json = true;
+  std::ostringstream eval_out;
+  ASSERT_EQ(RunEval(eval, eval_out, err), 0) << err.str();
+  const YAML::Node result = YAML::Load(eval_out.str());
+  EXPECT_NEAR(result["accuracy"].as<double>(), summary["test_accuracy"].as<double>(), 1e-12);
+  // More test-time iterations and a longer length are accepted.
+  eval.iterations = 3;
+  eval.length = 7;
+  std::ostringstream longer;
+  ASSERT_EQ(RunEval(eval, longer, err), 0) << err.str();
+  EXPECT_EQ(YAML::Load(longer.str())["length"].as<int>(), 7);
+  EXPECT_LE(YAML::Load(longer.str())["forward_iterations_max"].as<double>(), 3.0);
+}
+
+TEST_F(TrainerTest, CompareWritesAReportWithEveryVariant) {
+  CompareArgs args;
+  args.config_path = WriteConfig("compare", "compare: {variants: [explicit, implicit_jfb]}\n"
+                                            "eval: {iterations_sweep: [1, 4], lengths: [5, 7]}\n");
+  args.overrides = {"train.steps=10"};
+  std::ostringstream out, err;
+  ASSERT_EQ(RunCompare(args, out, err), 0) << err.str();
+  const std::string table = out.str();
+  EXPECT_NE(table.find("| explicit |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| implicit_jfb |"), std::string::npos) << table;
+  std::ifstream md((dir_ / "run_compare" / "report.md").string());
+  std::stringstream text;
+  text << md.rdbuf();
+  EXPECT_NE(text.str().find("accuracy_vs_depth.svg"), std::string::npos);
+  EXPECT_NE(text.str().find("accuracy_vs_length.svg"), std::string::npos);
+  std::ifstream html((dir_ / "run_compare" / "report.html").string());
+  std::stringstream html_text;
+  html_text << html.rdbuf();
+  EXPECT_NE(html_text.str().find("<svg"), std::string::npos);
+  // The jfb row has a gradient cosine; explicit has none ("-").
+  const auto row = table.substr(table.find("| implicit_jfb |"));
+  const std::string last_cell = row.substr(row.rfind('|', row.find('\n') - 2) + 1);
+  EXPECT_EQ(last_cell.find(" - "), std::string::npos) << row;
+
+  args.overrides = {"compare.variants=[explicit, implicit_magic]"};
+  std::ostringstream err2;
+  EXPECT_EQ(RunCompare(args, out, err2), 2);
+  EXPECT_NE(err2.str().find("implicit_magic"), std::string::npos) << err2.str();
+}
+
+TEST(ConfigDocsTest, DocsConfigMdIsGeneratedFromTheSchema) {
+  std::ifstream file(std::string(STILLPOINT_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(file.good()) << "docs/config.md is missing; run `stillpoint config --doc`";
+  std::stringstream text;
+  text << file.rdbuf();
+  EXPECT_EQ(text.str(), ConfigReferenceMarkdown())
+      << "docs/config.md is out of date: regenerate it with "
+         "`build/bin/stillpoint config --doc > docs/config.md`";
+}
+
+TEST(ExampleConfigsTest, EveryShippedConfigLoadsAndBuilds) {
+  const fs::path dir = fs::path(STILLPOINT_SOURCE_DIR) / "examples" / "configs";
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++count;
+    SCOPED_TRACE(entry.path().string());
+    Config config = Config::FromFile(StillpointSchema(), entry.path().string());
+    Experiment e = BuildExperiment(config, entry.path().string());
+    EXPECT_GT(e.model->NumParameters(), 0);
+    EXPECT_GT(e.test->size(), 0);
+  }
+  EXPECT_GE(count, 3);
+}
+
+}  // namespace
+}  // namespace stillpoint

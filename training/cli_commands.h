@@ -1,0 +1,54 @@
+// The subcommands of the `stillpoint` program, as functions so tests can run
+// them in-process. Each returns the process exit code: 0 success, 1 runtime
+// failure, 2 bad input (command line, config, data files — reported before
+// any work starts), and writes its output to out and its errors to err.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace stillpoint {
+
+const char* StillpointVersion();
+
+struct TrainArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool resume = false;
+  int64_t stop_after_steps = 0;
+};
+int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err);
+
+struct EvalArgs {
+  std::string run;  // run directory or checkpoint file
+  std::vector<std::string> overrides;
+  int64_t iterations = 0;  // 0: as trained
+  int64_t length = 0;      // 0: as trained
+  bool json = false;
+};
+int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err);
+
+struct CompareArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+};
+int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err);
+
+struct RetrieveArgs {
+  std::string patterns_path;
+  std::string queries_path;
+  std::string out_dir;
+  double beta = 8.0;
+  std::string solver = "picard";
+  double tolerance = 1e-6;
+  int64_t max_iterations = 32;
+  int threads = 1;
+  std::string dtype = "float32";
+};
+int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err);
+
+int RunConfigDoc(std::ostream& out);
+
+}  // namespace stillpoint

@@ -1,0 +1,265 @@
+#include "training/compare.h"
+
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <limits>
+#include <ostream>
+#include <sstream>
+
+#include "framework/ops.h"
+#include "training/config_schema.h"
+#include "training/experiment.h"
+#include "training/metrics.h"
+#include "training/svg_plot.h"
+
+namespace stillpoint {
+namespace {
+
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+const std::vector<std::string> kBackwardModes = {"ift", "jfb", "phantom", "unrolled"};
+
+bool IsImplicitVariant(const std::string& name) { return name.rfind("implicit", 0) == 0; }
+
+// Flattened gradient of the batch loss w.r.t. every parameter.
+std::vector<double> GradientOn(SequenceModel& model, const Batch& batch) {
+  model.ZeroGrad();
+  Var loss = BatchLoss(ForwardBatch(model, batch), batch);
+  backward(loss);
+  std::vector<double> flat;
+  for (const Var& p : model.parameters()) {
+    if (p.has_grad()) {
+      const std::vector<double> g = p.grad().value().ToVector();
+      flat.insert(flat.end(), g.begin(), g.end());
+    } else {
+      flat.insert(flat.end(), p.numel(), 0.0);
+    }
+  }
+  model.ZeroGrad();
+  return flat;
+}
+
+double Cosine(const std::vector<double>& a, const std::vector<double>& b) {
+  double dot = 0, na = 0, nb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    dot += a[i] * b[i];
+    na += a[i] * a[i];
+    nb += b[i] * b[i];
+  }
+  return na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : kNaN;
+}
+
+std::string Fixed(double value, int digits) {
+  if (!std::isfinite(value)) return "-";
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
+}
+
+std::vector<double> DepthSweep(const Config& config) {
+  std::vector<double> sweep = config.GetDoubleList("eval.iterations_sweep");
+  if (sweep.empty()) sweep = {1, 2, 4, 8, 16, 32};
+  return sweep;
+}
+
+}  // namespace
+
+std::vector<std::string> VariantOverrides(const std::string& variant) {
+  if (variant == "explicit" || variant == "tied" || variant == "implicit") {
+    return {"model.kind=" + variant};
+  }
+  for (const std::string& mode : kBackwardModes) {
+    if (variant == "implicit_" + mode) {
+      return {"model.kind=implicit", "model.solver.backward.mode=" + mode};
+    }
+  }
+  return {};
+}
+
+void ValidateCompareVariants(const Config& config) {
+  const std::vector<std::string> variants = config.GetStringList("compare.variants");
+  if (variants.empty()) {
+    throw ConfigError(config.Origin("compare.variants") + ": compare.variants is empty");
+  }
+  for (const std::string& v : variants) {
+    if (VariantOverrides(v).empty()) {
+      throw ConfigError(config.Origin("compare.variants") + ": unknown variant '" + v +
+                        "' in compare.variants (known: explicit, tied, implicit, implicit_ift, "
+                        "implicit_jfb, implicit_phantom, implicit_unrolled)");
+    }
+  }
+}
+
+CompareReport RunComparison(const Config& base, const std::string& config_path,
+                            std::ostream* progress) {
+  ValidateCompareVariants(base);
+  const std::string root = RunDirectory(base, config_path);
+  std::filesystem::create_directories(root);
+  CompareReport report;
+  const std::vector<double> lengths = base.GetDoubleList("eval.lengths");
+  const int64_t eval_batch = base.GetInt("eval.batch_size");
+
+  for (const std::string& name : base.GetStringList("compare.variants")) {
+    VariantResult v;
+    v.name = name;
+    v.overrides = VariantOverrides(name);
+    v.run_dir = (std::filesystem::path(root) / name).string();
+    Config config = base;
+    for (const std::string& o : v.overrides) config.Set(o);
+    config.Set("log.dir=" + v.run_dir);
+    if (progress) *progress << "\n== variant " << name << " ==\n";
+    Experiment e = BuildExperiment(config, config_path);
+    TrainOptions options;
+    options.progress = progress;
+    v.train = Train(e, options);
+    if (progress) *progress << v.train.BriefReport() << "\n";
+    SequenceModel& model = *e.model;
+
+    // Gradient quality of inexact backward modes against ift, same weights.
+    v.gradient_cosine_vs_ift = kNaN;
+    Implicit* layer = model.mutable_implicit();
+    if (layer && layer->options().backward.mode != BackwardMode::kIft) {
+      Batcher probe(*e.train, config.GetInt("compare.probe_batch_size"), 12345, e.dtype);
+      const Batch batch = probe.Next();
+      const std::vector<double> inexact = GradientOn(model, batch);
+      const BackwardMode mode = layer->options().backward.mode;
+      layer->mutable_options().backward.mode = BackwardMode::kIft;
+      v.gradient_cosine_vs_ift = Cosine(inexact, GradientOn(model, batch));
+      layer->mutable_options().backward.mode = mode;
+    }
+
+    // Test-time compute: solver budget (implicit) or unroll depth (tied).
+    if (layer || model.options().kind == ModelKind::kTied) {
+      for (double depth : DepthSweep(config)) {
+        Config at = config;
+        at.Set("eval.max_iterations=" + std::to_string(static_cast<int64_t>(depth)));
+        SetEvalDepth(model, at);
+        v.accuracy_vs_depth.emplace_back(
+            depth, Evaluate(model, *e.test, eval_batch, e.dtype).accuracy);
+      }
+      SetEvalDepth(model, config);
+    } else {
+      v.accuracy_vs_depth.emplace_back(static_cast<double>(model.options().num_layers),
+                                       v.train.final_eval.accuracy);
+    }
+
+    // Length extrapolation with the trained weights.
+    for (double length : lengths) {
+      Experiment longer = BuildExperiment(config, config_path, static_cast<int64_t>(length));
+      longer.model->LoadParameters(model.NamedValues());
+      SetEvalDepth(*longer.model, config);
+      v.accuracy_vs_length.emplace_back(
+          length, Evaluate(*longer.model, *longer.test, eval_batch, e.dtype).accuracy);
+    }
+    report.variants.push_back(std::move(v));
+  }
+
+  // ---- table
+  std::ostringstream table;
+  table << "| variant | params | train loss | test loss | test acc | ms/step | peak tensor MiB "
+           "| fwd iters | fwd residual | bwd iters | bwd residual | grad cos vs ift |\n"
+        << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const VariantResult& v : report.variants) {
+    const TrainSummary& t = v.train;
+    const bool solved = t.forward.iterations_max > 0;
+    table << "| " << v.name << " | " << t.num_parameters << " | " << Fixed(t.final_train_loss, 4)
+          << " | " << Fixed(t.final_eval.loss, 4) << " | "
+          << Fixed(100.0 * t.final_eval.accuracy, 2) << "% | "
+          << Fixed(1000.0 * t.seconds_per_step, 1) << " | " << Fixed(t.pool_peak_mb, 1) << " | "
+          << (solved ? Fixed(t.forward.iterations_mean, 1) : "-") << " | "
+          << (solved ? Fixed(t.forward.residual_max, 6) : "-") << " | "
+          << (t.backward.iterations_max > 0 ? Fixed(t.backward.iterations_mean, 1) : "-")
+          << " | " << (t.backward.iterations_max > 0 ? Fixed(t.backward.residual_max, 6) : "-")
+          << " | " << Fixed(v.gradient_cosine_vs_ift, 4) << " |\n";
+  }
+  report.table = table.str();
+
+  // ---- plots
+  std::vector<PlotSeries> loss, accuracy, depth, length;
+  for (const VariantResult& v : report.variants) {
+    const auto m = ReadMetricsCsv(v.run_dir + "/metrics.csv");
+    auto column = [&](const std::string& key) {
+      auto it = m.find(key);
+      return it == m.end() ? std::vector<double>{} : it->second;
+    };
+    loss.push_back({v.name, column("step"), column("loss")});
+    // Test accuracy where evaluated, train accuracy otherwise would mix: plot both.
+    accuracy.push_back({v.name + " (test)", column("step"), column("test_accuracy"), true});
+    PlotSeries d{v.name, {}, {}, true};
+    for (const auto& [x, y] : v.accuracy_vs_depth) {
+      d.x.push_back(x);
+      d.y.push_back(y);
+    }
+    depth.push_back(d);
+    PlotSeries l{v.name, {}, {}, true};
+    for (const auto& [x, y] : v.accuracy_vs_length) {
+      l.x.push_back(x);
+      l.y.push_back(y);
+    }
+    length.push_back(l);
+  }
+  struct Figure {
+    std::string file, title, x, y;
+    std::vector<PlotSeries>* series;
+    bool log_y;
+  };
+  std::vector<Figure> figures = {
+      {"loss.svg", "Training loss", "step", "cross-entropy", &loss, true},
+      {"accuracy.svg", "Held-out accuracy during training", "step", "accuracy", &accuracy, false},
+      {"accuracy_vs_depth.svg",
+       "Test-time compute: accuracy vs solver iterations (implicit) / depth (tied, explicit)",
+       "iterations or layers", "test accuracy", &depth, false}};
+  if (!lengths.empty()) {
+    figures.push_back({"accuracy_vs_length.svg", "Length extrapolation", "sequence length",
+                       "test accuracy", &length, false});
+  }
+  std::ostringstream md, html;
+  md << "# stillpoint comparison\n\nConfig: `" << config_path << "`; task `"
+     << base.GetString("task.kind") << "`, seed " << base.GetInt("seed")
+     << "; every variant trained with the same seeds and data order.\n\n"
+     << report.table
+     << "\nms/step is the median wall time of a training step; peak tensor MiB is the peak of "
+        "bytes held by tensors during training; iterations and residuals are those of the last "
+        "training step (residuals relative, max over samples); the gradient cosine compares an "
+        "inexact backward mode with the exact implicit (ift) gradient of the same weights on a "
+        "probe batch.\n\n";
+  html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>stillpoint "
+          "comparison</title>\n<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
+          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
+          "text-align:right}</style></head><body>\n<h1>stillpoint comparison</h1>\n<p>Config "
+       << config_path << ", task " << base.GetString("task.kind") << ".</p>\n<table>\n";
+  // The markdown table as HTML rows.
+  std::istringstream rows(report.table);
+  std::string row;
+  int index = 0;
+  while (std::getline(rows, row)) {
+    if (index++ == 1) continue;  // the |---| line
+    html << "<tr>";
+    std::istringstream cells(row);
+    std::string cell;
+    std::getline(cells, cell, '|');
+    while (std::getline(cells, cell, '|')) {
+      const auto a = cell.find_first_not_of(' '), b = cell.find_last_not_of(' ');
+      html << (index == 1 ? "<th>" : "<td>") << (a == std::string::npos ? "" : cell.substr(a, b - a + 1))
+           << (index == 1 ? "</th>" : "</td>");
+    }
+    html << "</tr>\n";
+  }
+  html << "</table>\n";
+  for (const Figure& f : figures) {
+    PlotOptions options{f.title, f.x, f.y, f.log_y, 760, 420};
+    const std::string svg = LinePlotSvg(*f.series, options);
+    WriteTextFile(root + "/" + f.file, svg);
+    md << "![" << f.title << "](" << f.file << ")\n\n";
+    html << "<h2>" << f.title << "</h2>\n" << svg;
+  }
+  html << "</body></html>\n";
+  report.markdown_path = root + "/report.md";
+  report.html_path = root + "/report.html";
+  WriteTextFile(report.markdown_path, md.str());
+  WriteTextFile(report.html_path, html.str());
+  return report;
+}
+
+}  // namespace stillpoint

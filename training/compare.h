@@ -1,0 +1,61 @@
+// `stillpoint compare`: train several variants of one base config on the same
+// task, with the same seeds and data order, and report them side by side.
+//
+// Variants (compare.variants):
+//   explicit             model.kind=explicit (num_layers untied cells)
+//   tied                 model.kind=tied (one cell unrolled, backprop)
+//   implicit             model.kind=implicit with the configured backward mode
+//   implicit_<mode>      implicit with model.solver.backward.mode=<mode>
+//                        (ift, jfb, phantom, unrolled)
+//
+// The report (RUN_DIR/report.md and report.html with the plots inline, plus
+// one run directory per variant) holds, per variant: parameters, final
+// train/test loss and accuracy, median wall time per step, peak tensor
+// memory, forward and backward solver iterations and residuals, and for
+// inexact backward modes the cosine between their gradient and the ift
+// gradient on a probe batch; and the plots: loss and accuracy curves of all
+// variants, test accuracy against test-time solver iterations (implicit) and
+// unroll depth (tied; explicit at its depth), and test accuracy against
+// sequence length beyond the training length (eval.lengths).
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "training/config.h"
+#include "training/trainer.h"
+
+namespace stillpoint {
+
+struct VariantResult {
+  std::string name;
+  std::vector<std::string> overrides;  // applied to the base config
+  std::string run_dir;
+  TrainSummary train;
+  // Cosine between this variant's gradient and the ift gradient of the same
+  // trained model on a probe batch (NaN where it does not apply).
+  double gradient_cosine_vs_ift = 0;
+  std::vector<std::pair<double, double>> accuracy_vs_depth;   // (iterations or depth, acc)
+  std::vector<std::pair<double, double>> accuracy_vs_length;  // (length, acc)
+};
+
+struct CompareReport {
+  std::vector<VariantResult> variants;
+  std::string table;  // the summary table as printed
+  std::string markdown_path;
+  std::string html_path;
+};
+
+// Throws ConfigError naming the key when compare.variants holds an unknown
+// variant.
+void ValidateCompareVariants(const Config& config);
+
+// The overrides that turn the base config into the named variant.
+std::vector<std::string> VariantOverrides(const std::string& variant);
+
+CompareReport RunComparison(const Config& base, const std::string& config_path,
+                            std::ostream* progress);
+
+}  // namespace stillpoint

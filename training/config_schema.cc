@@ -1,0 +1,345 @@
+#include "training/config_schema.h"
+
+#include <limits>
+
+#include "training/dataset.h"
+
+namespace stillpoint {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::max();
+constexpr int64_t kBig = int64_t{1} << 40;
+
+template <typename Enum>
+std::vector<std::string> Names(const std::vector<Enum>& values) {
+  std::vector<std::string> names;
+  for (Enum v : values) names.push_back(ToString(v));
+  return names;
+}
+
+std::vector<std::string> ForwardSolverNames() { return Names(AllForwardSolverTypes()); }
+
+ConfigSchema BuildSchema() {
+  const ForwardSolverOptions f;  // the solvers' own defaults
+  const BackwardOptions b;
+  const OptimizerOptions o;
+  const ModelOptions m;
+  ConfigSchema s;
+  s.Int("seed", 0, "Seed of parameter initialisation, data generation and data order", 0, kBig)
+      .Int("threads", 2, "Worker threads for every parallel loop (results are bitwise "
+                         "reproducible for a given count)", 1, 256)
+      .Enum("dtype", "float32", {"float32", "float64"}, "Number type of parameters and states");
+
+  // ---- task
+  s.Enum("task.kind", "reverse",
+         {"reverse", "sort", "copy", "prefix_parity", "associative_recall", "digits", "csv"},
+         "The dataset: a synthetic sequence task, the 8x8 digits images, or a CSV file")
+      .Int("task.length", 16, "Tokens per training sequence (sequence tasks and csv)", 2, 4096)
+      .Int("task.vocab_size", 16, "Symbols of a sequence task (prefix_parity always uses 2)", 2,
+           1 << 20)
+      .Int("task.train_examples", 4096, "Training sequences generated (sequence tasks)", 1,
+           1 << 24)
+      .Int("task.test_examples", 512, "Held-out sequences generated with another seed", 1,
+           1 << 24)
+      .String("task.path", "",
+              "digits: the CSV (default: the shipped examples/data/digits.csv.gz); csv: the "
+              "training file. Relative paths are relative to the config file")
+      .String("task.test_path", "", "csv: the held-out file")
+      .Double("task.test_fraction", 0.2, "digits: fraction held out for testing", 0.01, 0.99)
+      .Int("task.feature_dim", 0, "csv: numbers per token (0: the inputs are token ids)", 0,
+           1 << 20)
+      .Int("task.num_classes", 0, "csv: number of target classes", 0, 1 << 20);
+
+  // ---- model
+  s.Enum("model.kind", "implicit", {"explicit", "tied", "implicit", "energy"},
+         "explicit: num_layers untied cells; tied: one cell unrolled unroll_steps times with "
+         "backprop; implicit: the cell solved to its fixed point; energy: an energy attention "
+         "layer solved to its fixed point")
+      .String("model.cell", m.cell, "Registered cell name (explicit, tied, implicit)")
+      .Int("model.dim", m.dim, "Model width d", 1, 1 << 16)
+      .Int("model.heads", m.cell_options.heads, "Attention heads (dim must be a multiple)", 1,
+           1024)
+      .Int("model.hidden", m.cell_options.hidden, "Hidden width of the feed-forward block", 1,
+           1 << 20)
+      .Int("model.max_length", 64, "Longest sequence the positional table covers (>= every "
+                                   "training and evaluation length)", 1, 1 << 20)
+      .Int("model.num_layers", m.num_layers, "explicit: number of untied cells", 1, 1024)
+      .Int("model.unroll_steps", m.unroll_steps, "tied: applications of the one cell", 1, 4096)
+      .Double("model.dropout", 0.0, "Dropout inside the cell (masks frozen per solve)", 0.0, 0.99)
+      .Double("model.ln_eps", m.cell_options.ln_eps, "Epsilon of the layer norms", 0.0, 1.0)
+      .Double("model.embedding_init_std", m.embedding_init_std,
+              "Standard deviation of the token and position tables", 0.0, kInf)
+      .Enum("model.energy.layer", "hopfield", {"hopfield"},
+            "energy: the energy attention layer")
+      .Double("model.energy.beta", 1.0, "energy: initial inverse temperature (learnable)", 1e-6,
+              1e6);
+
+  // ---- model.solver.forward: ForwardSolverOptions
+  const std::string fw = "model.solver.forward.";
+  s.Enum(fw + "type", ToString(f.type), ForwardSolverNames(), "Forward solver")
+      .Int(fw + "max_iterations", f.max_iterations, "Iteration budget per solve", 0, 1 << 20)
+      .Enum(fw + "stop_mode", ToString(f.stop_mode), {"absolute", "relative", "either"},
+            "Which residual decides convergence")
+      .Double(fw + "absolute_tolerance", f.absolute_tolerance,
+              "Stop when ||f(z) - z|| <= this (absolute or either)", 0.0, kInf)
+      .Double(fw + "relative_tolerance", f.relative_tolerance,
+              "Stop when ||f(z) - z|| / (||f(z)|| + eps) <= this (relative or either)", 0.0,
+              kInf)
+      .Int(fw + "stagnation_window", f.stagnation_window,
+           "Iterations without enough improvement before STAGNATED", 1, 1 << 20)
+      .Double(fw + "divergence_factor", f.divergence_factor,
+              "Protective break: DIVERGED when the residual exceeds this x the initial one", 1.0,
+              kInf)
+      .Double(fw + "picard_damping", f.picard_damping, "picard: z <- (1 - tau) z + tau f(z)",
+              1e-6, 1.0)
+      .Int(fw + "anderson_memory", f.anderson_memory, "anderson: history size m", 1, 1024)
+      .Double(fw + "anderson_lambda", f.anderson_lambda, "anderson: Tikhonov regularisation",
+              0.0, kInf)
+      .Double(fw + "anderson_beta", f.anderson_beta, "anderson: mixing", 1e-6, 1.0)
+      .Enum(fw + "anderson_type", ToString(f.anderson_type), {"type_ii", "type_i"},
+            "anderson: type II (default) or type I")
+      .Double(fw + "anderson_safeguard_factor", f.anderson_safeguard_factor,
+              "anderson: reject a step raising the residual by this factor and restart", 1.0,
+              kInf)
+      .Int(fw + "broyden_memory", f.broyden_memory, "broyden: rank-one updates kept", 1, 1024)
+      .Enum(fw + "broyden_variant", ToString(f.broyden_variant), {"good", "bad"},
+            "broyden: which update")
+      .Bool(fw + "broyden_line_search", f.broyden_line_search, "broyden: Armijo line search")
+      .Int(fw + "gmres_restart", f.gmres_restart, "newton_krylov: Krylov vectors kept", 1, 4096)
+      .Double(fw + "newton_forcing", f.newton_forcing, "newton_krylov: forcing term eta", 1e-12,
+              0.999)
+      .StringList(fw + "fallback_chain", {}, ForwardSolverNames(),
+                  "Solvers tried in order for samples that end DIVERGED / NON_FINITE / "
+                  "LINEAR_ALGEBRA_FAILURE or above fallback_residual_threshold")
+      .Double(fw + "fallback_residual_threshold", f.fallback_residual_threshold,
+              "Relative residual above which a sample is handed to the fallback chain", 0.0,
+              kInf);
+
+  // ---- model.solver.backward: BackwardOptions
+  const std::string bw = "model.solver.backward.";
+  s.Enum(bw + "mode", ToString(b.mode), Names(std::vector<BackwardMode>{
+                                            BackwardMode::kIft, BackwardMode::kJfb,
+                                            BackwardMode::kPhantom, BackwardMode::kUnrolled}),
+         "ift: implicit function theorem (default); jfb: Jacobian-free; phantom: k damped "
+         "unrolled steps from z*; unrolled: backprop through k forward steps")
+      .Enum(bw + "solver", ToString(b.solver), Names(AllAdjointSolverTypes()),
+            "ift: solver of the adjoint equation g = dL/dz* + J^T g")
+      .Int(bw + "max_iterations", b.max_iterations, "ift: adjoint iteration budget", 0, 1 << 20)
+      .Double(bw + "tolerance", b.tolerance, "ift: relative adjoint residual to stop at", 0.0,
+              kInf)
+      .Int(bw + "neumann_terms", b.neumann_terms, "neumann: terms of the series", 1, 1 << 20)
+      .Int(bw + "gmres_restart", b.gmres_restart, "gmres: restart length", 1, 4096)
+      .Bool(bw + "warm_start", b.warm_start, "ift: start from the previous step's solution")
+      .Int(bw + "phantom_steps", b.phantom_steps, "phantom: unrolled steps k", 1, 4096)
+      .Double(bw + "phantom_tau", b.phantom_tau, "phantom: damping tau", 1e-6, 1.0)
+      .Int(bw + "unrolled_steps", b.unrolled_steps, "unrolled: forward steps recorded", 1,
+           1 << 16);
+
+  // ---- model.regularization
+  s.Double("model.regularization.jacobian_weight", 0.0,
+           "Weight of the Hutchinson estimate of ||J_f(z*)||_F^2 / numel added to the loss",
+           0.0, kInf)
+      .Int("model.regularization.jacobian_probes", 1, "Probe vectors per estimate", 1, 64)
+      .Double("model.regularization.jacobian_frequency", 1.0,
+              "Probability of adding the Jacobian term at a step", 0.0, 1.0);
+
+  // ---- train
+  s.Int("train.steps", 300, "Optimizer steps", 0, kBig)
+      .Int("train.batch_size", 32, "Examples per step", 1, 1 << 20)
+      .Enum("train.optimizer.type", ToString(o.type), {"sgd", "adam", "adamw"}, "Optimizer")
+      .Double("train.optimizer.lr", o.learning_rate, "Base learning rate", 0.0, kInf)
+      .Double("train.optimizer.momentum", o.momentum, "sgd: momentum", 0.0, 0.999999)
+      .Bool("train.optimizer.nesterov", o.nesterov, "sgd: Nesterov momentum")
+      .Double("train.optimizer.beta1", o.beta1, "adam/adamw: first-moment decay", 0.0, 0.999999)
+      .Double("train.optimizer.beta2", o.beta2, "adam/adamw: second-moment decay", 0.0,
+              0.999999)
+      .Double("train.optimizer.epsilon", o.epsilon, "adam/adamw: denominator epsilon", 1e-30,
+              1.0)
+      .Double("train.optimizer.weight_decay", o.weight_decay,
+              "Weight decay (decoupled for adamw, L2 for sgd and adam)", 0.0, kInf)
+      .StringList("train.optimizer.no_weight_decay", o.no_weight_decay_suffixes, {},
+                  "Parameter-name suffixes exempt from weight decay")
+      .Enum("train.schedule.type", "cosine", {"constant", "step", "cosine"},
+            "Learning-rate schedule after warm-up")
+      .Int("train.schedule.warmup_steps", 20, "Linear warm-up steps", 0, kBig)
+      .Int("train.schedule.step_size", 1000, "step: steps between decays", 1, kBig)
+      .Double("train.schedule.gamma", 0.1, "step: decay factor", 1e-12, 1.0)
+      .Double("train.schedule.min_ratio", 0.1, "cosine: final lr / base lr", 0.0, 1.0)
+      .Double("train.clip_norm", 1.0, "Clip the global gradient norm to this (0: off)", 0.0, kInf)
+      .Int("train.pretrain_steps", 0,
+           "implicit/energy: first train this many steps as the tied unroll of the same cell "
+           "(model.unroll_steps), then switch to the implicit solve",
+           0, kBig)
+      .Int("train.eval_every", 50, "Evaluate on the held-out set every this many steps (0: "
+                                   "only at the end)", 0, kBig)
+      .Int("train.checkpoint_every", 100, "Write a checkpoint every this many steps (0: only at "
+                                          "the end)", 0, kBig)
+      .Int("train.log_every", 10, "Write a metrics row every this many steps", 1, kBig)
+      .Enum("train.on_nonfinite", "skip", {"skip", "stop"},
+            "A non-finite loss or gradient: skip the step (parameters unchanged) or stop the "
+            "run; either way it is reported with the solver summary")
+      .Int("train.max_skipped_steps", 20, "skip: stop after this many consecutive skipped steps",
+           1, kBig);
+
+  // ---- eval
+  s.Int("eval.batch_size", 256, "Examples per evaluation batch", 1, 1 << 20)
+      .Int("eval.max_iterations", 0,
+           "Test-time forward solver budget (0: the training budget)", 0, 1 << 20)
+      .DoubleList("eval.iterations_sweep", {},
+                  "Test-time budgets for the accuracy-vs-iterations curve (implicit/energy); "
+                  "explicit/tied models are evaluated at matching depths",
+                  1, 1 << 20)
+      .DoubleList("eval.lengths", {}, "Sequence lengths for the length-extrapolation curve", 2,
+                  1 << 20);
+
+  // ---- log
+  s.String("log.dir", "", "Run directory (default runs/<config file name>)")
+      .StringList("log.formats", {"csv", "jsonl"}, {"csv", "jsonl"}, "Metrics file formats")
+      .Enum("log.progress", "auto", {"auto", "bar", "lines", "none"},
+            "auto: a progress bar on a terminal, periodic lines otherwise")
+      .Bool("log.plots", true, "Write SVG plots of the curves into the run directory");
+
+  // ---- compare
+  s.StringList("compare.variants", {"explicit", "tied", "implicit"}, {},
+               "Variants trained by `stillpoint compare`: explicit, tied, implicit, "
+               "implicit_<backward mode> (e.g. implicit_jfb), energy")
+      .Int("compare.probe_batch_size", 32,
+           "Batch used to measure each inexact backward mode's gradient cosine with ift", 1,
+           1 << 20);
+  return s;
+}
+
+template <typename Enum, typename Parse>
+Enum ParseEnum(const Config& config, const std::string& key, Parse parse) {
+  Enum value{};
+  const std::string text = config.GetString(key);
+  SP_CHECK(parse(text, &value), "config key '", key, "': unknown value '", text, "'");
+  return value;
+}
+
+}  // namespace
+
+const ConfigSchema& StillpointSchema() {
+  static const ConfigSchema schema = BuildSchema();
+  return schema;
+}
+
+ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
+  ImplicitOptions options;
+  ForwardSolverOptions& f = options.forward;
+  const std::string fw = "model.solver.forward.";
+  f.type = ParseEnum<ForwardSolverType>(c, fw + "type", StringToForwardSolverType);
+  f.max_iterations = static_cast<int>(c.GetInt(fw + "max_iterations"));
+  f.stop_mode = ParseEnum<StopMode>(c, fw + "stop_mode", StringToStopMode);
+  f.absolute_tolerance = c.GetDouble(fw + "absolute_tolerance");
+  f.relative_tolerance = c.GetDouble(fw + "relative_tolerance");
+  f.stagnation_window = static_cast<int>(c.GetInt(fw + "stagnation_window"));
+  f.divergence_factor = c.GetDouble(fw + "divergence_factor");
+  f.picard_damping = c.GetDouble(fw + "picard_damping");
+  f.anderson_memory = static_cast<int>(c.GetInt(fw + "anderson_memory"));
+  f.anderson_lambda = c.GetDouble(fw + "anderson_lambda");
+  f.anderson_beta = c.GetDouble(fw + "anderson_beta");
+  f.anderson_type = ParseEnum<AndersonType>(c, fw + "anderson_type", StringToAndersonType);
+  f.anderson_safeguard_factor = c.GetDouble(fw + "anderson_safeguard_factor");
+  f.broyden_memory = static_cast<int>(c.GetInt(fw + "broyden_memory"));
+  f.broyden_variant =
+      ParseEnum<BroydenVariant>(c, fw + "broyden_variant", StringToBroydenVariant);
+  f.broyden_line_search = c.GetBool(fw + "broyden_line_search");
+  f.gmres_restart = static_cast<int>(c.GetInt(fw + "gmres_restart"));
+  f.newton_forcing = c.GetDouble(fw + "newton_forcing");
+  f.fallback_chain.clear();
+  for (const std::string& name : c.GetStringList(fw + "fallback_chain")) {
+    ForwardSolverType type;
+    SP_CHECK(StringToForwardSolverType(name, &type), "unknown fallback solver '", name, "'");
+    f.fallback_chain.push_back(type);
+  }
+  f.fallback_residual_threshold = c.GetDouble(fw + "fallback_residual_threshold");
+
+  BackwardOptions& b = options.backward;
+  const std::string bw = "model.solver.backward.";
+  b.mode = ParseEnum<BackwardMode>(c, bw + "mode", StringToBackwardMode);
+  b.solver = ParseEnum<AdjointSolverType>(c, bw + "solver", StringToAdjointSolverType);
+  b.max_iterations = static_cast<int>(c.GetInt(bw + "max_iterations"));
+  b.tolerance = c.GetDouble(bw + "tolerance");
+  b.neumann_terms = static_cast<int>(c.GetInt(bw + "neumann_terms"));
+  b.gmres_restart = static_cast<int>(c.GetInt(bw + "gmres_restart"));
+  b.warm_start = c.GetBool(bw + "warm_start");
+  b.phantom_steps = static_cast<int>(c.GetInt(bw + "phantom_steps"));
+  b.phantom_tau = c.GetDouble(bw + "phantom_tau");
+  b.unrolled_steps = static_cast<int>(c.GetInt(bw + "unrolled_steps"));
+  if (b.warm_start) options.adjoint_warm_start = std::make_shared<AdjointWarmStart>();
+  return options;
+}
+
+ModelOptions ModelOptionsFromConfig(const Config& c) {
+  ModelOptions m;
+  const std::string kind = c.GetString("model.kind");
+  // "energy" models are built by the trainer from model.energy.*; the
+  // sequence model underneath is implicit.
+  if (kind != "energy") {
+    SP_CHECK(StringToModelKind(kind, &m.kind), "unknown model kind '", kind, "'");
+  } else {
+    m.kind = ModelKind::kImplicit;
+  }
+  SP_CHECK(StringToDType(c.GetString("dtype"), &m.dtype), "unknown dtype");
+  m.dim = c.GetInt("model.dim");
+  m.max_length = c.GetInt("model.max_length");
+  m.cell = c.GetString("model.cell");
+  m.cell_options.dim = m.dim;
+  m.cell_options.heads = c.GetInt("model.heads");
+  m.cell_options.hidden = c.GetInt("model.hidden");
+  m.cell_options.ln_eps = c.GetDouble("model.ln_eps");
+  m.cell_options.dropout = c.GetDouble("model.dropout");
+  m.cell_options.dropout_seed = static_cast<uint64_t>(c.GetInt("seed")) + 17;
+  m.cell_options.dtype = m.dtype;
+  m.num_layers = c.GetInt("model.num_layers");
+  m.unroll_steps = c.GetInt("model.unroll_steps");
+  m.embedding_init_std = c.GetDouble("model.embedding_init_std");
+  m.head_ln_eps = c.GetDouble("model.ln_eps");
+  m.seed = static_cast<uint64_t>(c.GetInt("seed"));
+  m.implicit = ImplicitOptionsFromConfig(c);
+  SP_CHECK(m.dim % m.cell_options.heads == 0, c.Origin("model.dim"), ": model.dim (", m.dim,
+           ") must be a multiple of model.heads (", m.cell_options.heads, ")");
+  return m;
+}
+
+OptimizerOptions OptimizerOptionsFromConfig(const Config& c) {
+  OptimizerOptions o;
+  SP_CHECK(StringToOptimizerType(c.GetString("train.optimizer.type"), &o.type),
+           "unknown optimizer");
+  o.learning_rate = c.GetDouble("train.optimizer.lr");
+  o.momentum = c.GetDouble("train.optimizer.momentum");
+  o.nesterov = c.GetBool("train.optimizer.nesterov");
+  o.beta1 = c.GetDouble("train.optimizer.beta1");
+  o.beta2 = c.GetDouble("train.optimizer.beta2");
+  o.epsilon = c.GetDouble("train.optimizer.epsilon");
+  o.weight_decay = c.GetDouble("train.optimizer.weight_decay");
+  o.no_weight_decay_suffixes = c.GetStringList("train.optimizer.no_weight_decay");
+  std::string error;
+  if (!o.IsValid(&error)) throw ConfigError(c.source() + ": train.optimizer: " + error);
+  return o;
+}
+
+ScheduleOptions ScheduleOptionsFromConfig(const Config& c) {
+  ScheduleOptions s;
+  SP_CHECK(StringToScheduleType(c.GetString("train.schedule.type"), &s.type),
+           "unknown schedule");
+  s.warmup_steps = c.GetInt("train.schedule.warmup_steps");
+  s.step_size = c.GetInt("train.schedule.step_size");
+  s.gamma = c.GetDouble("train.schedule.gamma");
+  s.min_ratio = c.GetDouble("train.schedule.min_ratio");
+  s.total_steps = std::max<int64_t>(1, c.GetInt("train.steps"));
+  return s;
+}
+
+std::string ConfigReferenceMarkdown() {
+  return "# Configuration reference\n\n"
+         "Generated from the schema in `training/config_schema.cc` by `stillpoint config "
+         "--doc`; a test keeps this file identical to it. Every key is optional unless marked "
+         "required; unknown keys, wrong types and out-of-range values are errors that name the "
+         "file, line, column and key. Any key can be overridden on the command line as "
+         "`key.path=value`.\n" +
+         StillpointSchema().ToMarkdown();
+}
+
+}  // namespace stillpoint

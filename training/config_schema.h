@@ -1,0 +1,32 @@
+// The schema of stillpoint's YAML configs (every key, its type, default,
+// range and meaning), and the conversions from a loaded Config to the
+// options structs of the layers, solvers and trainer. Solver keys use the
+// same names and defaults as ForwardSolverOptions and BackwardOptions (the
+// defaults are read from default-constructed structs, so they cannot drift).
+//
+// docs/config.md is generated from this schema (`stillpoint config --doc`),
+// and a test keeps the two identical.
+#pragma once
+
+#include <string>
+
+#include "layers/models.h"
+#include "training/config.h"
+#include "training/optimizer.h"
+#include "training/schedule.h"
+
+namespace stillpoint {
+
+const ConfigSchema& StillpointSchema();
+
+// Model options for a dataset with the given vocabulary/classes (the task
+// decides vocab_size and num_classes; the config decides the rest).
+ModelOptions ModelOptionsFromConfig(const Config& config);
+ImplicitOptions ImplicitOptionsFromConfig(const Config& config);
+OptimizerOptions OptimizerOptionsFromConfig(const Config& config);
+ScheduleOptions ScheduleOptionsFromConfig(const Config& config);
+
+// docs/config.md's text.
+std::string ConfigReferenceMarkdown();
+
+}  // namespace stillpoint

@@ -1,0 +1,220 @@
+#include "training/experiment.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "framework/ops.h"
+#include "training/config_schema.h"
+
+#ifndef STILLPOINT_DATA_DIR
+#define STILLPOINT_DATA_DIR "examples/data"
+#endif
+
+namespace stillpoint {
+namespace {
+
+std::string ResolvePath(const std::string& path, const std::string& config_path) {
+  if (path.empty() || std::filesystem::path(path).is_absolute() || config_path.empty()) {
+    return path;
+  }
+  return (std::filesystem::path(config_path).parent_path() / path).string();
+}
+
+}  // namespace
+
+Experiment BuildExperiment(const Config& config, const std::string& config_path,
+                           int64_t length_override) {
+  Experiment e{config, config_path, nullptr, nullptr, nullptr, DType::kFloat32};
+  StringToDType(config.GetString("dtype"), &e.dtype);
+  const std::string kind = config.GetString("task.kind");
+  const uint64_t seed = static_cast<uint64_t>(config.GetInt("seed"));
+  int64_t vocab = 0, classes = 0, feature_dim = 0, longest = 0;
+  bool per_token = true;
+
+  SequenceTask task;
+  if (StringToSequenceTask(kind, &task)) {
+    SequenceTaskOptions options;
+    options.task = task;
+    options.length = config.GetInt("task.length");
+    options.vocab_size = config.GetInt("task.vocab_size");
+    options.num_examples = config.GetInt("task.train_examples");
+    options.seed = seed * 2 + 1;
+    std::string error;
+    if (!options.IsValid(&error)) {
+      throw ConfigError(config.source() + ": task: " + error);
+    }
+    e.train = MakeSequenceTask(options);
+    options.num_examples = config.GetInt("task.test_examples");
+    options.seed = seed * 2 + 2;
+    if (length_override > 0) options.length = length_override;
+    if (!options.IsValid(&error)) throw ConfigError(config.source() + ": task: " + error);
+    e.test = MakeSequenceTask(options);
+    vocab = classes = e.train->info().num_classes;
+    longest = std::max(e.train->info().length, e.test->info().length);
+  } else if (kind == "digits") {
+    SP_CHECK(length_override <= 0, "digits images have a fixed length of 16 tokens");
+    std::string path = ResolvePath(config.GetString("task.path"), config_path);
+    if (path.empty()) {
+      const char* dir = std::getenv("STILLPOINT_DATA_DIR");
+      path = std::string(dir && *dir ? dir : STILLPOINT_DATA_DIR) + "/digits.csv.gz";
+    }
+    DigitsSplit split = LoadDigits(path, config.GetDouble("task.test_fraction"), seed);
+    e.train = std::move(split.train);
+    e.test = std::move(split.test);
+    classes = 10;
+    feature_dim = 4;
+    per_token = false;
+    longest = 16;
+  } else {  // csv
+    CsvDatasetOptions options;
+    options.path = ResolvePath(config.GetString("task.path"), config_path);
+    options.length = config.GetInt("task.length");
+    options.feature_dim = config.GetInt("task.feature_dim");
+    options.vocab_size = config.GetInt("task.vocab_size");
+    options.num_classes = config.GetInt("task.num_classes");
+    if (options.path.empty() || config.GetString("task.test_path").empty()) {
+      throw ConfigError(config.source() + ": task.kind csv needs task.path and task.test_path");
+    }
+    if (options.num_classes < 1) {
+      throw ConfigError(config.source() + ": task.kind csv needs task.num_classes >= 1");
+    }
+    e.train = LoadCsvDataset(options);
+    options.path = ResolvePath(config.GetString("task.test_path"), config_path);
+    e.test = LoadCsvDataset(options);
+    vocab = options.vocab_size;
+    classes = options.num_classes;
+    feature_dim = options.feature_dim;
+    per_token = e.train->info().per_token_targets;
+    longest = options.length;
+  }
+
+  ModelOptions options = ModelOptionsFromConfig(config);
+  if (longest > options.max_length) {
+    throw ConfigError(config.Origin("model.max_length") + ": model.max_length (" +
+                      std::to_string(options.max_length) + ") is shorter than the sequences (" +
+                      std::to_string(longest) + " tokens)");
+  }
+  options.vocab_size = std::max<int64_t>(vocab, 1);
+  options.feature_dim = feature_dim;
+  if (per_token) {
+    e.model = std::make_shared<SequenceModel>(options);
+  } else {
+    options.num_classes = classes;
+    e.model = std::make_shared<SequenceClassifier>(options);
+  }
+  return e;
+}
+
+Var ForwardBatch(SequenceModel& model, const Batch& batch) {
+  Var logits = batch.features.defined()
+                   ? model.ForwardFeatures(constant(batch.features))
+                   : model.Forward(batch.tokens, Shape{batch.batch_size, batch.length});
+  const int64_t classes = logits.dim(-1);
+  return reshape(logits, Shape{logits.numel() / classes, classes});
+}
+
+Var BatchLoss(const Var& logits, const Batch& batch) {
+  return cross_entropy(logits, batch.targets, kIgnoreTarget);
+}
+
+std::pair<int64_t, int64_t> CountCorrect(const Tensor& logits, const Batch& batch) {
+  const int64_t rows = logits.dim(0), classes = logits.dim(1);
+  SP_CHECK(rows == static_cast<int64_t>(batch.targets.size()), "CountCorrect: ", rows,
+           " rows of logits for ", batch.targets.size(), " targets");
+  int64_t correct = 0, counted = 0;
+  const std::vector<double> values = logits.ToVector();
+  for (int64_t r = 0; r < rows; ++r) {
+    if (batch.targets[r] == kIgnoreTarget) continue;
+    const auto begin = values.begin() + r * classes;
+    const int64_t predicted = std::max_element(begin, begin + classes) - begin;
+    correct += predicted == batch.targets[r];
+    ++counted;
+  }
+  return {correct, counted};
+}
+
+namespace {
+
+template <typename Summary>
+SolverStats StatsOf(const Summary& summary, const std::vector<int>& iterations,
+                    const std::vector<TerminationType>& terminations) {
+  SolverStats stats;
+  if (iterations.empty()) return stats;
+  double total = 0;
+  for (int it : iterations) {
+    total += it;
+    stats.iterations_max = std::max<double>(stats.iterations_max, it);
+  }
+  stats.iterations_mean = total / static_cast<double>(iterations.size());
+  stats.residual_max = summary.MaxRelResidual();
+  for (TerminationType t : terminations) {
+    (t == TerminationType::kConverged ? stats.converged : stats.not_converged)++;
+  }
+  stats.brief = summary.BriefReport();
+  return stats;
+}
+
+}  // namespace
+
+SolverStats ForwardStats(const SequenceModel& model) {
+  const Implicit* layer = model.implicit();
+  if (!layer || model.depth_override() > 0) return {};
+  const SolverSummary& s = layer->forward_summary();
+  return StatsOf(s, s.sample_iterations, s.sample_termination);
+}
+
+SolverStats BackwardStats(const SequenceModel& model) {
+  const Implicit* layer = model.implicit();
+  if (!layer || model.depth_override() > 0 || !layer->backward_summary()) return {};
+  const AdjointSummary& s = *layer->backward_summary();
+  return StatsOf(s, s.sample_iterations, s.sample_termination);
+}
+
+void SetEvalDepth(SequenceModel& model, const Config& config) {
+  const int64_t depth = config.GetInt("eval.max_iterations");
+  if (Implicit* layer = model.mutable_implicit()) {
+    layer->mutable_options().forward.max_iterations =
+        depth > 0 ? static_cast<int>(depth)
+                  : static_cast<int>(config.GetInt("model.solver.forward.max_iterations"));
+  } else if (model.options().kind == ModelKind::kTied) {
+    model.SetDepthOverride(depth);
+  }
+}
+
+EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_size,
+                    DType dtype) {
+  const bool was_training = model.is_training();
+  model.Eval();
+  NoGrad no_grad;
+  EvalResult result;
+  double loss_sum = 0, iterations_sum = 0;
+  int64_t correct = 0, counted = 0, batches = 0;
+  for (int64_t begin = 0; begin < dataset.size(); begin += batch_size) {
+    std::vector<int64_t> indices;
+    for (int64_t i = begin; i < std::min(dataset.size(), begin + batch_size); ++i) {
+      indices.push_back(i);
+    }
+    const Batch batch = MakeBatch(dataset, indices, dtype);
+    const Var logits = ForwardBatch(model, batch);
+    const auto [c, n] = CountCorrect(logits.value(), batch);
+    if (n > 0) loss_sum += BatchLoss(logits, batch).item() * static_cast<double>(n);
+    correct += c;
+    counted += n;
+    const SolverStats stats = ForwardStats(model);
+    iterations_sum += stats.iterations_mean;
+    result.forward.iterations_max = std::max(result.forward.iterations_max, stats.iterations_max);
+    result.forward.residual_max = std::max(result.forward.residual_max, stats.residual_max);
+    result.forward.converged += stats.converged;
+    result.forward.not_converged += stats.not_converged;
+    ++batches;
+  }
+  model.Train(was_training);
+  result.examples = dataset.size();
+  result.loss = counted > 0 ? loss_sum / static_cast<double>(counted) : 0.0;
+  result.accuracy = counted > 0 ? static_cast<double>(correct) / counted : 0.0;
+  result.forward.iterations_mean = batches > 0 ? iterations_sum / batches : 0.0;
+  return result;
+}
+
+}  // namespace stillpoint

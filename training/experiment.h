@@ -1,0 +1,70 @@
+// An experiment: what one config describes before training starts — the
+// datasets, the model built for them, and how a batch becomes logits, a loss
+// and an accuracy. The trainer, `stillpoint eval` and `stillpoint compare`
+// all start from here, so they agree on what a config means.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "layers/models.h"
+#include "solvers/summary.h"
+#include "training/config.h"
+#include "training/dataset.h"
+
+namespace stillpoint {
+
+struct Experiment {
+  Config config;
+  std::string config_path;  // "" when built from text
+  std::unique_ptr<Dataset> train;
+  std::unique_ptr<Dataset> test;
+  std::shared_ptr<SequenceModel> model;
+  DType dtype = DType::kFloat32;
+};
+
+// Builds datasets and model from a validated config. length_override > 0
+// regenerates the held-out set at that sequence length (sequence tasks
+// only), for length extrapolation. Relative task paths are resolved against
+// the config file's directory. Throws ConfigError for settings that do not
+// fit together (e.g. max_length below the task length).
+Experiment BuildExperiment(const Config& config, const std::string& config_path,
+                           int64_t length_override = 0);
+
+// The logits of a batch, flattened to [rows, classes] in target order.
+Var ForwardBatch(SequenceModel& model, const Batch& batch);
+// Mean cross-entropy over the batch's non-ignored targets.
+Var BatchLoss(const Var& logits, const Batch& batch);
+// (correct, counted) predictions of the argmax over classes.
+std::pair<int64_t, int64_t> CountCorrect(const Tensor& logits, const Batch& batch);
+
+// Forward-solver statistics of the last Forward of an implicit model (all
+// zero for explicit and tied models).
+struct SolverStats {
+  double iterations_mean = 0;
+  double iterations_max = 0;
+  double residual_max = 0;  // relative residual, max over samples
+  int64_t converged = 0;    // samples
+  int64_t not_converged = 0;
+  std::string brief;        // the summary's BriefReport()
+};
+SolverStats ForwardStats(const SequenceModel& model);
+SolverStats BackwardStats(const SequenceModel& model);
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;
+  int64_t examples = 0;
+  SolverStats forward;  // averaged over batches (max for maxima)
+};
+
+// Applies the config's test-time depth (eval.max_iterations): the forward
+// solver budget of an implicit model, or the unroll depth of a tied one
+// (explicit models have a fixed depth). 0 restores the trained setting.
+void SetEvalDepth(SequenceModel& model, const Config& config);
+
+// Evaluates in eval mode with the tape off (restores the mode after).
+EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_size,
+                    DType dtype);
+
+}  // namespace stillpoint

@@ -1,0 +1,106 @@
+// `stillpoint`: train, evaluate and compare implicit and explicit models
+// from YAML configs. Exit codes: 0 success, 1 runtime failure, 2 bad input
+// (command line, config, data files), reported before any work starts.
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <iostream>
+
+#include "training/bench_command.h"
+#include "training/cli_commands.h"
+#include "training/config.h"
+
+int main(int argc, char** argv) {
+  using namespace stillpoint;
+  CLI::App app{
+      "stillpoint: deep implicit layers. Attention as an energy, solved to its fixed point, "
+      "differentiated implicitly; train, evaluate and compare from YAML configs.\n"
+      "Exit codes: 0 ok, 1 runtime failure, 2 bad input."};
+  app.set_version_flag("--version", std::string("stillpoint ") + StillpointVersion());
+  app.require_subcommand(1);
+
+  TrainArgs train;
+  CLI::App* train_cmd = app.add_subcommand("train", "Train the model a config describes");
+  train_cmd->add_option("config", train.config_path, "YAML config file")->required();
+  train_cmd->add_option("overrides", train.overrides,
+                        "Dotted overrides, e.g. train.steps=100 model.kind=explicit");
+  train_cmd->add_flag("--resume", train.resume,
+                      "Continue from the run directory's checkpoint when there is one");
+  train_cmd->add_option("--stop-after", train.stop_after_steps,
+                        "Stop (with a checkpoint) after this many steps of this invocation");
+
+  EvalArgs eval;
+  CLI::App* eval_cmd = app.add_subcommand(
+      "eval", "Evaluate a trained run (run directory or checkpoint file) on held-out data");
+  eval_cmd->add_option("run", eval.run, "Run directory or .ckpt file")->required();
+  eval_cmd->add_option("overrides", eval.overrides, "Dotted overrides of the run's config");
+  eval_cmd->add_option("--iters", eval.iterations,
+                       "Test-time forward solver budget (implicit) or unroll depth (tied)");
+  eval_cmd->add_option("--length", eval.length, "Evaluate on sequences of this length");
+  eval_cmd->add_flag("--json", eval.json, "Print the result as JSON");
+
+  CompareArgs compare;
+  CLI::App* compare_cmd = app.add_subcommand(
+      "compare", "Train the variants of compare.variants on one task and write a report");
+  compare_cmd->add_option("config", compare.config_path, "YAML config file")->required();
+  compare_cmd->add_option("overrides", compare.overrides, "Dotted overrides");
+
+  RetrieveArgs retrieve;
+  CLI::App* retrieve_cmd = app.add_subcommand(
+      "retrieve", "Solve the Hopfield fixed point xi = X softmax(beta X^T xi) for each query");
+  retrieve_cmd->add_option("--patterns", retrieve.patterns_path,
+                           "CSV of stored patterns, one per row")->required();
+  retrieve_cmd->add_option("--queries", retrieve.queries_path, "CSV of queries, one per row")
+      ->required();
+  retrieve_cmd->add_option("--out", retrieve.out_dir,
+                           "Output directory (fixed_points.csv, stats.json)")->required();
+  retrieve_cmd->add_option("--beta", retrieve.beta, "Inverse temperature")
+      ->capture_default_str();
+  retrieve_cmd->add_option("--solver", retrieve.solver,
+                           "Forward solver (picard, anderson, broyden, ...)")
+      ->capture_default_str();
+  retrieve_cmd->add_option("--tol", retrieve.tolerance, "Relative residual tolerance")
+      ->capture_default_str();
+  retrieve_cmd->add_option("--max-iter", retrieve.max_iterations, "Iteration budget")
+      ->capture_default_str();
+  retrieve_cmd->add_option("--threads", retrieve.threads, "Worker threads")
+      ->capture_default_str();
+  retrieve_cmd->add_option("--dtype", retrieve.dtype, "float32 or float64")
+      ->capture_default_str();
+
+  BenchArgs bench;
+  CLI::App* bench_cmd = app.add_subcommand(
+      "bench", "Time a reference workload of bench/SPEC.md (w1, w2: training steps; w3: retrieval)");
+  bench_cmd->add_option("workload", bench.workload, "w1, w2 or w3")->required();
+  bench_cmd->add_option("--model", bench.model, "implicit (default) or explicit (w1, w2)");
+  bench_cmd->add_option("--iters", bench.iterations,
+                        "Forward and adjoint iterations (default 16; w3: at most, default 32)");
+  bench_cmd->add_option("--threads", bench.threads, "Worker threads")->capture_default_str();
+  bench_cmd->add_option("--steps", bench.steps, "Timed steps")->capture_default_str();
+  bench_cmd->add_option("--warmup", bench.warmup, "Untimed warm-up steps")->capture_default_str();
+  bench_cmd->add_flag("--json", bench.json, "Print the result as one JSON object");
+  bench_cmd->add_option("--weights", bench.weights_path,
+                        "Start from exported weights and batch (deq_tiny.json layout)");
+  bench_cmd->add_option("--dtype", bench.dtype, "float32 or float64")->capture_default_str();
+  bench_cmd->add_option("--seed", bench.seed, "Seed of the initialisation and the batch")
+      ->capture_default_str();
+
+  bool doc = false;
+  CLI::App* config_cmd =
+      app.add_subcommand("config", "Print the configuration reference (every key)");
+  config_cmd->add_flag("--doc", doc, "Markdown, as in docs/config.md");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  if (*train_cmd) return RunTrain(train, std::cout, std::cerr);
+  if (*eval_cmd) return RunEval(eval, std::cout, std::cerr);
+  if (*compare_cmd) return RunCompare(compare, std::cout, std::cerr);
+  if (*retrieve_cmd) return RunRetrieve(retrieve, std::cout, std::cerr);
+  if (*bench_cmd) return RunBench(bench, std::cout, std::cerr);
+  if (*config_cmd) return RunConfigDoc(std::cout);
+  return 2;
+}

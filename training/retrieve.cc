@@ -1,0 +1,168 @@
+#include "training/retrieve.h"
+
+#include <Eigen/Dense>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "framework/parallel.h"
+#include "framework/serialize.h"
+#include "solvers/fixed_point_solver.h"
+#include "training/dataset.h"
+#include "training/metrics.h"
+
+namespace stillpoint {
+namespace {
+
+template <typename T>
+using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// out = softmax(beta Z X^T) X for the rows of z; parallel over row blocks,
+// each block one pair of GEMMs (the map is GEMM-bound).
+template <typename T>
+void HopfieldMap(const Tensor& patterns, double beta, const Tensor& z, Tensor* out) {
+  const int64_t n = patterns.dim(0), d = patterns.dim(1), k = z.dim(0);
+  Eigen::Map<const RowMatrix<T>> x(patterns.data<T>(), n, d);
+  ParallelFor(0, k, 32, [&](int64_t lo, int64_t hi) {
+    Eigen::Map<const RowMatrix<T>> zb(z.data<T>() + lo * d, hi - lo, d);
+    Eigen::Map<RowMatrix<T>> ob(out->data<T>() + lo * d, hi - lo, d);
+    RowMatrix<T> scores(hi - lo, n);
+    scores.noalias() = static_cast<T>(beta) * (zb * x.transpose());
+    for (int64_t r = 0; r < hi - lo; ++r) {
+      const T top = scores.row(r).maxCoeff();
+      scores.row(r) = (scores.row(r).array() - top).exp();
+      scores.row(r) /= scores.row(r).sum();
+    }
+    ob.noalias() = scores * x;
+  });
+}
+
+template <typename T>
+void Diagnose(const Tensor& patterns, double beta, RetrievalResult* result) {
+  const int64_t n = patterns.dim(0), d = patterns.dim(1), q = result->fixed_points.dim(0);
+  Eigen::Map<const RowMatrix<T>> x(patterns.data<T>(), n, d);
+  Eigen::Map<const RowMatrix<T>> xi(result->fixed_points.data<T>(), q, d);
+  result->nearest.assign(q, 0);
+  result->energy.assign(q, 0.0);
+  for (int64_t r = 0; r < q; ++r) {
+    const Eigen::Matrix<double, Eigen::Dynamic, 1> dots =
+        (x * xi.row(r).transpose()).template cast<double>();
+    Eigen::Index best = 0;
+    const double top = dots.maxCoeff(&best);
+    result->nearest[r] = best;
+    // (1/beta) lse(beta s), shifted by the maximum for stability.
+    const double lse = top + std::log((beta * (dots.array() - top)).exp().sum()) / beta;
+    result->energy[r] = 0.5 * xi.row(r).template cast<double>().squaredNorm() - lse;
+  }
+}
+
+}  // namespace
+
+ForwardSolverOptions RetrievalSolverOptions() {
+  ForwardSolverOptions options;
+  options.type = ForwardSolverType::kPicard;
+  options.max_iterations = 32;
+  options.stop_mode = StopMode::kRelative;
+  options.relative_tolerance = 1e-6;
+  return options;
+}
+
+RetrievalResult RetrieveHopfield(const Tensor& patterns, const Tensor& queries, double beta,
+                                 const ForwardSolverOptions& options) {
+  SP_CHECK(patterns.rank() == 2 && queries.rank() == 2, "retrieve: patterns ",
+           patterns.shape(), " and queries ", queries.shape(), " must be matrices");
+  SP_CHECK(patterns.dim(1) == queries.dim(1), "retrieve: patterns have dimension ",
+           patterns.dim(1), " but queries have ", queries.dim(1));
+  SP_CHECK(patterns.dtype() == queries.dtype(), "retrieve: patterns and queries differ in dtype");
+  SP_CHECK(beta > 0 && std::isfinite(beta), "retrieve: beta must be positive, got ", beta);
+  const auto start = std::chrono::steady_clock::now();
+  FixedPointProblem problem;
+  problem.batch_size = queries.dim(0);
+  problem.state_size = queries.dim(1);
+  problem.map = [&](const Tensor& z, const std::vector<int64_t>&, Tensor* out) {
+    DispatchDType(z.dtype(), [&](auto zero) {
+      HopfieldMap<decltype(zero)>(patterns, beta, z, out);
+    });
+    return true;
+  };
+  RetrievalResult result;
+  result.fixed_points = queries.Clone();
+  FixedPointSolver::Create(options)->Solve(problem, &result.fixed_points, &result.summary);
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  DispatchDType(patterns.dtype(), [&](auto zero) {
+    Diagnose<decltype(zero)>(patterns, beta, &result);
+  });
+  return result;
+}
+
+Tensor ReadCsvMatrix(const std::string& path, DType dtype) {
+  const std::string text = ReadFileMaybeGzip(path);
+  std::vector<double> values;
+  int64_t columns = -1, rows = 0, line_number = 0;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::istringstream cells(line);
+    std::string cell;
+    int64_t count = 0;
+    while (std::getline(cells, cell, ',')) {
+      ++count;
+      char* end = nullptr;
+      const double value = std::strtod(cell.c_str(), &end);
+      const bool rest_blank =
+          end != cell.c_str() && cell.find_first_not_of(" \t\r", end - cell.c_str()) == std::string::npos;
+      SP_CHECK(rest_blank && std::isfinite(value), path, ":", line_number, ": column ", count,
+               " is not a finite number: '", cell, "'");
+      values.push_back(value);
+    }
+    SP_CHECK(columns < 0 || count == columns, path, ":", line_number, ": ", count,
+             " columns, but earlier rows have ", columns);
+    columns = count;
+    ++rows;
+  }
+  SP_CHECK(rows > 0, path, ": no rows");
+  return Tensor::FromVector(Shape{rows, columns}, values, dtype);
+}
+
+void WriteCsvMatrix(const std::string& path, const Tensor& matrix) {
+  std::ostringstream out;
+  out.precision(9);
+  for (int64_t r = 0; r < matrix.dim(0); ++r) {
+    for (int64_t c = 0; c < matrix.dim(1); ++c) {
+      out << (c ? "," : "") << matrix.at(r * matrix.dim(1) + c);
+    }
+    out << "\n";
+  }
+  WriteFileAtomically(path, out.str());
+}
+
+void WriteRetrieval(const std::string& directory, const RetrievalResult& result, double beta) {
+  std::filesystem::create_directories(directory);
+  WriteCsvMatrix((std::filesystem::path(directory) / "fixed_points.csv").string(),
+                 result.fixed_points);
+  const SolverSummary& s = result.summary;
+  std::ostringstream json;
+  json << "{\n  \"beta\": " << JsonNumber(beta) << ",\n  \"queries\": "
+       << result.fixed_points.dim(0) << ",\n  \"solver\": " << JsonString(ToString(s.solver_type))
+       << ",\n  \"termination\": " << JsonString(ToString(s.termination_type))
+       << ",\n  \"converged\": " << s.CountSamples(TerminationType::kConverged)
+       << ",\n  \"function_evaluations\": " << s.function_evaluations
+       << ",\n  \"seconds\": " << JsonNumber(result.seconds) << ",\n  \"per_query\": [\n";
+  for (std::size_t q = 0; q < result.nearest.size(); ++q) {
+    json << "    {\"iterations\": " << s.sample_iterations[q]
+         << ", \"residual\": " << JsonNumber(s.sample_rel_residual[q])
+         << ", \"status\": " << JsonString(ToString(s.sample_termination[q]))
+         << ", \"nearest\": " << result.nearest[q]
+         << ", \"energy\": " << JsonNumber(result.energy[q]) << "}"
+         << (q + 1 < result.nearest.size() ? "," : "") << "\n";
+  }
+  json << "  ]\n}\n";
+  WriteFileAtomically((std::filesystem::path(directory) / "stats.json").string(), json.str());
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,48 @@
+// Hopfield retrieval (`stillpoint retrieve`, and bench/SPEC.md W3): for each
+// query xi_0, the fixed point of the modern Hopfield update
+//
+//   xi <- X softmax(beta X^T xi)
+//
+// over the stored patterns X (one pattern per row of `patterns`), which is a
+// CCCP descent of the energy E(xi) = 1/2 |xi|^2 - (1/beta) lse(beta X^T xi).
+// Queries are solved as one batch with per-query convergence (a query that
+// has converged is no longer evaluated).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "solvers/options.h"
+#include "solvers/summary.h"
+#include "framework/tensor.h"
+
+namespace stillpoint {
+
+struct RetrievalResult {
+  Tensor fixed_points;              // [Q, d]
+  std::vector<int64_t> nearest;     // per query: argmax_j <x_j, xi*>
+  std::vector<double> energy;       // per query: E(xi*)
+  SolverSummary summary;
+  double seconds = 0;
+};
+
+// patterns [N, d], queries [Q, d] (same dtype). The default solver options
+// for retrieval are RetrievalSolverOptions().
+RetrievalResult RetrieveHopfield(const Tensor& patterns, const Tensor& queries, double beta,
+                                 const ForwardSolverOptions& options);
+
+// Picard iteration to a relative residual of 1e-6 within 32 iterations (W3).
+ForwardSolverOptions RetrievalSolverOptions();
+
+// A numeric CSV (one row per line, comma separated, no header) as an [rows,
+// cols] tensor. Empty, ragged or non-numeric input is an Error naming the
+// file and line.
+Tensor ReadCsvMatrix(const std::string& path, DType dtype);
+void WriteCsvMatrix(const std::string& path, const Tensor& matrix);
+
+// Writes DIR/fixed_points.csv and DIR/stats.json (per query: iterations,
+// residual, status, nearest pattern, energy; totals and timing).
+void WriteRetrieval(const std::string& directory, const RetrievalResult& result, double beta);
+
+}  // namespace stillpoint

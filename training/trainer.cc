@@ -1,0 +1,347 @@
+#include "training/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "framework/buffer_pool.h"
+#include "framework/ops.h"
+#include "framework/parallel.h"
+#include "solvers/regularizers.h"
+#include "training/checkpoint.h"
+#include "training/config_schema.h"
+#include "training/metrics.h"
+#include "training/optimizer.h"
+#include "training/progress.h"
+#include "training/schedule.h"
+#include "training/svg_plot.h"
+
+namespace stillpoint {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::vector<std::string> kColumns = {
+    "step",           "lr",           "loss",          "accuracy",      "grad_norm",
+    "fwd_iters_mean", "fwd_iters_max", "fwd_residual", "fwd_unconverged", "bwd_iters_mean",
+    "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
+    "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean"};
+
+bool AllFinite(const NamedVars& parameters) {
+  for (const auto& [name, p] : parameters) {
+    if (HasNonFinite(p.value())) return false;
+  }
+  return true;
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+// The Hutchinson estimate of ||J_f(z*)||_F^2 / numel at this batch's fixed
+// point, differentiable w.r.t. the cell's parameters and the injection.
+Var JacobianPenalty(SequenceModel& model, const Batch& batch, int probes, Rng& rng) {
+  const Var u = batch.features.defined()
+                    ? model.EmbedFeatures(constant(batch.features))
+                    : model.Embed(batch.tokens, Shape{batch.batch_size, batch.length});
+  const std::shared_ptr<Cell> cell = model.cell(0);
+  const int64_t rows = u.dim(0);
+  CellFn f = [&](const Var& z, const std::vector<int64_t>& ids) {
+    const bool all = static_cast<int64_t>(ids.size()) == rows;
+    return cell->Forward(z, all ? u : gather(u, 0, ids), ids);
+  };
+  return JacobianFrobeniusPenalty(f, model.implicit()->last_result().z_star.value(), probes, rng);
+}
+
+void WritePlots(const std::string& run_dir) {
+  const auto m = ReadMetricsCsv(run_dir + "/metrics.csv");
+  auto column = [&](const std::string& name) {
+    auto it = m.find(name);
+    return it == m.end() ? std::vector<double>{} : it->second;
+  };
+  const std::vector<double> step = column("step");
+  PlotOptions loss{"Loss", "step", "cross-entropy", true};
+  WriteTextFile(run_dir + "/loss.svg",
+                LinePlotSvg({{"train", step, column("loss")},
+                             {"test", step, column("test_loss"), true}},
+                            loss));
+  PlotOptions accuracy{"Accuracy", "step", "accuracy", false};
+  WriteTextFile(run_dir + "/accuracy.svg",
+                LinePlotSvg({{"train", step, column("accuracy")},
+                             {"test", step, column("test_accuracy"), true}},
+                            accuracy));
+  PlotOptions solver{"Solver iterations", "step", "iterations (mean over samples)", false};
+  WriteTextFile(run_dir + "/solver.svg",
+                LinePlotSvg({{"forward", step, column("fwd_iters_mean")},
+                             {"backward", step, column("bwd_iters_mean")}},
+                            solver));
+}
+
+std::string SummaryJson(const TrainSummary& s) {
+  std::ostringstream out;
+  out << "{\n  \"steps\": " << s.steps << ",\n  \"skipped_steps\": " << s.skipped_steps
+      << ",\n  \"stopped_early\": " << (s.stopped_early ? "true" : "false")
+      << ",\n  \"stop_reason\": " << JsonString(s.stop_reason)
+      << ",\n  \"parameters\": " << s.num_parameters
+      << ",\n  \"final_train_loss\": " << JsonNumber(s.final_train_loss)
+      << ",\n  \"final_train_accuracy\": " << JsonNumber(s.final_train_accuracy)
+      << ",\n  \"test_loss\": " << JsonNumber(s.final_eval.loss)
+      << ",\n  \"test_accuracy\": " << JsonNumber(s.final_eval.accuracy)
+      << ",\n  \"test_examples\": " << s.final_eval.examples
+      << ",\n  \"test_forward_iterations_mean\": " << JsonNumber(s.final_eval.forward.iterations_mean)
+      << ",\n  \"seconds_per_step\": " << JsonNumber(s.seconds_per_step)
+      << ",\n  \"peak_rss_mb\": " << JsonNumber(s.peak_rss_mb)
+      << ",\n  \"pool_peak_mb\": " << JsonNumber(s.pool_peak_mb)
+      << ",\n  \"forward_iterations_mean\": " << JsonNumber(s.forward.iterations_mean)
+      << ",\n  \"forward_residual_max\": " << JsonNumber(s.forward.residual_max)
+      << ",\n  \"backward_iterations_mean\": " << JsonNumber(s.backward.iterations_mean)
+      << ",\n  \"backward_residual_max\": " << JsonNumber(s.backward.residual_max) << "\n}\n";
+  return out.str();
+}
+
+}  // namespace
+
+std::string TrainSummary::BriefReport() const {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(4) << "steps " << steps << ", train loss "
+      << final_train_loss << ", test loss " << final_eval.loss << ", test accuracy "
+      << std::setprecision(2) << 100.0 * final_eval.accuracy << "%, " << std::setprecision(1)
+      << 1000.0 * seconds_per_step << " ms/step, peak RSS " << peak_rss_mb << " MiB";
+  if (forward.iterations_max > 0) {
+    out << ", forward iterations " << forward.iterations_mean << " (max "
+        << forward.iterations_max << ")";
+  }
+  if (skipped_steps > 0) out << ", " << skipped_steps << " skipped steps";
+  if (stopped_early) out << " [stopped: " << stop_reason << "]";
+  return out.str();
+}
+
+double PeakResidentMegabytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream fields(line.substr(6));
+      double kib = 0;
+      fields >> kib;
+      return kib / 1024.0;
+    }
+  }
+  return 0.0;
+}
+
+std::string RunDirectory(const Config& config, const std::string& config_path) {
+  const std::string dir = config.GetString("log.dir");
+  if (!dir.empty()) return dir;
+  const std::string stem =
+      config_path.empty() ? "run" : std::filesystem::path(config_path).stem().string();
+  return (std::filesystem::path("runs") / stem).string();
+}
+
+TrainSummary Train(Experiment& e, const TrainOptions& options) {
+  const Config& c = e.config;
+  SetNumThreads(static_cast<int>(c.GetInt("threads")));
+  SequenceModel& model = *e.model;
+  TrainSummary summary;
+  summary.run_dir = RunDirectory(c, e.config_path);
+  std::filesystem::create_directories(summary.run_dir);
+  WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
+  const std::string checkpoint_path = summary.run_dir + "/checkpoint.ckpt";
+
+  const NamedVars parameters = model.named_parameters();
+  VarList parameter_list;
+  for (const auto& [name, p] : parameters) parameter_list.push_back(p);
+  summary.num_parameters = model.NumParameters();
+  const OptimizerOptions optimizer_options = OptimizerOptionsFromConfig(c);
+  auto optimizer = Optimizer::Create(optimizer_options, parameters);
+  const ScheduleOptions schedule = ScheduleOptionsFromConfig(c);
+  const uint64_t seed = static_cast<uint64_t>(c.GetInt("seed"));
+  Batcher batcher(*e.train, c.GetInt("train.batch_size"), seed, e.dtype);
+  Rng rng(seed + 7919);
+
+  int64_t step = 0;
+  bool resumed = false;
+  if (options.resume && std::filesystem::exists(checkpoint_path)) {
+    const CheckpointState state = LoadCheckpoint(checkpoint_path);
+    model.LoadParameters(state.model);
+    optimizer->LoadState(state.optimizer);
+    batcher.Restore({state.data_epoch, state.data_offset});
+    SP_CHECK(rng.LoadState(state.rng_state), checkpoint_path, ": unreadable RNG state");
+    step = state.step;
+    resumed = true;
+  }
+  MetricsWriter metrics(summary.run_dir, kColumns, resumed);
+  auto save_checkpoint = [&] {
+    if (!AllFinite(parameters)) return false;  // never replace a good one with NaNs
+    CheckpointState state;
+    state.step = step;
+    const Batcher::Position position = batcher.position();
+    state.data_epoch = position.epoch;
+    state.data_offset = position.offset;
+    state.rng_state = rng.SaveState();
+    state.config_yaml = c.ToYaml();
+    state.model = model.NamedValues();
+    state.optimizer = optimizer->SaveState();
+    SaveCheckpoint(checkpoint_path, state);
+    return true;
+  };
+
+  const int64_t total_steps = c.GetInt("train.steps");
+  const int64_t log_every = c.GetInt("train.log_every");
+  const int64_t eval_every = c.GetInt("train.eval_every");
+  const int64_t checkpoint_every = c.GetInt("train.checkpoint_every");
+  const int64_t pretrain_steps = c.GetInt("train.pretrain_steps");
+  const int64_t unroll_steps = c.GetInt("model.unroll_steps");
+  const double clip_norm = c.GetDouble("train.clip_norm");
+  const bool stop_on_nonfinite = c.GetString("train.on_nonfinite") == "stop";
+  const int64_t max_skipped = c.GetInt("train.max_skipped_steps");
+  const double jacobian_weight = c.GetDouble("model.regularization.jacobian_weight");
+  const int jacobian_probes = static_cast<int>(c.GetInt("model.regularization.jacobian_probes"));
+  const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
+  const int64_t eval_batch = c.GetInt("eval.batch_size");
+  const bool implicit = model.implicit() != nullptr;
+
+  Progress progress(options.progress, c.GetString("log.progress"), total_steps, step);
+  ResetBufferPoolStats();
+  std::vector<double> step_seconds;
+  double window_loss = 0, window_correct = 0, window_count = 0, window_steps = 0;
+  int64_t consecutive_skips = 0;
+  int64_t steps_this_call = 0;
+  SolverStats last_forward, last_backward;
+
+  while (step < total_steps &&
+         (options.stop_after_steps == 0 || steps_this_call < options.stop_after_steps)) {
+    const auto start = Clock::now();
+    optimizer->set_learning_rate(LearningRateAt(schedule, optimizer_options.learning_rate, step));
+    if (implicit) model.SetDepthOverride(step < pretrain_steps ? unroll_steps : 0);
+    const Batch batch = batcher.Next();
+    Var logits = ForwardBatch(model, batch);
+    Var loss = BatchLoss(logits, batch);
+    const bool use_jacobian = implicit && jacobian_weight > 0 && step >= pretrain_steps &&
+                              rng.Uniform() < jacobian_frequency;
+    if (use_jacobian) {
+      loss = add(loss, mul_scalar(JacobianPenalty(model, batch, jacobian_probes, rng),
+                                  jacobian_weight));
+    }
+    const double loss_value = loss.item();
+    const SolverStats forward = ForwardStats(model);
+    std::string failure;
+    if (!std::isfinite(loss_value)) failure = "non-finite loss";
+    double grad_norm = 0;
+    if (failure.empty()) {
+      optimizer->ZeroGrad();
+      backward(loss);
+      grad_norm = GradNorm(parameter_list);
+      if (!std::isfinite(grad_norm)) failure = "non-finite gradient";
+    }
+    const SolverStats backward_stats = BackwardStats(model);
+    ++step;
+    ++steps_this_call;
+    if (!failure.empty()) {
+      ++summary.skipped_steps;
+      ++consecutive_skips;
+      optimizer->ZeroGrad();
+      std::ostringstream report;
+      report << "step " << step << ": " << failure << " (loss " << loss_value << ")";
+      if (!forward.brief.empty()) report << "; forward solver: " << forward.brief;
+      if (!backward_stats.brief.empty()) report << "; backward solver: " << backward_stats.brief;
+      progress.Message(report.str() + (stop_on_nonfinite ? "; stopping (train.on_nonfinite: stop)"
+                                                         : "; step skipped, parameters unchanged"));
+      metrics.Write({{"step", double(step)}, {"loss", loss_value}, {"skipped", 1.0}});
+      if (stop_on_nonfinite || consecutive_skips >= max_skipped) {
+        summary.stopped_early = true;
+        summary.stop_reason = stop_on_nonfinite
+                                  ? report.str()
+                                  : std::to_string(consecutive_skips) +
+                                        " consecutive skipped steps; last: " + report.str();
+        break;
+      }
+      continue;
+    }
+    consecutive_skips = 0;
+    if (clip_norm > 0) ClipGradNorm(parameter_list, clip_norm);
+    optimizer->Step();
+    step_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    last_forward = forward;
+    last_backward = backward_stats;
+
+    const auto [correct, counted] = CountCorrect(logits.value(), batch);
+    window_loss += loss_value;
+    window_correct += static_cast<double>(correct);
+    window_count += static_cast<double>(counted);
+    window_steps += 1;
+    summary.final_train_loss = loss_value;
+    summary.final_train_accuracy = counted ? double(correct) / double(counted) : 0.0;
+
+    const bool do_eval = (eval_every > 0 && step % eval_every == 0) || step == total_steps;
+    if (step % log_every == 0 || do_eval) {
+      std::map<std::string, double> row = {
+          {"step", double(step)},
+          {"lr", optimizer->learning_rate()},
+          {"loss", window_loss / window_steps},
+          {"accuracy", window_count ? window_correct / window_count : 0.0},
+          {"grad_norm", grad_norm},
+          {"step_ms", 1000.0 * step_seconds.back()},
+          {"peak_rss_mb", PeakResidentMegabytes()},
+          {"pool_peak_mb", GetBufferPoolStats().peak_bytes_in_use / 1048576.0},
+          {"skipped", 0.0}};
+      if (implicit && step > pretrain_steps) {
+        row["fwd_iters_mean"] = forward.iterations_mean;
+        row["fwd_iters_max"] = forward.iterations_max;
+        row["fwd_residual"] = forward.residual_max;
+        row["fwd_unconverged"] = double(forward.not_converged);
+        row["bwd_iters_mean"] = backward_stats.iterations_mean;
+        row["bwd_iters_max"] = backward_stats.iterations_max;
+        row["bwd_residual"] = backward_stats.residual_max;
+        row["bwd_unconverged"] = double(backward_stats.not_converged);
+      }
+      if (do_eval) {
+        if (implicit) model.SetDepthOverride(0);
+        const EvalResult eval = Evaluate(model, *e.test, eval_batch, e.dtype);
+        row["test_loss"] = eval.loss;
+        row["test_accuracy"] = eval.accuracy;
+        if (implicit) row["test_fwd_iters_mean"] = eval.forward.iterations_mean;
+        summary.final_eval = eval;
+        progress.Eval(step, eval.loss, eval.accuracy);
+      }
+      metrics.Write(row);
+      progress.Update(step, row["loss"], row["accuracy"], forward.iterations_mean, implicit);
+      window_loss = window_correct = window_count = window_steps = 0;
+    }
+    if (checkpoint_every > 0 && step % checkpoint_every == 0) save_checkpoint();
+  }
+  if (implicit) model.SetDepthOverride(0);
+  progress.Finish();
+  save_checkpoint();
+
+  summary.steps = step;
+  summary.seconds_per_step = Median(step_seconds);
+  summary.peak_rss_mb = PeakResidentMegabytes();
+  summary.pool_peak_mb = GetBufferPoolStats().peak_bytes_in_use / 1048576.0;
+  summary.forward = last_forward;
+  summary.backward = last_backward;
+  if (summary.final_eval.examples == 0 && step >= total_steps) {
+    summary.final_eval = Evaluate(model, *e.test, eval_batch, e.dtype);
+  }
+  if (c.GetBool("log.plots")) WritePlots(summary.run_dir);
+  WriteTextFile(summary.run_dir + "/summary.json", SummaryJson(summary));
+  std::ostringstream md;
+  md << "# Run summary\n\n" << summary.BriefReport() << "\n\nModel: " << model.Name() << ", "
+     << summary.num_parameters << " parameters.\n";
+  if (!last_forward.brief.empty()) md << "\nLast forward solve: " << last_forward.brief << "\n";
+  if (!last_backward.brief.empty()) md << "\nLast backward solve: " << last_backward.brief << "\n";
+  WriteTextFile(summary.run_dir + "/summary.md", md.str());
+  return summary;
+}
+
+}  // namespace stillpoint

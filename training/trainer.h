@@ -1,0 +1,72 @@
+// The training loop behind `stillpoint train`.
+//
+// One step: draw a batch, forward, loss (+ Jacobian regularisation), zero
+// grad, backward, clip, optimizer step, log. Around it: warm-up and schedule,
+// evaluation on the held-out set, metrics (CSV + JSON lines), atomic
+// checkpoints, SVG plots and a summary, all in the run directory:
+//
+//   RUN_DIR/config.yaml        the resolved config (every default filled in)
+//   RUN_DIR/metrics.csv        one row per logged step (and per evaluation)
+//   RUN_DIR/metrics.jsonl      the same rows as JSON objects
+//   RUN_DIR/checkpoint.ckpt    the latest good state (model, optimizer, data
+//                              position, RNG) — resume continues it exactly
+//   RUN_DIR/loss.svg, accuracy.svg, solver.svg
+//   RUN_DIR/summary.md, summary.json
+//
+// Numerical failure (a non-finite loss or gradient, or a forward solve that
+// ends NON_FINITE/DIVERGED) is reported with the step and the solver summary;
+// train.on_nonfinite decides whether the step is skipped (parameters
+// unchanged) or the run stops. A checkpoint is only written from finite
+// parameters, so the last good one is never replaced by a diverged state.
+#pragma once
+
+#include <functional>
+#include <iosfwd>
+#include <string>
+
+#include "training/experiment.h"
+
+namespace stillpoint {
+
+struct TrainSummary {
+  std::string run_dir;
+  int64_t steps = 0;          // steps completed (including resumed ones)
+  int64_t skipped_steps = 0;  // steps skipped for non-finite values
+  bool stopped_early = false; // on_nonfinite: stop, or too many skips
+  std::string stop_reason;
+  double final_train_loss = 0;
+  double final_train_accuracy = 0;
+  EvalResult final_eval;
+  double seconds_per_step = 0;  // median wall time of a training step
+  double peak_rss_mb = 0;       // peak resident memory of the process
+  double pool_peak_mb = 0;      // peak bytes held by tensors during training
+  SolverStats forward;          // last step's solver statistics
+  SolverStats backward;
+  int64_t num_parameters = 0;
+
+  std::string BriefReport() const;
+};
+
+struct TrainOptions {
+  // Continue from RUN_DIR/checkpoint.ckpt when it exists.
+  bool resume = false;
+  // Stop after this many steps even if train.steps is larger (0: no limit);
+  // the state is checkpointed, so a later resume continues. For tests and
+  // for splitting long runs.
+  int64_t stop_after_steps = 0;
+  // Where progress is printed (nullptr: nowhere).
+  std::ostream* progress = nullptr;
+};
+
+// Trains the experiment's model. The run directory is log.dir, or
+// runs/<config file stem> (created). Throws ConfigError for bad input and
+// Error for runtime failures (e.g. an unwritable run directory).
+TrainSummary Train(Experiment& experiment, const TrainOptions& options = {});
+
+// The run directory a config resolves to.
+std::string RunDirectory(const Config& config, const std::string& config_path);
+
+// Peak resident set size of this process in MiB (VmHWM), 0 if unknown.
+double PeakResidentMegabytes();
+
+}  // namespace stillpoint
