@@ -1,0 +1,103 @@
+#include "layers/attention.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "framework/ops.h"
+
+namespace stillpoint {
+namespace {
+
+// [Tq, Tk] with 1 where query i may not see key j (j > i + Tk - Tq).
+Tensor CausalMask(int64_t tq, int64_t tk, DType dtype) {
+  Tensor mask = Tensor::Zeros(Shape{tq, tk}, dtype);
+  const int64_t offset = tk - tq;
+  for (int64_t i = 0; i < tq; ++i) {
+    for (int64_t j = std::max<int64_t>(0, i + offset + 1); j < tk; ++j) mask.set(i * tk + j, 1.0);
+  }
+  return mask;
+}
+
+}  // namespace
+
+MultiHeadAttention::MultiHeadAttention(int64_t dim,
+                                       int64_t heads,
+                                       Rng& rng,
+                                       const AttentionOptions& options)
+    : dim_(dim), heads_(heads), causal_(options.causal) {
+  SP_CHECK(dim > 0 && heads > 0 && dim % heads == 0, "MultiHeadAttention: dim ", dim,
+           " must be a positive multiple of heads ", heads);
+  SP_CHECK(options.scale >= 0.0, "MultiHeadAttention: scale must be >= 0 (0 = 1/sqrt(dh)), got ",
+           options.scale);
+  scale_ = options.scale > 0.0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(dim / heads));
+  const LinearOptions linear{.bias = options.bias, .dtype = options.dtype};
+  wq_ = RegisterModule("wq", std::make_shared<Linear>(dim, dim, rng, linear));
+  wk_ = RegisterModule("wk", std::make_shared<Linear>(dim, dim, rng, linear));
+  wv_ = RegisterModule("wv", std::make_shared<Linear>(dim, dim, rng, linear));
+  wo_ = RegisterModule("wo", std::make_shared<Linear>(dim, dim, rng, linear));
+}
+
+std::string MultiHeadAttention::Name() const {
+  std::ostringstream out;
+  out << "MultiHeadAttention(dim " << dim_ << ", heads " << heads_ << ", "
+      << (causal_ ? "causal" : "non-causal") << ", scale " << scale_ << ")";
+  return out.str();
+}
+
+Var MultiHeadAttention::SplitHeads(const Var& x) const {
+  const int64_t batch = x.dim(0);
+  const int64_t length = x.dim(1);
+  return permute(reshape(x, Shape{batch, length, heads_, dim_ / heads_}), {0, 2, 1, 3});
+}
+
+Var MultiHeadAttention::MergeHeads(const Var& x) const {
+  const int64_t batch = x.dim(0);
+  const int64_t length = x.dim(2);
+  return reshape(permute(x, {0, 2, 1, 3}), Shape{batch, length, dim_});
+}
+
+Var MultiHeadAttention::Forward(const Var& x, const AttentionMask& mask) const {
+  return Forward(x, x, mask);
+}
+
+Var MultiHeadAttention::Forward(const Var& x, const Var& context, const AttentionMask& mask) const {
+  SP_CHECK(x.defined() && context.defined(), "MultiHeadAttention: an input is undefined");
+  SP_CHECK(x.rank() == 3 && x.dim(2) == dim_, "MultiHeadAttention(dim ", dim_, "): queries ",
+           x.shape(), " must be [B, Tq, ", dim_, "]");
+  SP_CHECK(context.rank() == 3 && context.dim(2) == dim_ && context.dim(0) == x.dim(0),
+           "MultiHeadAttention(dim ", dim_, "): context ", context.shape(), " must be [", x.dim(0),
+           ", Tk, ", dim_, "] for queries ", x.shape());
+  const int64_t batch = x.dim(0);
+  const int64_t tq = x.dim(1);
+  const int64_t tk = context.dim(1);
+
+  // Scaling Q (Tq x dh per head) is cheaper than scaling the Tq x Tk scores.
+  const Var q = SplitHeads(mul_scalar(wq_->Forward(x), scale_));
+  const Var k = SplitHeads(wk_->Forward(context));
+  const Var v = SplitHeads(wv_->Forward(context));
+  Var scores = matmul(q, k, false, true);  // [B, H, Tq, Tk]
+
+  if (mask.additive.defined()) {
+    Tensor additive =
+        mask.additive.dtype() == scores.dtype() ? mask.additive : mask.additive.To(scores.dtype());
+    scores = add(scores, constant(additive));
+  }
+  const double hidden = -std::numeric_limits<double>::infinity();
+  if (causal_) scores = masked_fill(scores, CausalMask(tq, tk, scores.dtype()), hidden);
+  if (mask.key_mask.defined()) {
+    const Shape& km = mask.key_mask.shape();
+    const bool fits =
+        (km.rank() == 1 && km[0] == tk) || (km.rank() == 2 && km[0] == batch && km[1] == tk);
+    SP_CHECK(fits, "MultiHeadAttention: key_mask ", km, " must be [", batch, ", ", tk, "] or [", tk,
+             "]");
+    // [B, Tk] -> [B, 1, 1, Tk]: the same keys hidden for every head and query.
+    const Tensor key_mask =
+        km.rank() == 1 ? mask.key_mask : mask.key_mask.Reshape(Shape{batch, 1, 1, tk});
+    scores = masked_fill(scores, key_mask, hidden);
+  }
+  const Var weights = softmax(scores);
+  return wo_->Forward(MergeHeads(matmul(weights, v)));
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,93 @@
+// MultiHeadAttention: explicit (one-step) scaled dot-product attention.
+//
+//   Q = x Wq + bq,  K = c Wk + bk,  V = c Wv + bv       (c = x for self-attention)
+//   head h uses the columns [h*dh, (h+1)*dh) of Q, K and V (dh = dim / heads)
+//   O_h = softmax(s Q_h K_h^T + A) V_h,   s = 1/sqrt(dh) unless options.scale is set
+//   y = concat_h(O_h) Wo + bo
+//
+// Shapes: x [B, Tq, dim], c [B, Tk, dim] -> y [B, Tq, dim]. W* are [dim, dim]
+// (y = x W, as in Linear), b* are [dim].
+// Parameters: "wq", "wk", "wv", "wo", each a Linear ("wq.weight", "wq.bias").
+//
+// Masks (A above), all optional and combined:
+//   - options.causal: query i sees keys j <= i + (Tk - Tq) (the usual
+//     lower-triangular mask when Tq = Tk);
+//   - AttentionMask::key_mask [B, Tk] or [Tk], nonzero = that key is hidden
+//     from every query (padding);
+//   - AttentionMask::additive, broadcastable to [B, heads, Tq, Tk], added to
+//     the scaled scores (relative-position biases, or -inf entries).
+// Hidden keys get weight exactly 0. Every query must keep at least one key;
+// a query whose keys are all hidden gets NaN (softmax of all -inf).
+//
+// Contract: x and c have the parameters' dtype and last extent dim; masks
+// have a matching shape (any dtype); otherwise a stillpoint::Error names the
+// layer and the shapes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "framework/autograd.h"
+#include "framework/module.h"
+#include "framework/random.h"
+#include "framework/tensor.h"
+#include "layers/linear.h"
+
+namespace stillpoint {
+
+struct AttentionOptions {
+  // Lower-triangular (autoregressive) masking.
+  bool causal = false;
+  // Multiplies Q K^T in every head; 0 means the default 1/sqrt(dim / heads).
+  double scale = 0.0;
+  // Biases on the four projections.
+  bool bias = true;
+  DType dtype = DType::kFloat32;
+};
+
+struct AttentionMask {
+  // [B, Tk] or [Tk]; nonzero entries hide that key from every query.
+  Tensor key_mask;
+  // Broadcastable to [B, heads, Tq, Tk]; added to the scaled scores.
+  Tensor additive;
+};
+
+class MultiHeadAttention : public Module {
+ public:
+  MultiHeadAttention(int64_t dim, int64_t heads, Rng& rng, const AttentionOptions& options = {});
+
+  std::string Name() const override;
+
+  // Self-attention: x [B, T, dim] -> [B, T, dim].
+  Var Forward(const Var& x, const AttentionMask& mask = {}) const;
+  // Cross-attention: queries from x [B, Tq, dim], keys and values from
+  // context [B, Tk, dim] -> [B, Tq, dim].
+  Var Forward(const Var& x, const Var& context, const AttentionMask& mask = {}) const;
+
+  int64_t dim() const { return dim_; }
+  int64_t heads() const { return heads_; }
+  int64_t head_dim() const { return dim_ / heads_; }
+  bool causal() const { return causal_; }
+  // The factor s applied to Q K^T.
+  double scale() const { return scale_; }
+
+  const std::shared_ptr<Linear>& wq() const { return wq_; }
+  const std::shared_ptr<Linear>& wk() const { return wk_; }
+  const std::shared_ptr<Linear>& wv() const { return wv_; }
+  const std::shared_ptr<Linear>& wo() const { return wo_; }
+
+ private:
+  // [B, T, dim] -> [B, heads, T, dh].
+  Var SplitHeads(const Var& x) const;
+  // [B, heads, T, dh] -> [B, T, dim].
+  Var MergeHeads(const Var& x) const;
+
+  int64_t dim_;
+  int64_t heads_;
+  bool causal_;
+  double scale_;
+  std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
+};
+
+}  // namespace stillpoint

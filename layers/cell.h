@@ -1,0 +1,58 @@
+// Cell: the interface of a layer map f(z; u) that models stack, unroll or
+// solve to a fixed point z* = f(z*; u).
+//
+// Shapes: z (the state) and u (the injection) are [k, ...] with the same
+// leading extent k: row r of both belongs to sample sample_ids[r] (an empty
+// sample_ids means 0..k-1). The result has z's shape. For the transformer
+// cells, z and u are [k, T, dim].
+//
+// Why sample ids: a fixed-point solver evaluates f on the samples that have
+// not converged yet. A cell whose behaviour is per sample (a frozen dropout
+// mask) uses the ids to stay the same function of each sample's state
+// whichever rows are evaluated together. Most cells ignore them.
+//
+// CellOptions holds the hyperparameters common to transformer cells, so the
+// registry (registry.h) can build any registered cell from one description;
+// a cell with knobs of its own reads them from `extra` by name.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/module.h"
+#include "framework/tensor.h"
+
+namespace stillpoint {
+
+struct CellOptions {
+  // Width of the state (the model dimension d).
+  int64_t dim = 64;
+  // Attention heads; dim must be a multiple.
+  int64_t heads = 4;
+  // Hidden width of the feed-forward block.
+  int64_t hidden = 128;
+  // Epsilon of the cell's layer norms.
+  double ln_eps = 1e-5;
+  // Autoregressive attention masking.
+  bool causal = false;
+  // Dropout probability inside the cell (0 = none). Inside an implicit layer
+  // the masks are frozen per solve (see dropout.h).
+  double dropout = 0.0;
+  // Seed of the cell's dropout stream.
+  uint64_t dropout_seed = 0;
+  DType dtype = DType::kFloat32;
+  // Cell-specific numeric options, by name (unknown names are an Error in
+  // the cell that reads them).
+  std::map<std::string, double> extra = {};
+};
+
+class Cell : public Module {
+ public:
+  // f(z; u) for the samples sample_ids (see above). z, u: [k, ...] -> z's shape.
+  virtual Var Forward(const Var& z, const Var& u, const std::vector<int64_t>& sample_ids) const = 0;
+};
+
+}  // namespace stillpoint

@@ -1,0 +1,62 @@
+#include "layers/deq_cell.h"
+
+#include <sstream>
+
+#include "framework/ops.h"
+
+namespace stillpoint {
+
+DEQCell::DEQCell(const CellOptions& options, Rng& rng) : options_(options) {
+  SP_CHECK(options.extra.empty(), "DEQCell: unknown option '",
+           (options.extra.empty() ? "" : options.extra.begin()->first),
+           "' in extra (the cell has none)");
+  SP_CHECK(options.hidden > 0, "DEQCell: hidden must be positive, got ", options.hidden);
+  const AttentionOptions attention{.causal = options.causal, .dtype = options.dtype};
+  attention_ = std::make_shared<MultiHeadAttention>(options.dim, options.heads, rng, attention);
+  RegisterModule("wq", attention_->wq());
+  RegisterModule("wk", attention_->wk());
+  RegisterModule("wv", attention_->wv());
+  RegisterModule("wo", attention_->wo());
+  const LayerNormOptions norm{.eps = options.ln_eps, .dtype = options.dtype};
+  const LinearOptions linear{.dtype = options.dtype};
+  ln1_ = RegisterModule("ln1", std::make_shared<LayerNorm>(options.dim, norm));
+  fc1_ = RegisterModule("fc1", std::make_shared<Linear>(options.dim, options.hidden, rng, linear));
+  fc2_ = RegisterModule("fc2", std::make_shared<Linear>(options.hidden, options.dim, rng, linear));
+  ln2_ = RegisterModule("ln2", std::make_shared<LayerNorm>(options.dim, norm));
+  if (options.dropout > 0.0) {
+    attention_dropout_ = RegisterModule(
+        "attention_dropout",
+        std::make_shared<Dropout>(DropoutOptions{options.dropout, options.dropout_seed}));
+    ffn_dropout_ = RegisterModule("ffn_dropout", std::make_shared<Dropout>(DropoutOptions{
+                                                     options.dropout, options.dropout_seed + 1}));
+  }
+}
+
+std::string DEQCell::Name() const {
+  std::ostringstream out;
+  out << "DEQCell(dim " << options_.dim << ", heads " << options_.heads << ", hidden "
+      << options_.hidden << (options_.causal ? ", causal" : "");
+  if (options_.dropout > 0.0) out << ", dropout " << options_.dropout;
+  out << ")";
+  return out.str();
+}
+
+Var DEQCell::Forward(const Var& z, const Var& u, const std::vector<int64_t>& sample_ids) const {
+  SP_CHECK(z.defined() && u.defined(), "DEQCell: an input is undefined");
+  SP_CHECK(z.rank() == 3 && z.dim(2) == options_.dim && z.shape() == u.shape(), "DEQCell(dim ",
+           options_.dim, "): state ", z.shape(), " and injection ", u.shape(),
+           " must both be [k, T, ", options_.dim, "]");
+  Var attended = attention_->Forward(z);
+  if (attention_dropout_) {
+    attended = sample_ids.empty() ? attention_dropout_->Forward(attended)
+                                  : attention_dropout_->Forward(attended, sample_ids);
+  }
+  const Var h = ln1_->Forward(add(add(z, attended), u));
+  Var ffn = fc2_->Forward(gelu(fc1_->Forward(h)));
+  if (ffn_dropout_) {
+    ffn = sample_ids.empty() ? ffn_dropout_->Forward(ffn) : ffn_dropout_->Forward(ffn, sample_ids);
+  }
+  return ln2_->Forward(add(h, ffn));
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,61 @@
+// DEQCell: the weight-tied, post-norm transformer cell of a DEQ transformer
+// (bench/SPEC.md W1):
+//
+//   h = LN1(z + MHA(z) + u)
+//   f = LN2(h + W2 GELU(W1 h + b1) + b2)
+//
+// MHA is explicit multi-head self-attention (attention.h) with `heads`
+// heads of dim / heads; W1 [dim, hidden], W2 [hidden, dim]; GELU in its
+// tanh form; both layer norms have a learned gain and bias. With
+// options.dropout > 0, dropout is applied to the attention output and to
+// the feed-forward output (before the residual additions); its masks follow
+// the Dropout rules (frozen per solve inside Implicit).
+//
+// Shapes: z, u [k, T, dim] -> f [k, T, dim].
+// Parameters (names match the reference implementation's):
+//   wq, wk, wv, wo (.weight [dim, dim], .bias [dim]), ln1 (.gain, .bias [dim]),
+//   fc1 (.weight [dim, hidden], .bias [hidden]), fc2 (.weight [hidden, dim],
+//   .bias [dim]), ln2 (.gain, .bias [dim]), in this order.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/random.h"
+#include "layers/attention.h"
+#include "layers/cell.h"
+#include "layers/dropout.h"
+#include "layers/layer_norm.h"
+#include "layers/linear.h"
+
+namespace stillpoint {
+
+class DEQCell : public Cell {
+ public:
+  DEQCell(const CellOptions& options, Rng& rng);
+
+  std::string Name() const override;
+
+  // z, u [k, T, dim] -> [k, T, dim].
+  Var Forward(const Var& z, const Var& u, const std::vector<int64_t>& sample_ids) const override;
+  Var Forward(const Var& z, const Var& u) const { return Forward(z, u, {}); }
+
+  const CellOptions& options() const { return options_; }
+  const MultiHeadAttention& attention() const { return *attention_; }
+
+ private:
+  CellOptions options_;
+  // Not registered itself: its projections are registered as wq..wo, so the
+  // parameter names are those of the reference cell.
+  std::shared_ptr<MultiHeadAttention> attention_;
+  std::shared_ptr<LayerNorm> ln1_;
+  std::shared_ptr<Linear> fc1_;
+  std::shared_ptr<Linear> fc2_;
+  std::shared_ptr<LayerNorm> ln2_;
+  std::shared_ptr<Dropout> attention_dropout_;  // null when dropout == 0
+  std::shared_ptr<Dropout> ffn_dropout_;
+};
+
+}  // namespace stillpoint

@@ -1,0 +1,72 @@
+#include "layers/implicit.h"
+
+#include <sstream>
+
+#include "framework/ops.h"
+#include "layers/dropout.h"
+
+namespace stillpoint {
+namespace {
+
+// The injection rows of the listed samples (u itself when all are listed:
+// ids are increasing, so k == B means 0..B-1).
+Var InjectionRows(const Var& u, const std::vector<int64_t>& ids) {
+  if (static_cast<int64_t>(ids.size()) == u.dim(0)) return u;
+  return gather(u, 0, ids);
+}
+
+}  // namespace
+
+Implicit::Implicit(Function f, const ImplicitOptions& options, EnergyFunction energy)
+    : f_(std::move(f)), energy_(std::move(energy)), options_(options) {
+  SP_CHECK(static_cast<bool>(f_), "Implicit: the cell function is empty");
+}
+
+Implicit::Implicit(Function f, std::shared_ptr<Module> cell, const ImplicitOptions& options)
+    : f_(std::move(f)), cell_(std::move(cell)), options_(options) {
+  RegisterModule("cell", cell_);
+}
+
+std::string Implicit::Name() const {
+  std::ostringstream out;
+  out << "Implicit(" << stillpoint::ToString(options_.forward.type) << " forward, "
+      << stillpoint::ToString(options_.backward.mode);
+  if (options_.backward.mode == BackwardMode::kIft) {
+    out << "/" << stillpoint::ToString(options_.backward.solver);
+  }
+  out << " backward)";
+  return out.str();
+}
+
+Var Implicit::Forward(const Var& u) {
+  SP_CHECK(u.defined() && u.rank() >= 1, "Implicit: the injection must be [B, ...]");
+  return Forward(u, Tensor::Zeros(u.shape(), u.dtype()));
+}
+
+Var Implicit::Forward(const Var& u, const Tensor& z0) {
+  SP_CHECK(u.defined() && u.rank() >= 1, "Implicit: the injection must be [B, ...]");
+  SP_CHECK(z0.defined() && z0.rank() >= 1 && z0.dim(0) == u.dim(0) && z0.dtype() == u.dtype(),
+           "Implicit: z0 ", (z0.defined() ? z0.shape().ToString() : "undefined"), " (",
+           (z0.defined() ? stillpoint::ToString(z0.dtype()) : "-"),
+           ") must be [B, ...] with the B and dtype of the injection ", u.shape(), " (",
+           stillpoint::ToString(u.dtype()), ")");
+  if (cell_) {
+    // Fresh masks for this solve, frozen for its iterations and its backward.
+    ReleaseDropoutMasks(*cell_);
+    FreezeDropoutMasks(*cell_);
+  }
+  // By value, so the closure stays valid even if a graph node keeps it.
+  CellFn cell = [f = f_, u](const Var& z, const std::vector<int64_t>& ids) {
+    return f(z, InjectionRows(u, ids), ids);
+  };
+  CellEnergyFn energy;
+  if (energy_) {
+    energy = [e = energy_, u](const Var& z, const std::vector<int64_t>& ids) {
+      return e(z, InjectionRows(u, ids), ids);
+    };
+  }
+  last_ = SolveImplicit(cell, z0, options_, energy);
+  return last_.z_star;
+}
+
+}  // namespace stillpoint

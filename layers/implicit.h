@@ -1,0 +1,131 @@
+// Implicit: a layer whose output is the fixed point z* = f(z*; u) of a cell,
+// with gradients through z* by implicit differentiation (or another backward
+// mode), as one Module.
+//
+//   auto layer = std::make_shared<Implicit>(cell, options);   // cell: a Cell
+//   Var z_star = layer->Forward(u);                           // z0 = 0
+//   ... loss ...; backward(loss);                            // d/dtheta, d/du
+//   layer->forward_summary().BriefReport();
+//   layer->backward_summary()->BriefReport();                 // after backward
+//
+// The cell is any map f(z; u) built from differentiable ops:
+//   - a Cell (cell.h), or any Module with Forward(z, u) or
+//     Forward(z, u, sample_ids) (registered as the child "cell", so its
+//     parameters are this layer's "cell.*");
+//   - a plain function f(z, u, sample_ids) that captures its parameters.
+// Shapes: u [B, ...] (the injection), z0 and z* [B, ...] (the state; by
+// default z0 = 0 shaped like u). The cell is called with z [k, ...] and the
+// injection rows u[sample_ids] [k, ...] of the k samples a solver is still
+// iterating (sample_ids increasing), and must return z's shape and dtype.
+// Rows must not interact (no batch statistics).
+//
+// Forward, backward and what they cost are those of SolveImplicit
+// (solvers/implicit.h): the solver runs with the tape off; for the ift and
+// jfb modes one evaluation of f at z* is recorded and the adjoint equation
+// w = g + J_f(z*)^T w is solved when backward reaches it. The returned Var is
+// f(z*) (equal to z* at a fixed point); with the tape off it is z*.
+//
+// Dropout in a Module cell: every Forward releases the cell's dropout masks
+// and freezes fresh ones (dropout.h), so one solve sees one function; they
+// stay frozen until the next Forward, so the backward pass (and the phantom
+// and unrolled modes, which re-evaluate f) sees that same function.
+//
+// The summaries describe the last Forward: forward_summary() the solve, and
+// backward_summary() the backward pass through its result, filled when that
+// backward runs (null when the tape was off; default-initialised until the
+// backward has run).
+#pragma once
+
+#include <concepts>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/module.h"
+#include "framework/tensor.h"
+#include "layers/cell.h"
+#include "solvers/implicit.h"
+#include "solvers/summary.h"
+
+namespace stillpoint {
+
+// Module cells that Implicit accepts: Forward(z, u, sample_ids) (used when
+// present) or Forward(z, u), returning a Var.
+template <typename M>
+concept CellForwardWithIds = requires(M& m, const Var& z, const std::vector<int64_t>& ids) {
+  { m.Forward(z, z, ids) } -> std::convertible_to<Var>;
+};
+template <typename M>
+concept CellForwardWithoutIds = requires(M& m, const Var& z) {
+  { m.Forward(z, z) } -> std::convertible_to<Var>;
+};
+template <typename M>
+concept ImplicitCellModule = std::derived_from<M, Module> &&
+    (CellForwardWithIds<M> || CellForwardWithoutIds<M>);
+
+class Implicit : public Module {
+ public:
+  // f(z, u_rows, sample_ids) -> f(z; u), see above.
+  using Function =
+      std::function<Var(const Var& z, const Var& u_rows, const std::vector<int64_t>& sample_ids)>;
+  // Optional per-sample energy E(z; u) -> [k] with f = z - s grad E (enables
+  // the ceres_lbfgs forward solver).
+  using EnergyFunction =
+      std::function<Var(const Var& z, const Var& u_rows, const std::vector<int64_t>& sample_ids)>;
+
+  explicit Implicit(Function f,
+                    const ImplicitOptions& options = {},
+                    EnergyFunction energy = nullptr);
+
+  // A Module cell with Forward(z, u, sample_ids) or Forward(z, u).
+  template <ImplicitCellModule M>
+  explicit Implicit(std::shared_ptr<M> cell, const ImplicitOptions& options = {})
+      : Implicit(MakeFunction(cell), std::shared_ptr<Module>(cell), options) {}
+
+  std::string Name() const override;
+
+  // u [B, ...] -> f(z*) [B, ...], solved from z0 = 0 of u's shape.
+  Var Forward(const Var& u);
+  // As above from the given z0 [B, ...] (same B and dtype as u).
+  Var Forward(const Var& u, const Tensor& z0);
+
+  const ImplicitOptions& options() const { return options_; }
+  // Changing the options between calls is allowed (e.g. more iterations at
+  // evaluation time); they are validated at the next Forward.
+  ImplicitOptions& mutable_options() { return options_; }
+
+  // The Module cell (null for a plain function).
+  const std::shared_ptr<Module>& cell() const { return cell_; }
+
+  // The last Forward's solve (default-initialised before the first).
+  const SolverSummary& forward_summary() const { return last_.forward; }
+  // Its backward pass; see above.
+  std::shared_ptr<const AdjointSummary> backward_summary() const { return last_.backward; }
+  // Everything SolveImplicit returned for the last Forward.
+  const ImplicitResult& last_result() const { return last_; }
+
+ private:
+  Implicit(Function f, std::shared_ptr<Module> cell, const ImplicitOptions& options);
+
+  template <typename M>
+  static Function MakeFunction(const std::shared_ptr<M>& cell) {
+    SP_CHECK(cell != nullptr, "Implicit: the cell is null");
+    return [cell](const Var& z, const Var& u, const std::vector<int64_t>& ids) -> Var {
+      if constexpr (CellForwardWithIds<M>) {
+        return cell->Forward(z, u, ids);
+      } else {
+        return cell->Forward(z, u);
+      }
+    };
+  }
+
+  Function f_;
+  EnergyFunction energy_;
+  std::shared_ptr<Module> cell_;
+  ImplicitOptions options_;
+  ImplicitResult last_;
+};
+
+}  // namespace stillpoint

@@ -1,0 +1,199 @@
+#include "layers/models.h"
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+
+#include "framework/ops.h"
+#include "framework/random.h"
+#include "layers/dropout.h"
+#include "layers/registry.h"
+
+namespace stillpoint {
+
+const char* ToString(ModelKind kind) {
+  switch (kind) {
+    case ModelKind::kExplicit:
+      return "explicit";
+    case ModelKind::kTied:
+      return "tied";
+    case ModelKind::kImplicit:
+      return "implicit";
+  }
+  return "unknown";
+}
+
+bool StringToModelKind(const std::string& text, ModelKind* kind) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (ModelKind candidate : {ModelKind::kExplicit, ModelKind::kTied, ModelKind::kImplicit}) {
+    if (lower == ToString(candidate)) {
+      *kind = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
+SequenceModel::SequenceModel(const ModelOptions& options)
+    : SequenceModel(options, options.vocab_size, /*pool=*/false) {}
+
+SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, bool pool)
+    : options_(options), pool_(pool) {
+  SP_CHECK(options.vocab_size > 0 && options.max_length > 0 && options.dim > 0,
+           "SequenceModel: vocab_size, max_length and dim must be positive, got ",
+           options.vocab_size, ", ", options.max_length, ", ", options.dim);
+  SP_CHECK(out_features > 0, "SequenceModel: the head needs a positive number of outputs, got ",
+           out_features, pool ? " (set num_classes)" : "");
+  Rng rng(options.seed);
+  const EmbeddingOptions embedding{.init_std = options.embedding_init_std, .dtype = options.dtype};
+  SP_CHECK(options.feature_dim >= 0, "SequenceModel: feature_dim must be >= 0, got ",
+           options.feature_dim);
+  if (options.feature_dim == 0) {
+    token_embedding_ =
+        std::make_shared<TokenEmbedding>(options.vocab_size, options.dim, rng, embedding);
+  }
+  position_embedding_ =
+      std::make_shared<PositionalEmbedding>(options.max_length, options.dim, rng, embedding);
+  // Registered as own parameters (not as child modules) so that they are
+  // named tok_emb and pos_emb, as in the reference implementation.
+  if (token_embedding_) RegisterParameter("tok_emb", token_embedding_->weight());
+  RegisterParameter("pos_emb", position_embedding_->weight());
+  if (options.feature_dim > 0) {
+    feature_embedding_ = RegisterModule(
+        "feat_emb", std::make_shared<Linear>(options.feature_dim, options.dim, rng,
+                                             LinearOptions{.dtype = options.dtype}));
+  }
+  lnf_ = RegisterModule(
+      "lnf", std::make_shared<LayerNorm>(options.dim, LayerNormOptions{.eps = options.head_ln_eps,
+                                                                       .dtype = options.dtype}));
+  out_ = RegisterModule("out", std::make_shared<Linear>(options.dim, out_features, rng,
+                                                        LinearOptions{.dtype = options.dtype}));
+
+  CellOptions cell_options = options.cell_options;
+  cell_options.dim = options.dim;
+  cell_options.dtype = options.dtype;
+  switch (options.kind) {
+    case ModelKind::kExplicit: {
+      SP_CHECK(options.num_layers >= 1,
+               "SequenceModel: an explicit model needs num_layers >= 1, got ", options.num_layers);
+      auto list = RegisterModule("cells", std::make_shared<ModuleList>());
+      for (int64_t l = 0; l < options.num_layers; ++l) {
+        cells_.push_back(list->Append(CreateCell(options.cell, cell_options, rng)));
+      }
+      break;
+    }
+    case ModelKind::kTied:
+      SP_CHECK(options.unroll_steps >= 1,
+               "SequenceModel: a tied model needs unroll_steps >= 1, got ", options.unroll_steps);
+      cells_.push_back(RegisterModule("cell", CreateCell(options.cell, cell_options, rng)));
+      break;
+    case ModelKind::kImplicit: {
+      std::string error;
+      SP_CHECK(options.implicit.IsValid(&error), "SequenceModel: implicit options: ", error);
+      cells_.push_back(RegisterModule("cell", CreateCell(options.cell, cell_options, rng)));
+      // Not registered: its only parameters are the cell's, already "cell.*".
+      implicit_ = std::make_shared<Implicit>(cells_[0], options.implicit);
+      break;
+    }
+  }
+}
+
+std::string SequenceModel::Name() const {
+  std::ostringstream out;
+  out << "SequenceModel(" << stillpoint::ToString(options_.kind) << ", " << options_.cell;
+  if (options_.kind == ModelKind::kExplicit) out << " x " << options_.num_layers;
+  if (options_.kind == ModelKind::kTied) out << " unrolled " << options_.unroll_steps;
+  out << ", vocab " << options_.vocab_size << ", dim " << options_.dim << ")";
+  return out.str();
+}
+
+const std::shared_ptr<Cell>& SequenceModel::cell(int64_t index) const {
+  SP_CHECK(index >= 0 && index < num_cells(), "SequenceModel: cell index ", index,
+           " out of range [0, ", num_cells(), ")");
+  return cells_[index];
+}
+
+Var SequenceModel::Embed(const std::vector<int64_t>& ids, const Shape& ids_shape) const {
+  SP_CHECK(token_embedding_ != nullptr,
+           "SequenceModel: this model reads feature vectors (feature_dim ", options_.feature_dim,
+           "); use ForwardFeatures");
+  SP_CHECK(ids_shape.rank() == 2, "SequenceModel: token ids must be [B, T], got ", ids_shape);
+  SP_CHECK(ids_shape[1] <= options_.max_length, "SequenceModel: sequence length ", ids_shape[1],
+           " exceeds max_length ", options_.max_length);
+  return add(token_embedding_->Forward(ids, ids_shape),
+             position_embedding_->Positions(ids_shape[1]));
+}
+
+Var SequenceModel::EmbedFeatures(const Var& features) const {
+  SP_CHECK(feature_embedding_ != nullptr,
+           "SequenceModel: this model reads token ids (feature_dim 0); use Forward");
+  SP_CHECK(features.rank() == 3 && features.dim(2) == options_.feature_dim,
+           "SequenceModel: features must be [B, T, ", options_.feature_dim, "], got ",
+           features.shape());
+  SP_CHECK(features.dim(1) <= options_.max_length, "SequenceModel: sequence length ",
+           features.dim(1), " exceeds max_length ", options_.max_length);
+  return add(feature_embedding_->Forward(features),
+             position_embedding_->Positions(features.dim(1)));
+}
+
+void SequenceModel::SetDepthOverride(int64_t steps) {
+  SP_CHECK(steps >= 0, "SequenceModel: depth override must be >= 0, got ", steps);
+  depth_override_ = steps;
+}
+
+Var SequenceModel::Encode(const std::vector<int64_t>& ids, const Shape& ids_shape) {
+  return EncodeInjection(Embed(ids, ids_shape));
+}
+
+Var SequenceModel::EncodeInjection(const Var& u) {
+  const bool unroll = options_.kind == ModelKind::kTied ||
+                      (options_.kind == ModelKind::kImplicit && depth_override_ > 0);
+  if (unroll) {
+    // One map for all k steps, as in the implicit model.
+    ReleaseDropoutMasks(*cells_[0]);
+    FreezeDropoutMasks(*cells_[0]);
+    const int64_t steps = depth_override_ > 0 ? depth_override_ : options_.unroll_steps;
+    Var z = zeros_like(u);
+    for (int64_t k = 0; k < steps; ++k) z = cells_[0]->Forward(z, u, {});
+    return z;
+  }
+  switch (options_.kind) {
+    case ModelKind::kExplicit: {
+      Var z = zeros_like(u);
+      for (const auto& cell : cells_) z = cell->Forward(z, u, {});
+      return z;
+    }
+    case ModelKind::kTied:  // handled above
+      break;
+    case ModelKind::kImplicit:
+      return implicit_->Forward(u);
+  }
+  return Var();
+}
+
+Var SequenceModel::Head(Var z) const {
+  if (pool_) z = mean(z, 1);  // [B, T, d] -> [B, d]
+  return out_->Forward(lnf_->Forward(z));
+}
+
+Var SequenceModel::Forward(const std::vector<int64_t>& ids, const Shape& ids_shape) {
+  return Head(Encode(ids, ids_shape));
+}
+
+Var SequenceModel::ForwardFeatures(const Var& features) {
+  return Head(EncodeInjection(EmbedFeatures(features)));
+}
+
+SequenceClassifier::SequenceClassifier(const ModelOptions& options)
+    : SequenceModel(options, options.num_classes, /*pool=*/true) {}
+
+std::string SequenceClassifier::Name() const {
+  std::ostringstream out;
+  out << "SequenceClassifier(" << stillpoint::ToString(options().kind) << ", " << options().cell
+      << ", " << options().num_classes << " classes, dim " << options().dim << ")";
+  return out.str();
+}
+
+}  // namespace stillpoint

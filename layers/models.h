@@ -1,0 +1,158 @@
+// Transformer models over token sequences, in three kinds that share the
+// embedding, the cell and the head, so that they can be compared like for
+// like (bench/SPEC.md W1):
+//
+//   u = E[x] + P[t]                          injection, [B, T, d]
+//   explicit: z_0 = 0, z_l = f_l(z_{l-1}; u) for l = 1..L, L untied cells
+//   tied:     z_0 = 0, z_k = f(z_{k-1}; u) for k steps of ONE cell, trained by
+//             backprop through the k steps
+//   implicit: z* = f(z*; u) solved from z_0 = 0 by Implicit (implicit.h),
+//             gradients by options.implicit.backward (IFT by default)
+//   logits = LNf(z) Wout + bout               SequenceModel: [B, T, V]
+//   logits = LNf(mean_t z) Wout + bout        SequenceClassifier: [B, C]
+//
+// The cell is any cell registered in CellRegistry() (registry.h), by
+// default "deq_transformer" (DEQCell). Token ids are [B, T] with
+// T <= max_length and values in [0, vocab_size).
+//
+// Parameter names (those of the reference implementation):
+//   tok_emb [V, d], pos_emb [max_length, d], lnf.gain, lnf.bias [d],
+//   out.weight [d, V or C], out.bias [V or C], then
+//   cell.* (tied, implicit) or cells.<l>.* (explicit), in this order.
+//
+// Dropout (cell_options.dropout > 0): the tied model freezes the cell's masks
+// for all k steps of a Forward (the same map at every step, as in the
+// implicit model); the explicit model draws per layer as usual.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/module.h"
+#include "framework/tensor.h"
+#include "layers/cell.h"
+#include "layers/embedding.h"
+#include "layers/implicit.h"
+#include "layers/layer_norm.h"
+#include "layers/linear.h"
+#include "solvers/implicit.h"
+
+namespace stillpoint {
+
+enum class ModelKind {
+  kExplicit,  // "explicit": num_layers untied cells
+  kTied,      // "tied": one cell unrolled unroll_steps times, backprop
+  kImplicit   // "implicit": one cell solved to its fixed point by Implicit
+};
+const char* ToString(ModelKind kind);
+// Accepts the ToString spelling in any letter case; false otherwise.
+bool StringToModelKind(const std::string& text, ModelKind* kind);
+
+struct ModelOptions {
+  ModelKind kind = ModelKind::kImplicit;
+  int64_t vocab_size = 16;
+  // > 0: the inputs are feature vectors [B, T, feature_dim] (e.g. image
+  // patches), embedded by a learned linear map "feat_emb" instead of the
+  // token table (ForwardFeatures); 0: token ids (Forward).
+  int64_t feature_dim = 0;
+  // Longest sequence (rows of the positional table).
+  int64_t max_length = 32;
+  // Model width d. Overrides cell_options.dim.
+  int64_t dim = 64;
+  // SequenceClassifier only: number of classes C (> 0).
+  int64_t num_classes = 0;
+  // The cell, by registry name, and its options (dim and dtype are set from
+  // this struct's dim and dtype).
+  std::string cell = "deq_transformer";
+  CellOptions cell_options;
+  // kExplicit: number of untied cells L.
+  int64_t num_layers = 6;
+  // kTied: number of applications k of the one cell.
+  int64_t unroll_steps = 6;
+  // kImplicit: forward solver and backward mode.
+  ImplicitOptions implicit;
+  // Standard deviation of the token and position tables' initialisation.
+  double embedding_init_std = 1.0;
+  // Epsilon of the final layer norm lnf.
+  double head_ln_eps = 1e-5;
+  DType dtype = DType::kFloat32;
+  // Seed of every parameter initialisation (drawn in parameter order).
+  uint64_t seed = 0;
+};
+
+// What every model offers a trainer.
+class Model : public Module {
+ public:
+  // ids (ids_shape.numel() token ids, ids_shape [B, T]) -> logits.
+  virtual Var Forward(const std::vector<int64_t>& ids, const Shape& ids_shape) = 0;
+  // The implicit layer of an implicit model (for its solver summaries), else
+  // null.
+  virtual const Implicit* implicit() const { return nullptr; }
+};
+
+class SequenceModel : public Model {
+ public:
+  // Per-token logits over the vocabulary: [B, T, vocab_size].
+  explicit SequenceModel(const ModelOptions& options);
+
+  std::string Name() const override;
+
+  Var Forward(const std::vector<int64_t>& ids, const Shape& ids_shape) override;
+  // Feature inputs [B, T, feature_dim] -> logits (options.feature_dim > 0).
+  Var ForwardFeatures(const Var& features);
+  // The injection u = E[x] + P[t]: [B, T, d].
+  Var Embed(const std::vector<int64_t>& ids, const Shape& ids_shape) const;
+  // The injection for feature inputs: u = features W_f + b_f + P[t].
+  Var EmbedFeatures(const Var& features) const;
+  // The final states before the head: [B, T, d].
+  Var Encode(const std::vector<int64_t>& ids, const Shape& ids_shape);
+
+  // Depth override (0 = off). For an implicit model, steps > 0 replaces the
+  // solve by the tied unroll of the same cell for that many steps (trained by
+  // backprop: the pretraining phase of DEQ training); for a tied model it
+  // sets the number of unrolled steps (test-time depth). Explicit models
+  // ignore it.
+  void SetDepthOverride(int64_t steps);
+  int64_t depth_override() const { return depth_override_; }
+
+  const Implicit* implicit() const override { return implicit_.get(); }
+  Implicit* mutable_implicit() { return implicit_.get(); }
+  const ModelOptions& options() const { return options_; }
+  // The cells: one for tied and implicit models, num_layers for explicit.
+  int64_t num_cells() const { return static_cast<int64_t>(cells_.size()); }
+  const std::shared_ptr<Cell>& cell(int64_t index) const;
+
+ protected:
+  // out_features: V (per token) or C (pooled); pool: mean over tokens first.
+  SequenceModel(const ModelOptions& options, int64_t out_features, bool pool);
+
+ private:
+  // The final states for injection u: [B, T, d].
+  Var EncodeInjection(const Var& u);
+  Var Head(Var z) const;
+
+  ModelOptions options_;
+  bool pool_;
+  int64_t depth_override_ = 0;
+  std::shared_ptr<Linear> feature_embedding_;  // feature_dim > 0 only
+  // The tables are registered as this model's own "tok_emb" and "pos_emb".
+  std::shared_ptr<TokenEmbedding> token_embedding_;
+  std::shared_ptr<PositionalEmbedding> position_embedding_;
+  std::shared_ptr<LayerNorm> lnf_;
+  std::shared_ptr<Linear> out_;
+  std::vector<std::shared_ptr<Cell>> cells_;
+  std::shared_ptr<Implicit> implicit_;  // kImplicit only
+};
+
+class SequenceClassifier : public SequenceModel {
+ public:
+  // Logits over options.num_classes classes for each sequence: [B, C].
+  explicit SequenceClassifier(const ModelOptions& options);
+
+  std::string Name() const override;
+};
+
+}  // namespace stillpoint

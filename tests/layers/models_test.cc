@@ -1,0 +1,228 @@
+// Sequence models and the classifier: shapes, kinds, parameter layout, and
+// that every kind learns a toy task (the loss falls over a few plain SGD
+// steps).
+#include "layers/models.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "framework/ops.h"
+#include "framework/random.h"
+
+namespace stillpoint {
+namespace {
+
+struct ToyBatch {
+  std::vector<int64_t> x;
+  std::vector<int64_t> reversed;  // per-token targets: the sequence reversed
+  std::vector<int64_t> classes;   // per-sequence targets: first token mod 3
+  Shape shape;
+};
+
+ToyBatch MakeBatch(int64_t batch, int64_t length, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  ToyBatch b;
+  b.shape = Shape{batch, length};
+  for (int64_t i = 0; i < batch * length; ++i) b.x.push_back(rng.UniformInt(vocab));
+  for (int64_t s = 0; s < batch; ++s) {
+    for (int64_t t = 0; t < length; ++t) b.reversed.push_back(b.x[s * length + length - 1 - t]);
+    b.classes.push_back(b.x[s * length] % 3);
+  }
+  return b;
+}
+
+ModelOptions SmallOptions(ModelKind kind) {
+  ModelOptions options;
+  options.kind = kind;
+  options.vocab_size = 6;
+  options.max_length = 8;
+  options.dim = 16;
+  options.cell_options.heads = 2;
+  options.cell_options.hidden = 32;
+  options.num_layers = 2;
+  options.unroll_steps = 4;
+  options.seed = 11;
+  return options;
+}
+
+// Plain SGD: p <- p - lr * dL/dp.
+void SgdStep(Module& model, double learning_rate) {
+  for (const Var& p : model.parameters()) {
+    if (!p.has_grad()) continue;
+    Var param = p;
+    Tensor& value = param.mutable_value();
+    const Tensor& g = p.grad().value();
+    for (int64_t i = 0; i < value.numel(); ++i) value.set(i, value.at(i) - learning_rate * g.at(i));
+  }
+  model.ZeroGrad();
+}
+
+// Loss before training and after `steps` SGD steps on one fixed batch.
+std::pair<double, double> Train(Model& model,
+                                const ToyBatch& batch,
+                                const std::vector<int64_t>& targets,
+                                int steps,
+                                double lr) {
+  double first = 0, last = 0;
+  for (int step = 0; step <= steps; ++step) {
+    const Var loss = cross_entropy(model.Forward(batch.x, batch.shape), targets);
+    if (step == 0) first = loss.item();
+    last = loss.item();
+    if (step == steps) break;
+    backward(loss);
+    SgdStep(model, lr);
+  }
+  return {first, last};
+}
+
+class ModelKindTest : public ::testing::TestWithParam<ModelKind> {};
+
+TEST_P(ModelKindTest, SequenceModelReducesLossWithPlainSgd) {
+  SequenceModel model(SmallOptions(GetParam()));
+  const ToyBatch batch = MakeBatch(8, 6, 6, 3);
+  const auto [first, last] = Train(model, batch, batch.reversed, 20, 0.2);
+  EXPECT_LT(last, 0.8 * first) << "first " << first << ", last " << last;
+  if (GetParam() == ModelKind::kImplicit) {
+    EXPECT_TRUE(model.implicit()->forward_summary().IsUsable())
+        << model.implicit()->forward_summary().FullReport();
+  }
+}
+
+TEST_P(ModelKindTest, ClassifierReducesLossWithPlainSgd) {
+  ModelOptions options = SmallOptions(GetParam());
+  options.num_classes = 3;
+  SequenceClassifier model(options);
+  const ToyBatch batch = MakeBatch(12, 5, 6, 4);
+  const Var logits = model.Forward(batch.x, batch.shape);
+  EXPECT_EQ(logits.shape(), Shape({12, 3}));
+  const auto [first, last] = Train(model, batch, batch.classes, 12, 0.1);
+  EXPECT_LT(last, 0.8 * first) << "first " << first << ", last " << last;
+}
+
+TEST_P(ModelKindTest, ShapesNamesAndKind) {
+  SequenceModel model(SmallOptions(GetParam()));
+  const ToyBatch batch = MakeBatch(3, 7, 6, 5);
+  EXPECT_EQ(model.Forward(batch.x, batch.shape).shape(), Shape({3, 7, 6}));
+  EXPECT_EQ(model.Embed(batch.x, batch.shape).shape(), Shape({3, 7, 16}));
+  const NamedVars named = model.named_parameters();
+  ASSERT_GE(named.size(), 7u);
+  EXPECT_EQ(named[0].first, "tok_emb");
+  EXPECT_EQ(named[1].first, "pos_emb");
+  EXPECT_EQ(named[2].first, "lnf.gain");
+  EXPECT_EQ(named[4].first, "out.weight");
+  const std::string first_cell =
+      GetParam() == ModelKind::kExplicit ? "cells.0.wq.weight" : "cell.wq.weight";
+  EXPECT_EQ(named[6].first, first_cell);
+  EXPECT_EQ(model.num_cells(), GetParam() == ModelKind::kExplicit ? 2 : 1);
+  EXPECT_EQ(model.implicit() != nullptr, GetParam() == ModelKind::kImplicit);
+  EXPECT_NE(model.Name().find(ToString(GetParam())), std::string::npos) << model.Name();
+}
+
+INSTANTIATE_TEST_SUITE_P(AllKinds,
+                         ModelKindTest,
+                         ::testing::Values(ModelKind::kExplicit,
+                                           ModelKind::kTied,
+                                           ModelKind::kImplicit),
+                         [](const ::testing::TestParamInfo<ModelKind>& info) {
+                           return std::string(ToString(info.param));
+                         });
+
+TEST(ModelTest, TiedModelEqualsExplicitModelWithIdenticalCells) {
+  ModelOptions tied_options = SmallOptions(ModelKind::kTied);
+  tied_options.dtype = DType::kFloat64;
+  tied_options.unroll_steps = 3;
+  SequenceModel tied(tied_options);
+  ModelOptions explicit_options = tied_options;
+  explicit_options.kind = ModelKind::kExplicit;
+  explicit_options.num_layers = 3;
+  SequenceModel explicit_model(explicit_options);
+  // Copy the tied cell into every explicit cell ("cell.x" -> "cells.<l>.x").
+  NamedTensors values;
+  for (const auto& [name, value] : tied.NamedValues()) {
+    if (name.rfind("cell.", 0) == 0) {
+      for (int l = 0; l < 3; ++l) {
+        values.emplace_back("cells." + std::to_string(l) + name.substr(4), value);
+      }
+    } else {
+      values.emplace_back(name, value);
+    }
+  }
+  explicit_model.LoadParameters(values);
+  const ToyBatch batch = MakeBatch(2, 5, 6, 6);
+  const Tensor a = tied.Forward(batch.x, batch.shape).value();
+  const Tensor b = explicit_model.Forward(batch.x, batch.shape).value();
+  EXPECT_LT(MaxAbsDiff(a, b), 1e-14);
+}
+
+TEST(ModelTest, Float64ImplicitModelIsAFixedPointOfItsCell) {
+  ModelOptions options = SmallOptions(ModelKind::kImplicit);
+  options.dtype = DType::kFloat64;
+  options.implicit.forward.stop_mode = StopMode::kAbsolute;
+  options.implicit.forward.absolute_tolerance = 1e-12;
+  options.implicit.forward.max_iterations = 200;
+  SequenceModel model(options);
+  const ToyBatch batch = MakeBatch(2, 5, 6, 7);
+  NoGrad no_grad;
+  const Var u = model.Embed(batch.x, batch.shape);
+  const Var z = model.Encode(batch.x, batch.shape);
+  EXPECT_LT(MaxAbsDiff(model.cell(0)->Forward(z, u, {}).value(), z.value()), 1e-11);
+}
+
+TEST(ModelTest, W1SolverConfigurationRunsExactlySixteenIterationsEachWay) {
+  ModelOptions options = SmallOptions(ModelKind::kImplicit);
+  ImplicitOptions& o = options.implicit;
+  o.forward.type = ForwardSolverType::kAnderson;
+  o.forward.anderson_memory = 5;
+  o.forward.anderson_lambda = 1e-4;
+  o.forward.anderson_beta = 1.0;
+  o.forward.max_iterations = 16;
+  o.forward.absolute_tolerance = 0.0;
+  o.forward.relative_tolerance = 0.0;
+  o.backward.mode = BackwardMode::kIft;
+  o.backward.solver = AdjointSolverType::kFixedPoint;
+  o.backward.max_iterations = 16;
+  o.backward.tolerance = 0.0;
+  SequenceModel model(options);
+  const ToyBatch batch = MakeBatch(4, 6, 6, 9);
+  backward(cross_entropy(model.Forward(batch.x, batch.shape), batch.reversed));
+  EXPECT_EQ(model.implicit()->forward_summary().iterations, 16);
+  for (int iterations : model.implicit()->forward_summary().sample_iterations) {
+    EXPECT_EQ(iterations, 16);
+  }
+  ASSERT_NE(model.implicit()->backward_summary(), nullptr);
+  EXPECT_EQ(model.implicit()->backward_summary()->iterations, 16)
+      << model.implicit()->backward_summary()->FullReport();
+}
+
+TEST(ModelTest, MisuseIsAnError) {
+  ModelOptions options = SmallOptions(ModelKind::kTied);
+  SequenceModel model(options);
+  const ToyBatch too_long = MakeBatch(1, 9, 6, 8);  // max_length 8
+  EXPECT_THROW(model.Forward(too_long.x, too_long.shape), Error);
+  EXPECT_THROW(model.Forward({0, 1, 2}, Shape{3}), Error);                  // not [B, T]
+  EXPECT_THROW(SequenceClassifier(SmallOptions(ModelKind::kTied)), Error);  // num_classes 0
+  ModelOptions no_layers = SmallOptions(ModelKind::kExplicit);
+  no_layers.num_layers = 0;
+  EXPECT_THROW(SequenceModel{no_layers}, Error);
+  ModelOptions bad_solver = SmallOptions(ModelKind::kImplicit);
+  bad_solver.implicit.forward.max_iterations = -1;
+  EXPECT_THROW(SequenceModel{bad_solver}, Error);
+}
+
+TEST(ModelTest, KindNamesRoundTrip) {
+  for (ModelKind kind : {ModelKind::kExplicit, ModelKind::kTied, ModelKind::kImplicit}) {
+    ModelKind parsed = ModelKind::kExplicit;
+    ASSERT_TRUE(StringToModelKind(ToString(kind), &parsed));
+    EXPECT_EQ(parsed, kind);
+  }
+  ModelKind parsed = ModelKind::kExplicit;
+  EXPECT_TRUE(StringToModelKind("Implicit", &parsed));
+  EXPECT_EQ(parsed, ModelKind::kImplicit);
+  EXPECT_FALSE(StringToModelKind("deep", &parsed));
+  EXPECT_EQ(parsed, ModelKind::kImplicit);
+}
+
+}  // namespace
+}  // namespace stillpoint
