@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   CLI::App* bench_cmd = app.add_subcommand(
-      "bench", "Time a reference workload of bench/SPEC.md (w1, w2: training steps; w3: retrieval)");
+      "bench", "Time a workload of bench/SPEC.md (w1, w2: training steps; w3: retrieval)");
   bench_cmd->add_option("workload", bench.workload, "w1, w2 or w3")->required();
   bench_cmd->add_option("--model", bench.model, "implicit (default) or explicit (w1, w2)");
   bench_cmd->add_option("--iters", bench.iterations,

@@ -1,0 +1,133 @@
+// Micro-benchmarks of the framework's kernels (Google Benchmark).
+//
+//   build/bench/ops_bench --benchmark_counters_tabular=true
+//
+// GFLOP/s counters count 2*m*n*k per matrix product. Use a Release build
+// with STILLPOINT_NATIVE=ON (preset `release`) for figures worth recording.
+#include <benchmark/benchmark.h>
+
+#include "framework/autograd.h"
+#include "framework/ops.h"
+#include "framework/parallel.h"
+#include "framework/random.h"
+
+namespace stillpoint {
+namespace {
+
+Var RandomVar(const Shape& shape, uint64_t seed, bool requires_grad = false) {
+  Rng rng(seed);
+  return Var(RandomNormal(shape, 0, 1, DType::kFloat32, rng), requires_grad);
+}
+
+void SetThreads(const benchmark::State& state, int arg_index) {
+  SetNumThreads(static_cast<int>(state.range(arg_index)));
+}
+
+// Square float32 matmul n x n x n. Args: n, threads.
+void BM_Matmul(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  SetThreads(state, 1);
+  NoGrad no_grad;
+  Var a = RandomVar(Shape{n, n}, 1), b = RandomVar(Shape{n, n}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize(matmul(a, b).value().data<float>());
+  state.counters["GFLOP/s"] = benchmark::Counter(static_cast<double>(state.iterations()) * 2.0 *
+                                                     n * n * n / 1e9,
+                                                 benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Matmul)
+    ->ArgsProduct({{64, 128, 256, 512, 1024}, {1, 2}})
+    ->ArgNames({"n", "threads"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// The W1 projection shape: [B*T, d] x [d, d_out]. Args: d_out, threads.
+void BM_MatmulW1Projection(benchmark::State& state) {
+  const int64_t rows = 32 * 32, d = 64, out = state.range(0);
+  SetThreads(state, 1);
+  NoGrad no_grad;
+  Var a = RandomVar(Shape{rows, d}, 1), w = RandomVar(Shape{d, out}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize(matmul(a, w).value().data<float>());
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * 2.0 * rows * d * out / 1e9,
+      benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatmulW1Projection)
+    ->ArgsProduct({{64, 128}, {1, 2}})
+    ->ArgNames({"out", "threads"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// Attention-shaped batched products: scores Q K^T then P V for [B*H, T, 16].
+// Args: T, threads.
+void BM_BatchedAttentionMatmuls(benchmark::State& state) {
+  const int64_t t = state.range(0), bh = t == 32 ? 32 * 4 : 8 * 4, dh = 16;
+  SetThreads(state, 1);
+  NoGrad no_grad;
+  Var q = RandomVar(Shape{bh, t, dh}, 1), k = RandomVar(Shape{bh, t, dh}, 2),
+      v = RandomVar(Shape{bh, t, dh}, 3);
+  for (auto _ : state) {
+    Var scores = matmul(q, k, false, true);
+    benchmark::DoNotOptimize(matmul(scores, v).value().data<float>());
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * 2.0 * 2.0 * bh * t * t * dh / 1e9,
+      benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_BatchedAttentionMatmuls)
+    ->ArgsProduct({{32, 256}, {1, 2}})
+    ->ArgNames({"T", "threads"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+// softmax forward + backward over [rows, 32]. Args: threads.
+void BM_SoftmaxForwardBackward(benchmark::State& state) {
+  SetThreads(state, 0);
+  Var x = RandomVar(Shape{32 * 4 * 32, 32}, 1, true);
+  Var g = RandomVar(Shape{32 * 4 * 32, 32}, 2);
+  for (auto _ : state) {
+    Var y = softmax(x);
+    VarList dx = grad({y}, {x}, {g});
+    benchmark::DoNotOptimize(dx[0].value().data<float>());
+  }
+  state.SetItemsProcessed(state.iterations() * x.numel());
+}
+BENCHMARK(BM_SoftmaxForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime();
+
+// layer_norm forward + backward over [1024, 64] with gain and bias. Args: threads.
+void BM_LayerNormForwardBackward(benchmark::State& state) {
+  SetThreads(state, 0);
+  Var x = RandomVar(Shape{1024, 64}, 1, true);
+  Var gain = RandomVar(Shape{64}, 2, true), bias = RandomVar(Shape{64}, 3, true);
+  Var g = RandomVar(Shape{1024, 64}, 4);
+  for (auto _ : state) {
+    Var y = layer_norm(x, gain, bias, 1e-5);
+    VarList d = grad({y}, {x, gain, bias}, {g});
+    benchmark::DoNotOptimize(d[0].value().data<float>());
+  }
+  state.SetItemsProcessed(state.iterations() * x.numel());
+}
+BENCHMARK(BM_LayerNormForwardBackward)->Arg(1)->Arg(2)->ArgName("threads")->UseRealTime();
+
+// Graph overhead: a chain of `length` tiny ops recorded and differentiated;
+// reports the cost per op (forward record + backward).
+void BM_GraphOverheadChain(benchmark::State& state) {
+  const int64_t length = state.range(0);
+  SetNumThreads(1);
+  Var x = RandomVar(Shape{4}, 1, true);
+  for (auto _ : state) {
+    Var y = x;
+    for (int64_t i = 0; i < length; ++i) y = mul_scalar(add_scalar(y, 0.5), 0.5);
+    backward(sum(y));
+    x.zero_grad();
+  }
+  // Seconds per recorded op (forward record + its share of backward).
+  state.counters["sec_per_op"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 2.0 * length,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_GraphOverheadChain)->Arg(1000)->ArgName("length")->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace stillpoint
+
+BENCHMARK_MAIN();

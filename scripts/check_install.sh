@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Checks the installed package: installs the build tree into a temporary
+# prefix, then configures, builds and runs tests/consumer against it with
+# find_package(stillpoint). Builds the tree first if needed.
+#
+#   bash scripts/check_install.sh      # build dir: build/ (or $BUILD_DIR)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=${BUILD_DIR:-build}
+jobs=$(nproc)
+cd "$root"
+
+if [[ ! -f "$build_dir/CMakeCache.txt" ]]; then
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+cmake --build "$build_dir" -j "$jobs"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/stillpoint-install.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+cmake --install "$build_dir" --prefix "$work/prefix" >"$work/install.log"
+echo "check_install.sh: installed $(grep -c '^-- Installing' "$work/install.log") files" \
+  "into a temporary prefix"
+
+# The consumer's configure output is long (Ceres reports every dependency):
+# keep it in a log and show it only when something fails.
+if ! cmake -S tests/consumer -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" 2>&1; then
+  cat "$work/configure.log" >&2
+  echo "check_install.sh: configuring tests/consumer against the installed package failed" >&2
+  exit 1
+fi
+cmake --build "$work/consumer" -j "$jobs"
+"$work/consumer/consumer"
+"$work/consumer/consumer_full"
+echo "check_install.sh: OK"

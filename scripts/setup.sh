@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs everything stillpoint needs to build and test, from Debian 12
+# packages. Safe to run again: when every package is already installed it
+# says so and does not touch apt at all.
+#
+#   bash scripts/setup.sh              # build and test dependencies
+#   bash scripts/setup.sh --with-peer  # also PyTorch + OpenBLAS, for the
+#                                      # side-by-side benchmarks (bench/)
+#
+# Runs apt-get directly as root, through sudo otherwise.
+set -euo pipefail
+
+usage() {
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+packages=(
+  build-essential cmake ninja-build ccache git
+  libeigen3-dev libtbb-dev libceres-dev libyaml-cpp-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev zlib1g-dev
+  python3
+)
+# The reference implementation the benchmarks compare against.
+peer_packages=(python3-torch libopenblas0-openmp)
+
+for arg in "$@"; do
+  case "$arg" in
+    --with-peer) packages+=("${peer_packages[@]}") ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for package in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$package" 2>/dev/null || true)
+  if [[ "$status" != "installed" ]]; then
+    missing+=("$package")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup.sh: all ${#packages[@]} packages are installed"
+  exit 0
+fi
+
+if [[ $(id -u) -eq 0 ]]; then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+  as_root=(sudo)
+else
+  echo "setup.sh: missing packages: ${missing[*]}" >&2
+  echo "setup.sh: installing them needs root, and sudo is not available;" \
+    "run this script as root" >&2
+  exit 1
+fi
+
+echo "setup.sh: installing ${missing[*]}"
+"${as_root[@]}" apt-get update
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y --no-install-recommends "${missing[@]}"

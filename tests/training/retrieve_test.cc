@@ -1,0 +1,129 @@
+#include "training/retrieve.h"
+
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "framework/random.h"
+#include "training/cli_commands.h"
+
+namespace stillpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+// W3 in miniature: patterns with entries +-1/sqrt(d), queries = patterns with
+// a quarter of their entries zeroed.
+void MakePatterns(int64_t n, int64_t d, Tensor* patterns, Tensor* queries) {
+  Rng rng(4);
+  *patterns = Tensor(Shape{n, d}, DType::kFloat64);
+  for (int64_t i = 0; i < patterns->numel(); ++i) {
+    patterns->set(i, (rng.UniformInt(2) ? 1.0 : -1.0) / std::sqrt(double(d)));
+  }
+  *queries = patterns->Clone();
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < d / 4; ++c) queries->set(r * d + rng.UniformInt(d), 0.0);
+  }
+}
+
+TEST(RetrieveTest, LargeBetaRetrievesTheSourcePatternAtAStationaryPoint) {
+  Tensor patterns, queries;
+  MakePatterns(64, 32, &patterns, &queries);
+  const double beta = 32.0;
+  RetrievalResult r = RetrieveHopfield(patterns, queries, beta, RetrievalSolverOptions());
+  EXPECT_EQ(r.summary.CountSamples(TerminationType::kConverged), 64);
+  for (int64_t q = 0; q < 64; ++q) EXPECT_EQ(r.nearest[q], q);
+  // A fixed point: xi = X softmax(beta X^T xi), checked directly.
+  for (int64_t q = 0; q < 4; ++q) {
+    std::vector<double> s(64), xi(32);
+    for (int64_t c = 0; c < 32; ++c) xi[c] = r.fixed_points.at(q * 32 + c);
+    double top = -1e300;
+    for (int64_t j = 0; j < 64; ++j) {
+      s[j] = 0;
+      for (int64_t c = 0; c < 32; ++c) s[j] += beta * patterns.at(j * 32 + c) * xi[c];
+      top = std::max(top, s[j]);
+    }
+    double z = 0;
+    for (double& v : s) z += (v = std::exp(v - top));
+    for (int64_t c = 0; c < 32; ++c) {
+      double f = 0;
+      for (int64_t j = 0; j < 64; ++j) f += s[j] / z * patterns.at(j * 32 + c);
+      EXPECT_NEAR(f, xi[c], 1e-5) << "query " << q << " coordinate " << c;
+    }
+  }
+}
+
+TEST(RetrieveTest, EnergyIsLowerAtTheFixedPointThanAtTheQuery) {
+  Tensor patterns, queries;
+  MakePatterns(16, 16, &patterns, &queries);
+  ForwardSolverOptions zero_steps = RetrievalSolverOptions();
+  zero_steps.max_iterations = 0;
+  RetrievalResult start = RetrieveHopfield(patterns, queries, 4.0, zero_steps);
+  RetrievalResult end = RetrieveHopfield(patterns, queries, 4.0, RetrievalSolverOptions());
+  for (int64_t q = 0; q < 16; ++q) EXPECT_LE(end.energy[q], start.energy[q] + 1e-12) << q;
+}
+
+class RetrieveCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / "stillpoint_retrieve_test";
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  fs::path dir_;
+};
+
+TEST_F(RetrieveCliTest, WritesFixedPointsAndStats) {
+  RetrieveArgs args;
+  args.patterns_path = Write("p.csv", "1,0\n0,1\n-1,0\n");
+  args.queries_path = Write("q.csv", "0.9,0.1\n0.2,0.7\n");
+  args.out_dir = (dir_ / "out").string();
+  args.beta = 20;
+  std::ostringstream out, err;
+  ASSERT_EQ(RunRetrieve(args, out, err), 0) << err.str();
+  std::ifstream csv((dir_ / "out" / "fixed_points.csv").string());
+  std::string line;
+  int rows = 0;
+  while (std::getline(csv, line)) ++rows;
+  EXPECT_EQ(rows, 2);
+  std::ifstream json_file((dir_ / "out" / "stats.json").string());
+  const YAML::Node stats = YAML::Load(json_file);
+  EXPECT_EQ(stats["queries"].as<int>(), 2);
+  EXPECT_EQ(stats["per_query"][0]["nearest"].as<int>(), 0);
+  EXPECT_EQ(stats["per_query"][1]["nearest"].as<int>(), 1);
+  EXPECT_EQ(stats["per_query"][1]["status"].as<std::string>(), "CONVERGED");
+}
+
+TEST_F(RetrieveCliTest, BadCsvIsAnInputErrorNamingFileAndLine) {
+  RetrieveArgs args;
+  args.patterns_path = Write("ragged.csv", "1,0\n0,1,2\n");
+  args.queries_path = Write("q.csv", "1,0\n");
+  args.out_dir = (dir_ / "out").string();
+  std::ostringstream out, err;
+  EXPECT_EQ(RunRetrieve(args, out, err), 2);
+  EXPECT_NE(err.str().find("ragged.csv:2"), std::string::npos) << err.str();
+
+  args.patterns_path = Write("text.csv", "1,0\n0,abc\n");
+  err.str("");
+  EXPECT_EQ(RunRetrieve(args, out, err), 2);
+  EXPECT_NE(err.str().find("text.csv:2: column 2"), std::string::npos) << err.str();
+
+  args.patterns_path = Write("p3.csv", "1,0,0\n");
+  err.str("");
+  EXPECT_EQ(RunRetrieve(args, out, err), 2);
+  EXPECT_NE(err.str().find("q.csv"), std::string::npos) << err.str();
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "stats.json"));
+}
+
+}  // namespace
+}  // namespace stillpoint

@@ -1,0 +1,541 @@
+#include "training/bench_command.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <numeric>
+#include <ostream>
+#include <sstream>
+
+#include <time.h>
+
+#include "framework/autograd.h"
+#include "framework/ops.h"
+#include "framework/parallel.h"
+#include "framework/random.h"
+#include "training/metrics.h"
+#include "training/retrieve.h"
+
+namespace stillpoint {
+namespace {
+
+constexpr int kOk = 0;
+constexpr int kRuntimeFailure = 1;
+constexpr int kBadInput = 2;
+
+// W3 (bench/SPEC.md).
+constexpr int64_t kPatterns = 1024;
+constexpr int64_t kPatternDim = 64;
+constexpr double kHopfieldBeta = 32.0;
+constexpr double kZeroedFraction = 0.25;
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// CPU time of the whole process (all threads), in seconds. With one thread
+// it is a load-robust companion of the wall time on a shared machine.
+double ProcessCpuSeconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+// Step-time statistics over the timed steps.
+struct TimeStats {
+  double median = 0, min = 0, max = 0, p25 = 0, p75 = 0;
+};
+
+// The q-quantile of sorted values, interpolating linearly between ranks (as
+// numpy's default), so both sides of a comparison summarise alike.
+double Quantile(const std::vector<double>& sorted, double q) {
+  const double position = q * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(position));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  const double fraction = position - static_cast<double>(lo);
+  return sorted[lo] + fraction * (sorted[hi] - sorted[lo]);
+}
+
+TimeStats Summarise(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  TimeStats stats;
+  stats.median = Quantile(seconds, 0.5);
+  stats.p25 = Quantile(seconds, 0.25);
+  stats.p75 = Quantile(seconds, 0.75);
+  stats.min = seconds.front();
+  stats.max = seconds.back();
+  return stats;
+}
+
+// What one run measured, printed as text or JSON.
+struct BenchReport {
+  std::string workload;
+  std::string model;  // empty for W3
+  int iterations = 0;
+  int threads = 0;
+  int64_t steps = 0;
+  int64_t warmup = 0;
+  std::string dtype;
+  TimeStats time;  // seconds
+  double cpu_median = 0;  // process CPU seconds per timed unit, median
+  double flops = 0;  // per timed unit (step, or whole retrieval)
+  int64_t peak_bytes = 0;
+  // W1/W2.
+  std::vector<double> losses;  // every step, warm-up included
+  std::string forward_report, adjoint_report;
+  int forward_iterations = -1, adjoint_iterations = -1;
+  // W3.
+  double accuracy = -1;
+  double iterations_mean = 0;
+  int iterations_max = 0;
+  int64_t evaluations = 0;
+  int64_t queries = 0;
+};
+
+void PrintText(const BenchReport& r, std::ostream& out) {
+  const double ms = 1e3;
+  out << std::fixed << "stillpoint " << r.workload;
+  if (!r.model.empty()) out << " " << r.model;
+  out << " (K=" << r.iterations << ", threads " << r.threads << ", " << r.dtype << "): median "
+      << std::setprecision(3) << r.time.median * ms << " ms (min " << r.time.min * ms << ", max "
+      << r.time.max * ms << ", IQR " << r.time.p25 * ms << "-" << r.time.p75 * ms << ") over "
+      << r.steps << " " << (r.model.empty() ? "runs" : "steps") << " after " << r.warmup
+      << " warm-up; CPU " << r.cpu_median * ms << " ms; " << r.flops / 1e9 << " GFLOP, "
+      << std::setprecision(1) << r.flops / r.time.median / 1e9 << " GFLOP/s; peak RSS "
+      << std::setprecision(1) << static_cast<double>(r.peak_bytes) / (1 << 20) << " MiB\n";
+  if (!r.losses.empty()) {
+    out << std::setprecision(6) << "  loss: first " << r.losses.front();
+    if (r.losses.size() > 1) out << ", after one step " << r.losses[1];
+    out << ", last " << r.losses.back() << "\n";
+  }
+  if (!r.forward_report.empty()) out << "  forward: " << r.forward_report << "\n";
+  if (!r.adjoint_report.empty()) out << "  adjoint: " << r.adjoint_report << "\n";
+  if (r.accuracy >= 0) {
+    out << std::setprecision(4) << "  accuracy " << r.accuracy << " over " << r.queries
+        << " queries; iterations mean " << std::setprecision(2) << r.iterations_mean << ", max "
+        << r.iterations_max << "; " << r.evaluations << " query evaluations\n";
+  }
+  out.unsetf(std::ios_base::floatfield);
+}
+
+void PrintJson(const BenchReport& r, std::ostream& out) {
+  const double ms = 1e3;
+  out << "{\"framework\": \"stillpoint\", \"workload\": " << JsonString(r.workload)
+      << ", \"model\": " << (r.model.empty() ? "null" : JsonString(r.model))
+      << ", \"iters\": " << r.iterations << ", \"threads\": " << r.threads
+      << ", \"steps\": " << r.steps << ", \"warmup\": " << r.warmup
+      << ", \"dtype\": " << JsonString(r.dtype)
+      << ", \"median_ms\": " << JsonNumber(r.time.median * ms)
+      << ", \"min_ms\": " << JsonNumber(r.time.min * ms)
+      << ", \"max_ms\": " << JsonNumber(r.time.max * ms)
+      << ", \"p25_ms\": " << JsonNumber(r.time.p25 * ms)
+      << ", \"p75_ms\": " << JsonNumber(r.time.p75 * ms)
+      << ", \"cpu_median_ms\": " << JsonNumber(r.cpu_median * ms)
+      << ", \"flops\": " << JsonNumber(r.flops)
+      << ", \"gflops_per_s\": " << JsonNumber(r.flops / r.time.median / 1e9)
+      << ", \"peak_rss_mb\": " << JsonNumber(static_cast<double>(r.peak_bytes) / (1 << 20));
+  if (!r.losses.empty()) {
+    out << ", \"loss_first\": " << JsonNumber(r.losses.front()) << ", \"loss_after_one_step\": "
+        << (r.losses.size() > 1 ? JsonNumber(r.losses[1]) : "null")
+        << ", \"loss_last\": " << JsonNumber(r.losses.back());
+  }
+  if (r.forward_iterations >= 0) {
+    out << ", \"forward_iterations\": " << r.forward_iterations
+        << ", \"adjoint_iterations\": " << r.adjoint_iterations;
+  }
+  if (r.accuracy >= 0) {
+    out << ", \"accuracy\": " << JsonNumber(r.accuracy) << ", \"queries\": " << r.queries
+        << ", \"iterations_mean\": " << JsonNumber(r.iterations_mean)
+        << ", \"iterations_max\": " << r.iterations_max
+        << ", \"evaluations\": " << r.evaluations;
+  }
+  out << "}\n";
+}
+
+// ---- W3
+
+struct RetrievalData {
+  Tensor patterns;  // [N, d]
+  Tensor queries;   // [N, d]: pattern q with a quarter of its entries zeroed
+};
+
+RetrievalData MakeRetrievalData(DType dtype, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<double> patterns(kPatterns * kPatternDim);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(kPatternDim));  // |x| = 1
+  for (double& v : patterns) v = rng.UniformInt(2) == 0 ? -scale : scale;
+  std::vector<double> queries = patterns;
+  const int64_t zeroed = static_cast<int64_t>(kZeroedFraction * kPatternDim);
+  std::vector<int64_t> order(kPatternDim);
+  for (int64_t q = 0; q < kPatterns; ++q) {
+    // A fresh random subset of exactly `zeroed` entries per query.
+    std::iota(order.begin(), order.end(), 0);
+    for (int64_t i = 0; i < zeroed; ++i) {
+      std::swap(order[i], order[i + rng.UniformInt(kPatternDim - i)]);
+      queries[q * kPatternDim + order[i]] = 0.0;
+    }
+  }
+  return {Tensor::FromVector(Shape{kPatterns, kPatternDim}, patterns, dtype),
+          Tensor::FromVector(Shape{kPatterns, kPatternDim}, queries, dtype)};
+}
+
+BenchReport RunRetrievalBench(const BenchArgs& args, int iterations, DType dtype) {
+  const RetrievalData data = MakeRetrievalData(dtype, args.seed);
+  ForwardSolverOptions options = RetrievalSolverOptions();
+  options.max_iterations = iterations;
+  BenchReport report;
+  std::vector<double> seconds, cpu;
+  RetrievalResult result;
+  for (int64_t run = 0; run < args.warmup + args.steps; ++run) {
+    const double cpu_start = ProcessCpuSeconds();
+    result = RetrieveHopfield(data.patterns, data.queries, kHopfieldBeta, options);
+    // result.seconds times the solve only, not the diagnostics (nearest
+    // pattern, energy) computed after it; the CPU time includes them.
+    if (run >= args.warmup) {
+      seconds.push_back(result.seconds);
+      cpu.push_back(ProcessCpuSeconds() - cpu_start);
+    }
+  }
+  report.time = Summarise(seconds);
+  report.cpu_median = Summarise(cpu).median;
+  int64_t correct = 0;
+  for (int64_t q = 0; q < kPatterns; ++q) correct += result.nearest[q] == q ? 1 : 0;
+  report.queries = kPatterns;
+  report.accuracy = static_cast<double>(correct) / static_cast<double>(kPatterns);
+  const std::vector<int>& per_query = result.summary.sample_iterations;
+  report.iterations_mean =
+      std::accumulate(per_query.begin(), per_query.end(), 0.0) / static_cast<double>(kPatterns);
+  report.iterations_max = *std::max_element(per_query.begin(), per_query.end());
+  report.evaluations = result.summary.function_evaluations;
+  // Per evaluated query: scores (2 N d) and the weighted sum (2 N d).
+  report.flops = 4.0 * kPatterns * kPatternDim * static_cast<double>(report.evaluations);
+  report.forward_report = result.summary.BriefReport();
+  return report;
+}
+
+// ---- W1 / W2
+
+BenchReport RunTransformerBench(const BenchArgs& args, ModelKind kind, int iterations,
+                                DType dtype, const WeightsExport* weights) {
+  const TransformerShapes shapes =
+      weights != nullptr ? weights->shapes : (args.workload == "w1" ? W1Shapes() : W2Shapes());
+  const ModelOptions options = BenchModelOptions(shapes, kind, iterations, dtype, args.seed);
+  TransformerBench bench(options,
+                         weights != nullptr ? weights->batch : ReversalBatch(shapes, args.seed),
+                         weights != nullptr ? weights->parameters : NamedTensors{});
+  BenchReport report;
+  std::vector<double> seconds, cpu;
+  for (int64_t step = 0; step < args.warmup + args.steps; ++step) {
+    const double cpu_start = ProcessCpuSeconds();
+    const Clock::time_point start = Clock::now();
+    report.losses.push_back(bench.Step());
+    const double elapsed = Seconds(start);
+    if (step >= args.warmup) {
+      seconds.push_back(elapsed);
+      cpu.push_back(ProcessCpuSeconds() - cpu_start);
+    }
+  }
+  report.time = Summarise(seconds);
+  report.cpu_median = Summarise(cpu).median;
+  report.flops = TransformerStepFlops(shapes, kind, iterations);
+  if (const Implicit* implicit = bench.model().implicit()) {
+    report.forward_iterations = implicit->forward_summary().iterations;
+    report.forward_report = implicit->forward_summary().BriefReport();
+    if (const auto adjoint = implicit->backward_summary()) {
+      report.adjoint_iterations = adjoint->iterations;
+      report.adjoint_report = adjoint->BriefReport();
+    }
+  }
+  return report;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- pieces
+
+TransformerShapes W1Shapes() { return TransformerShapes{}; }
+
+TransformerShapes W2Shapes() {
+  TransformerShapes shapes;
+  shapes.batch = 8;
+  shapes.length = 256;
+  return shapes;
+}
+
+TokenBatch ReversalBatch(const TransformerShapes& shapes, uint64_t seed) {
+  Rng rng(seed + 1);  // apart from the parameter stream of the same seed
+  TokenBatch batch;
+  batch.shape = Shape{shapes.batch, shapes.length};
+  batch.ids.resize(shapes.batch * shapes.length);
+  batch.targets.resize(batch.ids.size());
+  for (int64_t& id : batch.ids) id = rng.UniformInt(shapes.vocab_size);
+  for (int64_t b = 0; b < shapes.batch; ++b) {
+    for (int64_t t = 0; t < shapes.length; ++t) {
+      batch.targets[b * shapes.length + t] = batch.ids[b * shapes.length + shapes.length - 1 - t];
+    }
+  }
+  return batch;
+}
+
+ModelOptions BenchModelOptions(const TransformerShapes& shapes, ModelKind kind, int iterations,
+                               DType dtype, uint64_t seed) {
+  ModelOptions options;
+  options.kind = kind;
+  options.vocab_size = shapes.vocab_size;
+  options.max_length = shapes.length;
+  options.dim = shapes.dim;
+  options.cell = "deq_transformer";
+  options.cell_options.heads = shapes.heads;
+  options.cell_options.hidden = shapes.hidden;
+  options.cell_options.ln_eps = 1e-5;
+  options.cell_options.causal = false;
+  options.cell_options.dropout = 0.0;
+  options.num_layers = shapes.num_layers;
+  options.head_ln_eps = 1e-5;
+  options.dtype = dtype;
+  options.seed = seed;
+
+  ForwardSolverOptions& forward = options.implicit.forward;
+  forward.type = ForwardSolverType::kAnderson;
+  forward.anderson_type = AndersonType::kTypeII;
+  forward.anderson_memory = 5;
+  forward.anderson_lambda = 1e-4;
+  forward.anderson_beta = 1.0;
+  // The DEQ-literature Anderson has no safeguard; with it on, a rejected
+  // step would cost an extra evaluation and break the fixed budget.
+  forward.anderson_safeguard_factor = 0.0;
+  // Tolerance 0: a fixed budget of exactly `iterations` iterations.
+  forward.max_iterations = iterations;
+  forward.stop_mode = StopMode::kRelative;
+  forward.relative_tolerance = 0.0;
+  forward.absolute_tolerance = 0.0;
+  forward.fallback_chain.clear();
+
+  BackwardOptions& backward = options.implicit.backward;
+  backward.mode = BackwardMode::kIft;
+  backward.solver = AdjointSolverType::kFixedPoint;
+  backward.max_iterations = iterations;
+  backward.tolerance = 0.0;
+  backward.warm_start = false;
+  return options;
+}
+
+OptimizerOptions BenchOptimizerOptions() {
+  OptimizerOptions options;
+  options.type = OptimizerType::kAdamW;
+  options.learning_rate = 1e-3;
+  options.beta1 = 0.9;
+  options.beta2 = 0.999;
+  options.epsilon = 1e-8;
+  options.weight_decay = 0.01;
+  return options;
+}
+
+double TransformerStepFlops(const TransformerShapes& s, ModelKind kind, int iterations) {
+  const double bt = static_cast<double>(s.batch * s.length);
+  const double d = static_cast<double>(s.dim);
+  const double linear = 2.0 * bt * (4.0 * d * d + 2.0 * d * static_cast<double>(s.hidden));
+  const double attention = 4.0 * bt * static_cast<double>(s.length) * d;
+  const double cell = linear + attention;
+  const double vjp_state = linear + 2.0 * attention;
+  const double vjp_all = 2.0 * linear + 2.0 * attention;
+  const double head = 6.0 * bt * d * static_cast<double>(s.vocab_size);
+  if (kind == ModelKind::kExplicit) {
+    return static_cast<double>(s.num_layers) * (cell + vjp_all) + head;
+  }
+  const double k = static_cast<double>(iterations);
+  return (k + 2.0) * cell + k * vjp_state + vjp_all + head;
+}
+
+int64_t PeakResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream fields(line.substr(6));
+      int64_t kilobytes = 0;
+      fields >> kilobytes;
+      return kilobytes * 1024;
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------- weights
+
+namespace {
+
+Tensor ReadExportTensor(const YAML::Node& node, const std::string& where) {
+  SP_CHECK(node && node.IsMap() && node["shape"] && node["data"], where,
+           ": expected {\"shape\": [...], \"data\": [...]}");
+  std::vector<int64_t> dims;
+  for (const YAML::Node& d : node["shape"]) dims.push_back(d.as<int64_t>());
+  std::vector<double> data;
+  data.reserve(node["data"].size());
+  for (const YAML::Node& v : node["data"]) data.push_back(v.as<double>());
+  const Shape shape(dims);
+  SP_CHECK(static_cast<int64_t>(data.size()) == shape.numel(), where, ": shape ", shape,
+           " needs ", shape.numel(), " values, got ", data.size());
+  return Tensor::FromVector(shape, data, DType::kFloat64);
+}
+
+std::vector<int64_t> ReadIdRows(const YAML::Node& rows, const std::string& where,
+                                int64_t* batch, int64_t* length) {
+  SP_CHECK(rows && rows.IsSequence() && rows.size() > 0, where, ": expected a list of rows");
+  std::vector<int64_t> ids;
+  *batch = static_cast<int64_t>(rows.size());
+  *length = -1;
+  for (const YAML::Node& row : rows) {
+    SP_CHECK(row.IsSequence(), where, ": every row must be a list of ids");
+    SP_CHECK(*length < 0 || static_cast<int64_t>(row.size()) == *length, where,
+             ": rows differ in length");
+    *length = static_cast<int64_t>(row.size());
+    for (const YAML::Node& id : row) ids.push_back(id.as<int64_t>());
+  }
+  return ids;
+}
+
+}  // namespace
+
+WeightsExport LoadWeightsExport(const std::string& path, ModelKind kind) {
+  SP_CHECK(kind == ModelKind::kImplicit || kind == ModelKind::kExplicit,
+           "LoadWeightsExport: only implicit and explicit models are exported");
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    SP_CHECK(false, path, ": cannot read the weights file: ", e.what());
+  }
+  WeightsExport result;
+  try {
+    const YAML::Node config = root["config"];
+    SP_CHECK(config && config.IsMap(), path, ": no \"config\" object");
+    for (const char* key : {"V", "T", "B", "d", "heads", "hidden"}) {
+      SP_CHECK(config[key], path, ": config has no \"", key, "\"");
+    }
+    TransformerShapes& shapes = result.shapes;
+    shapes.vocab_size = config["V"].as<int64_t>();
+    shapes.length = config["T"].as<int64_t>();
+    shapes.batch = config["B"].as<int64_t>();
+    shapes.dim = config["d"].as<int64_t>();
+    shapes.heads = config["heads"].as<int64_t>();
+    shapes.hidden = config["hidden"].as<int64_t>();
+
+    int64_t batch = 0, length = 0, target_batch = 0, target_length = 0;
+    result.batch.ids = ReadIdRows(root["x"], path + ": x", &batch, &length);
+    result.batch.targets = ReadIdRows(root["y"], path + ": y", &target_batch, &target_length);
+    SP_CHECK(batch == shapes.batch && length == shapes.length && target_batch == batch &&
+                 target_length == length,
+             path, ": x and y must be [B, T] = [", shapes.batch, ", ", shapes.length, "]");
+    result.batch.shape = Shape{batch, length};
+    for (size_t i = 0; i < result.batch.ids.size(); ++i) {
+      SP_CHECK(result.batch.ids[i] >= 0 && result.batch.ids[i] < shapes.vocab_size &&
+                   result.batch.targets[i] >= 0 && result.batch.targets[i] < shapes.vocab_size,
+               path, ": token ids and targets must lie in [0, V = ", shapes.vocab_size, ")");
+    }
+
+    const char* section_name = kind == ModelKind::kImplicit ? "implicit" : "explicit";
+    const YAML::Node section = root[section_name];
+    SP_CHECK(section && section["params"] && section["params"].IsMap(), path, ": no \"",
+             section_name, ".params\" object");
+    if (kind == ModelKind::kExplicit) {
+      SP_CHECK(section["n_layers"], path, ": no \"explicit.n_layers\"");
+      shapes.num_layers = section["n_layers"].as<int64_t>();
+    }
+    for (const auto& entry : section["params"]) {
+      const std::string name = entry.first.as<std::string>();
+      result.parameters.emplace_back(
+          name, ReadExportTensor(entry.second, path + ": " + section_name + ".params." + name));
+    }
+  } catch (const YAML::Exception& e) {
+    SP_CHECK(false, path, ": malformed weights file: ", e.what());
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------- stepping
+
+TransformerBench::TransformerBench(const ModelOptions& options, TokenBatch batch,
+                                   const NamedTensors& initial)
+    : model_(std::make_unique<SequenceModel>(options)), batch_(std::move(batch)) {
+  if (!initial.empty()) model_->LoadParameters(initial);
+  optimizer_ = Optimizer::Create(BenchOptimizerOptions(), model_->named_parameters());
+}
+
+double TransformerBench::Step() {
+  const Var logits = model_->Forward(batch_.ids, batch_.shape);
+  const Var loss = cross_entropy(logits, batch_.targets);
+  optimizer_->ZeroGrad();
+  backward(loss);
+  optimizer_->Step();
+  return loss.value().item();
+}
+
+// ---------------------------------------------------------------- command
+
+int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
+  ModelKind kind = ModelKind::kImplicit;
+  DType dtype = DType::kFloat32;
+  int iterations = 0;
+  WeightsExport weights;
+  try {
+    const bool transformer = args.workload == "w1" || args.workload == "w2";
+    SP_CHECK(transformer || args.workload == "w3", "bench: unknown workload '", args.workload,
+             "' (expected w1, w2 or w3)");
+    if (transformer) {
+      const std::string model = args.model.empty() ? "implicit" : args.model;
+      SP_CHECK(StringToModelKind(model, &kind) &&
+                   (kind == ModelKind::kImplicit || kind == ModelKind::kExplicit),
+               "--model: expected implicit or explicit, got '", args.model, "'");
+    } else {
+      SP_CHECK(args.model.empty(), "--model does not apply to w3 (Hopfield retrieval)");
+      SP_CHECK(args.weights_path.empty(), "--weights does not apply to w3");
+    }
+    SP_CHECK(args.iterations >= 0 && args.iterations <= 100000,
+             "--iters must be >= 1 (0: the workload's default), got ", args.iterations);
+    iterations = static_cast<int>(args.iterations > 0 ? args.iterations : transformer ? 16 : 32);
+    SP_CHECK(args.threads >= 1 && args.threads <= 1024, "--threads must be >= 1, got ",
+             args.threads);
+    SP_CHECK(args.steps >= 1, "--steps must be >= 1, got ", args.steps);
+    SP_CHECK(args.warmup >= 0, "--warmup must be >= 0, got ", args.warmup);
+    SP_CHECK(StringToDType(args.dtype, &dtype), "--dtype: '", args.dtype,
+             "' is not float32 or float64");
+    if (!args.weights_path.empty()) weights = LoadWeightsExport(args.weights_path, kind);
+  } catch (const std::exception& e) {
+    err << "error: " << e.what() << "\n";
+    return kBadInput;
+  }
+  try {
+    SetNumThreads(args.threads);
+    BenchReport report =
+        args.workload == "w3"
+            ? RunRetrievalBench(args, iterations, dtype)
+            : RunTransformerBench(args, kind, iterations, dtype,
+                                  args.weights_path.empty() ? nullptr : &weights);
+    report.workload = args.workload;
+    report.model = args.workload == "w3" ? "" : ToString(kind);
+    report.iterations = iterations;
+    report.threads = args.threads;
+    report.steps = args.steps;
+    report.warmup = args.warmup;
+    report.dtype = ToString(dtype);
+    report.peak_bytes = PeakResidentBytes();
+    if (args.json) {
+      PrintJson(report, out);
+    } else {
+      PrintText(report, out);
+    }
+    return kOk;
+  } catch (const std::exception& e) {
+    err << "error: " << e.what() << "\n";
+    return kRuntimeFailure;
+  }
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,143 @@
+// `stillpoint bench`: the reference workloads of bench/SPEC.md, timed.
+//
+//   stillpoint bench w1|w2|w3 [--model implicit|explicit] [--iters K]
+//                   [--threads N] [--steps 20] [--warmup 3] [--json]
+//                   [--weights FILE] [--dtype float32|float64]
+//
+// W1, W2: DEQ-transformer training steps (forward, loss, zero grad,
+//   backward, AdamW) of a SequenceModel built from ModelOptions with cell
+//   "deq_transformer", so the product code path is what is measured:
+//   - implicit: Anderson (m 5, lambda 1e-4, beta 1, safeguard off) for
+//     exactly K iterations (tolerance 0, no early stop; the map is also
+//     evaluated at z0, so K + 1 unrecorded cell evaluations), one recorded
+//     evaluation at z*, and the IFT backward with the plain fixed-point
+//     adjoint iteration w <- g + J^T w for exactly K iterations from w0 = g.
+//   - explicit: 6 untied cells, ordinary backprop.
+// W3: Hopfield retrieval of 1024 corrupted patterns (forward only, Picard to
+//   a relative residual of 1e-6, at most K = 32 iterations, per-query exit).
+//
+// The run makes `warmup` untimed steps and `steps` timed ones and reports
+// the median, min, max and interquartile range of the step time, the median
+// process CPU time of a step (all threads; with one thread a load-robust
+// companion of the wall time on a shared machine), the peak
+// resident memory of the process (VmHWM), the analytic FLOPs of a step and
+// the rate they imply; W3 also reports accuracy and iterations. --json
+// prints the same as one JSON object on one line.
+//
+// --weights FILE loads a model description in the layout of
+// tests/data/deq_tiny.json (written by bench/torch_peer.py --export): the
+// shapes from "config", the batch from "x" and "y", and the parameters from
+// "implicit.params" or "explicit.params" (W as [in, out]); the run then also
+// reports the loss of the first step and the loss after one optimizer step,
+// to compare with another implementation started from the same weights.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/module.h"
+#include "framework/tensor.h"
+#include "layers/models.h"
+#include "training/optimizer.h"
+
+namespace stillpoint {
+
+struct BenchArgs {
+  std::string workload;   // "w1", "w2" or "w3"
+  std::string model;      // "implicit" or "explicit" (W1, W2); empty: implicit
+  int64_t iterations = 0;  // 0: the workload's (16 for W1/W2, 32 for W3)
+  int threads = 2;
+  int64_t steps = 20;
+  int64_t warmup = 3;
+  bool json = false;
+  std::string weights_path;  // empty: SPEC shapes with a seeded initialisation
+  std::string dtype = "float32";
+  uint64_t seed = 0;
+};
+// Returns 0 on success, 1 on a runtime failure, 2 on bad arguments (reported
+// before any work starts).
+int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err);
+
+// ---- the pieces RunBench is made of (also used by tests) ----
+
+// Shapes of a DEQ-transformer workload.
+struct TransformerShapes {
+  int64_t vocab_size = 16;  // V
+  int64_t batch = 32;       // B
+  int64_t length = 32;      // T
+  int64_t dim = 64;         // d
+  int64_t heads = 4;
+  int64_t hidden = 128;  // feed-forward width
+  int64_t num_layers = 6;  // explicit model
+};
+// bench/SPEC.md W1 (B 32, T 32) and W2 (B 8, T 256).
+TransformerShapes W1Shapes();
+TransformerShapes W2Shapes();
+
+// A fixed batch of token ids [B, T] and one target per token.
+struct TokenBatch {
+  std::vector<int64_t> ids;      // B * T, row-major
+  std::vector<int64_t> targets;  // B * T
+  Shape shape;                   // [B, T]
+};
+// Ids uniform in [0, V); the target of position t is the id at T - 1 - t.
+TokenBatch ReversalBatch(const TransformerShapes& shapes, uint64_t seed);
+
+// The model of the workload: cell "deq_transformer"; for kImplicit the
+// solver settings described at the top with `iterations` forward and adjoint
+// iterations.
+ModelOptions BenchModelOptions(const TransformerShapes& shapes, ModelKind kind, int iterations,
+                               DType dtype, uint64_t seed);
+// AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+OptimizerOptions BenchOptimizerOptions();
+
+// A model description loaded by --weights (see the top).
+struct WeightsExport {
+  TransformerShapes shapes;
+  TokenBatch batch;
+  NamedTensors parameters;  // float64
+};
+// Throws stillpoint::Error naming the file and the missing or malformed entry.
+WeightsExport LoadWeightsExport(const std::string& path, ModelKind kind);
+
+// A model, its optimizer and a fixed batch: Step() is one timed unit.
+class TransformerBench {
+ public:
+  // Builds the model from options and, when initial is non-empty, loads
+  // those parameters (strict: every name must match).
+  TransformerBench(const ModelOptions& options, TokenBatch batch,
+                   const NamedTensors& initial = {});
+
+  // Forward, mean cross-entropy, zero grad, backward, AdamW step. Returns the
+  // loss computed before the update.
+  double Step();
+
+  SequenceModel& model() { return *model_; }
+  const SequenceModel& model() const { return *model_; }
+
+ private:
+  std::unique_ptr<SequenceModel> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  TokenBatch batch_;
+};
+
+// Analytic FLOPs of one training step (multiply-adds count 2; only the
+// products are counted: projections, attention products, head), with
+// L  = 2 B T (4 d^2 + 2 d hidden)  (the six projections of one cell),
+// A  = 4 B T^2 d                   (scores and weighted sums, all heads),
+// F  = L + A                       (one cell evaluation),
+// Vz = L + 2 A                     (VJP w.r.t. the state only),
+// Vp = 2 L + 2 A                   (VJP w.r.t. state, injection and weights),
+// H  = 6 B T d V                   (head forward and backward):
+//   implicit, K iterations: (K + 2) F + K Vz + Vp + H
+//   explicit, L cells:      num_layers (F + Vp) + H
+double TransformerStepFlops(const TransformerShapes& shapes, ModelKind kind, int iterations);
+
+// The peak resident set size of this process (VmHWM of /proc/self/status),
+// in bytes; 0 where it cannot be read.
+int64_t PeakResidentBytes();
+
+}  // namespace stillpoint
