@@ -9,7 +9,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "framework/buffer_pool.h"
+#include "framework/ops.h"
 #include "training/checkpoint.h"
+#include "training/optimizer.h"
 #include "training/cli_commands.h"
 #include "training/config_schema.h"
 #include "training/metrics.h"
@@ -203,6 +206,35 @@ TEST_F(TrainerTest, CompareWritesAReportWithEveryVariant) {
   std::ostringstream err2;
   EXPECT_EQ(RunCompare(args, out, err2), 2);
   EXPECT_NE(err2.str().find("implicit_magic"), std::string::npos) << err2.str();
+}
+
+TEST_F(TrainerTest, SteadyStateTrainingStepsTakeTensorMemoryOnlyFromThePool) {
+  // After warm-up, an implicit model's training step (forward solve,
+  // adjoint solve, optimizer update) takes its tensor storage from the pool:
+  // fewer than 1% of the buffers come from the system allocator.
+  const std::string path = WriteConfig("pool");
+  Config config = Config::FromFile(StillpointSchema(), path, {"model.kind=implicit"});
+  Experiment e = BuildExperiment(config, path);
+  auto optimizer = Optimizer::Create(OptimizerOptionsFromConfig(config),
+                                     e.model->named_parameters());
+  Batcher batcher(*e.train, 16, 1, DType::kFloat32);
+  auto step = [&] {
+    const Batch batch = batcher.Next();
+    Var loss = BatchLoss(ForwardBatch(*e.model, batch), batch);
+    optimizer->ZeroGrad();
+    backward(loss);
+    optimizer->Step();
+  };
+  for (int k = 0; k < 10; ++k) step();
+  ResetBufferPoolStats();
+  for (int k = 0; k < 5; ++k) step();
+  const BufferPoolStats stats = GetBufferPoolStats();
+  // A solve whose set of still-active samples is new can ask for a buffer of
+  // a size class not seen before; everything else is reused.
+  const double requests = double(stats.system_allocations + stats.reuses);
+  EXPECT_GT(stats.reuses, 1000);
+  EXPECT_LT(stats.system_allocations, 0.01 * requests)
+      << stats.system_allocations << " of " << requests << " tensor buffers came from the system";
 }
 
 TEST(ConfigDocsTest, DocsConfigMdIsGeneratedFromTheSchema) {
