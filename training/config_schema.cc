@@ -51,10 +51,9 @@ ConfigSchema BuildSchema() {
       .Int("task.num_classes", 0, "csv: number of target classes", 0, 1 << 20);
 
   // ---- model
-  s.Enum("model.kind", "implicit", {"explicit", "tied", "implicit", "energy"},
+  s.Enum("model.kind", "implicit", {"explicit", "tied", "implicit"},
          "explicit: num_layers untied cells; tied: one cell unrolled unroll_steps times with "
-         "backprop; implicit: the cell solved to its fixed point; energy: an energy attention "
-         "layer solved to its fixed point")
+         "backprop; implicit: the cell solved to its fixed point")
       .String("model.cell", m.cell, "Registered cell name (explicit, tied, implicit)")
       .Int("model.dim", m.dim, "Model width d", 1, 1 << 16)
       .Int("model.heads", m.cell_options.heads, "Attention heads (dim must be a multiple)", 1,
@@ -68,11 +67,7 @@ ConfigSchema BuildSchema() {
       .Double("model.dropout", 0.0, "Dropout inside the cell (masks frozen per solve)", 0.0, 0.99)
       .Double("model.ln_eps", m.cell_options.ln_eps, "Epsilon of the layer norms", 0.0, 1.0)
       .Double("model.embedding_init_std", m.embedding_init_std,
-              "Standard deviation of the token and position tables", 0.0, kInf)
-      .Enum("model.energy.layer", "hopfield", {"hopfield"},
-            "energy: the energy attention layer")
-      .Double("model.energy.beta", 1.0, "energy: initial inverse temperature (learnable)", 1e-6,
-              1e6);
+              "Standard deviation of the token and position tables", 0.0, kInf);
 
   // ---- model.solver.forward: ForwardSolverOptions
   const std::string fw = "model.solver.forward.";
@@ -167,7 +162,7 @@ ConfigSchema BuildSchema() {
       .Double("train.schedule.min_ratio", 0.1, "cosine: final lr / base lr", 0.0, 1.0)
       .Double("train.clip_norm", 1.0, "Clip the global gradient norm to this (0: off)", 0.0, kInf)
       .Int("train.pretrain_steps", 0,
-           "implicit/energy: first train this many steps as the tied unroll of the same cell "
+           "implicit: first train this many steps as the tied unroll of the same cell "
            "(model.unroll_steps), then switch to the implicit solve",
            0, kBig)
       .Int("train.eval_every", 50, "Evaluate on the held-out set every this many steps (0: "
@@ -186,7 +181,7 @@ ConfigSchema BuildSchema() {
       .Int("eval.max_iterations", 0,
            "Test-time forward solver budget (0: the training budget)", 0, 1 << 20)
       .DoubleList("eval.iterations_sweep", {},
-                  "Test-time budgets for the accuracy-vs-iterations curve (implicit/energy); "
+                  "Test-time budgets for the accuracy-vs-iterations curve (implicit); "
                   "explicit/tied models are evaluated at matching depths",
                   1, 1 << 20)
       .DoubleList("eval.lengths", {}, "Sequence lengths for the length-extrapolation curve", 2,
@@ -202,7 +197,7 @@ ConfigSchema BuildSchema() {
   // ---- compare
   s.StringList("compare.variants", {"explicit", "tied", "implicit"}, {},
                "Variants trained by `stillpoint compare`: explicit, tied, implicit, "
-               "implicit_<backward mode> (e.g. implicit_jfb), energy")
+               "implicit_<backward mode> (e.g. implicit_jfb)")
       .Int("compare.probe_batch_size", 32,
            "Batch used to measure each inexact backward mode's gradient cosine with ift", 1,
            1 << 20);
@@ -274,13 +269,7 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
 ModelOptions ModelOptionsFromConfig(const Config& c) {
   ModelOptions m;
   const std::string kind = c.GetString("model.kind");
-  // "energy" models are built by the trainer from model.energy.*; the
-  // sequence model underneath is implicit.
-  if (kind != "energy") {
-    SP_CHECK(StringToModelKind(kind, &m.kind), "unknown model kind '", kind, "'");
-  } else {
-    m.kind = ModelKind::kImplicit;
-  }
+  SP_CHECK(StringToModelKind(kind, &m.kind), "unknown model kind '", kind, "'");
   SP_CHECK(StringToDType(c.GetString("dtype"), &m.dtype), "unknown dtype");
   m.dim = c.GetInt("model.dim");
   m.max_length = c.GetInt("model.max_length");
