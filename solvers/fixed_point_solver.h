@@ -207,12 +207,12 @@ class FixedPointSolver {
   int iteration_ = 0;
   std::chrono::steady_clock::time_point start_time_;
 
-  Tensor state_;                       // [B, n] current iterate per sample
-  Tensor map_value_;                   // [B, n] f(current iterate)
-  Tensor best_state_;                  // [B, n] returned state per sample
-  Tensor gather_in_;                   // [B, n] compacted rows for partial map calls
-  Tensor gather_aux_;                  // [B, n] second input of jvp calls (UsesJvp only)
-  Tensor gather_out_;                  // [B, n]
+  Tensor state_;       // [B, n] current iterate per sample
+  Tensor map_value_;   // [B, n] f(current iterate)
+  Tensor best_state_;  // [B, n] returned state per sample
+  Tensor gather_in_;   // [B, n] compacted rows for partial map calls
+  Tensor gather_aux_;  // [B, n] second input of jvp calls (UsesJvp only)
+  Tensor gather_out_;  // [B, n]
   // Views of the first k rows of the gather buffers, k = 0..B, made by Init
   // (Tensor::SliceRows allocates, and the inner loop must not).
   std::vector<Tensor> gather_in_rows_, gather_aux_rows_, gather_out_rows_;

@@ -17,7 +17,11 @@ namespace {
 class MetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() / "stillpoint_metrics_test").string();
+    // One directory per test: ctest runs test cases in parallel processes.
+    dir_ = (std::filesystem::temp_directory_path() /
+            ("stillpoint_metrics_" +
+             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
+               .string();
     std::filesystem::remove_all(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }

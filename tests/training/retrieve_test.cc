@@ -70,7 +70,10 @@ TEST(RetrieveTest, EnergyIsLowerAtTheFixedPointThanAtTheQuery) {
 class RetrieveCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / "stillpoint_retrieve_test";
+    // One directory per test: ctest runs test cases in parallel processes.
+    dir_ = fs::temp_directory_path() /
+           ("stillpoint_retrieve_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
