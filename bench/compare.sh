@@ -29,7 +29,7 @@
 #                peer's own command.
 # Workload keys: w1i w1e w2i w2e (W1/W2 implicit/explicit), w3 (peer iterates
 # the whole batch), w3a (peer with per-query exit). Extras (stillpoint only
-# unless noted): W1 implicit with 64 iterations (memory), W2 implicit with 1
+# unless noted): W1 implicit with 64 iterations (memory), W2 implicit and explicit with 1
 # thread (scaling), float32 GEMM throughput of torch (tuned).
 set -euo pipefail
 
@@ -52,7 +52,7 @@ while [[ $# -gt 0 ]]; do
     --peers) PEERS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-extras) EXTRAS=0; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;p}' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
