@@ -12,6 +12,7 @@
 #include "framework/check.h"
 #include "framework/parallel.h"
 #include "solvers/fixed_point_solver.h"
+#include "solvers/report_format.h"
 
 namespace stillpoint {
 namespace {
@@ -23,28 +24,10 @@ std::string Lower(const std::string& text) {
   return out;
 }
 
-std::string FormatDouble(const char* format, double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), format, value);
-  return buffer;
-}
-
-std::string FormatTime(double seconds) {
-  if (seconds < 1e-3) return FormatDouble("%.1f us", seconds * 1e6);
-  if (seconds < 1.0) return FormatDouble("%.2f ms", seconds * 1e3);
-  return FormatDouble("%.3f s", seconds);
-}
-
-std::string FormatBytes(int64_t bytes) {
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  if (bytes < 1024 * 1024) return FormatDouble("%.1f KiB", bytes / 1024.0);
-  return FormatDouble("%.2f MiB", bytes / (1024.0 * 1024.0));
-}
-
-constexpr TerminationType kAllTerminations[] = {
-    TerminationType::kConverged, TerminationType::kUserStop, TerminationType::kMaxIterations,
-    TerminationType::kStagnated, TerminationType::kDiverged, TerminationType::kLinearAlgebraFailure,
-    TerminationType::kNonFinite, TerminationType::kFailure};
+using report::FormatBytes;
+using report::FormatDouble;
+using report::FormatTime;
+using report::kAllTerminations;
 
 // Samples are rows; the Krylov solvers keep their vectors in float64 whatever
 // the state's dtype (orthogonality is lost quickly in float32).
