@@ -1,8 +1,9 @@
-// Forward solver effort on the problem zoo (tests/solvers/problems.h): for
-// every problem and solver, the map evaluations per sample and the wall time
-// needed to bring every sample to a relative residual of 1e-4 and of 1e-6.
+// Forward solver effort on the problem zoo (tests/solvers/problems.h) and on
+// a randomly initialised W1 DEQ cell (bench/SPEC.md): for every problem and
+// solver, the map evaluations per sample and the wall time needed to bring
+// every sample to a relative residual of 1e-4 and of 1e-6.
 //
-//   solver_bench [--repeats N] [--threads N]
+//   solver_bench [--repeats N] [--threads N] [--skip-zoo] [--skip-w1]
 //
 // Prints a Markdown table (bench/RESULTS.md keeps a copy). Evaluations are
 // per sample: map rows / B, plus Jacobian-vector product rows / B after a
@@ -11,22 +12,29 @@
 // batched solve. "-" marks a solver that did not reach the tolerance (its
 // termination is shown) or does not apply (L-BFGS needs an energy).
 //
-// The W1 DEQ cell (bench/SPEC.md) joins this table once layers/ provides it.
+// The W1 rows solve f(z; u) of one DEQCell (d 64, 4 heads, hidden 128) on
+// B = 32 sequences of T = 32 tokens, z0 = 0, u ~ N(0, 1) as the embedding
+// tables are initialised; n = T d = 2048 per sample. They run in float32 (as
+// the cell is trained) and in float64. The Ceres trust-region backends
+// assemble a dense n x n Jacobian per sample and are left out there, as is
+// L-BFGS (the cell has no energy).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "framework/autograd.h"
+#include "framework/ops.h"
 #include "framework/parallel.h"
+#include "framework/random.h"
+#include "layers/deq_cell.h"
 #include "solvers/fixed_point_solver.h"
+#include "solvers/implicit.h"
 #include "tests/solvers/problems.h"
-// The zoo's definitions: the tests get them from the stillpoint_solvers_testing
-// library, which is only built with the tests, so this program compiles them
-// itself (it is a single translation unit).
-#include "tests/solvers/problems.cc"  // NOLINT(build/include)
 
 namespace stillpoint {
 namespace {
@@ -66,19 +74,86 @@ struct Measurement {
   double median_seconds = 0.0;
 };
 
-Measurement Measure(const zoo::ZooProblem& p,
+// One row group of the table: a problem and how a solve of it is run.
+struct BenchProblem {
+  std::string label;  // "name (B x n)"
+  int64_t batch_size = 0;
+  bool has_energy = false;
+  // Whether the dense-Jacobian Ceres trust-region backends are run.
+  bool dense_jacobian_ok = true;
+  // One whole batched solve from the problem's starting point.
+  std::function<SolverSummary(const ForwardSolverOptions&)> solve;
+};
+
+BenchProblem FromZoo(const zoo::ZooProblem& z) {
+  BenchProblem p;
+  p.label = Label(z.name, z.problem);
+  p.batch_size = z.problem.batch_size;
+  p.has_energy = static_cast<bool>(z.problem.energy);
+  p.solve = [z](const ForwardSolverOptions& options) {
+    Tensor state = z.InitialPoint();
+    return SolveFixedPoint(options, z.problem, &state);
+  };
+  return p;
+}
+
+std::string Label(const std::string& name, const FixedPointProblem& problem) {
+  char label[96];
+  std::snprintf(label, sizeof(label), "%s (%lld x %lld)", name.c_str(),
+                static_cast<long long>(problem.batch_size),
+                static_cast<long long>(problem.state_size));
+  return label;
+}
+
+// bench/SPEC.md W1 shapes.
+constexpr int64_t kBatch = 32, kLength = 32, kDim = 64;
+
+// f(z; u) of a freshly initialised W1 cell on [B, T * d] rows.
+BenchProblem MakeW1CellProblem(DType dtype) {
+  CellOptions options;
+  options.dim = kDim;
+  options.heads = 4;
+  options.hidden = 128;
+  options.dtype = dtype;
+  Rng rng(2024);
+  auto cell = std::make_shared<DEQCell>(options, rng);
+  const Tensor injection = RandomNormal(Shape{kBatch, kLength, kDim}, 0.0, 1.0, dtype, rng);
+
+  // Solved as the Implicit layer solves it (SolveImplicit with the tape off):
+  // the same map, and Jacobian-vector products by the double-VJP trick.
+  const CellFn f = [cell, injection](const Var& z, const std::vector<int64_t>& ids) {
+    return cell->Forward(z, gather(Var(injection), 0, ids), ids);
+  };
+  BenchProblem p;
+  FixedPointProblem shape;  // for the label only
+  shape.batch_size = kBatch;
+  shape.state_size = kLength * kDim;
+  p.label = Label(dtype == DType::kFloat32 ? "w1_cell float32" : "w1_cell float64", shape);
+  p.batch_size = kBatch;
+  p.dense_jacobian_ok = false;
+  p.solve = [f, dtype](const ForwardSolverOptions& forward) {
+    NoGrad tape_off;
+    ImplicitOptions options;
+    options.forward = forward;
+    const Tensor z0 = Tensor::Zeros(Shape{kBatch, kLength, kDim}, dtype);
+    return SolveImplicit(f, z0, options).forward;
+  };
+  return p;
+}
+
+Measurement Measure(const BenchProblem& p,
                     ForwardSolverOptions options,
                     double tolerance,
                     int repeats) {
   Measurement m;
-  if (options.type == ForwardSolverType::kCeresLbfgs && !p.problem.energy) return m;
+  if (options.type == ForwardSolverType::kCeresLbfgs && !p.has_energy) return m;
+  if (options.type == ForwardSolverType::kCeresTrustRegion && !p.dense_jacobian_ok) return m;
   options.stop_mode = StopMode::kRelative;
   options.relative_tolerance = tolerance;
   std::vector<double> seconds;
   for (int r = 0; r < repeats; ++r) {
-    Tensor z = p.InitialPoint();
     const auto start = std::chrono::steady_clock::now();
-    m.summary = SolveFixedPoint(options, p.problem, &z);
+    m.summary = p.solve(options);
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -124,27 +199,32 @@ std::string Time(const Measurement& m) {
   return buffer;
 }
 
-int Run(int repeats) {
-  const std::vector<zoo::ZooProblem> problems = zoo::ConvergentZoo();
+int Run(int repeats, bool zoo_rows, bool w1_rows) {
+  std::vector<BenchProblem> problems;
+  if (zoo_rows) {
+    for (const zoo::ZooProblem& z : zoo::ConvergentZoo()) {
+      problems.push_back(FromZoo(z));
+    }
+  }
+  if (w1_rows) {
+    problems.push_back(MakeW1CellProblem(DType::kFloat32));
+    problems.push_back(MakeW1CellProblem(DType::kFloat64));
+  }
   const std::vector<SolverConfig> solvers = Solvers();
-  std::printf("Forward solvers on the problem zoo, float64, %d thread(s), median of %d.\n",
+  std::printf("Forward solvers, %d thread(s), median of %d; zoo problems in float64.\n",
               NumThreads(), repeats);
   std::printf(
       "Evaluations per sample to reach a relative residual of 1e-4 / 1e-6 "
       "(map rows [+ jvp rows] [E energy rows]).\n\n");
   std::printf("| problem (B x n) | solver | evals 1e-4 | time 1e-4 | evals 1e-6 | time 1e-6 |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  for (const zoo::ZooProblem& p : problems) {
-    char label[96];
-    std::snprintf(label, sizeof(label), "%s (%lld x %lld)", p.name.c_str(),
-                  static_cast<long long>(p.problem.batch_size),
-                  static_cast<long long>(p.problem.state_size));
+  for (const BenchProblem& p : problems) {
     for (const SolverConfig& solver : solvers) {
       const Measurement loose = Measure(p, solver.options, 1e-4, repeats);
       const Measurement tight = Measure(p, solver.options, 1e-6, repeats);
-      std::printf("| %s | %s | %s | %s | %s | %s |\n", label, solver.name.c_str(),
-                  Effort(loose, p.problem.batch_size).c_str(), Time(loose).c_str(),
-                  Effort(tight, p.problem.batch_size).c_str(), Time(tight).c_str());
+      std::printf("| %s | %s | %s | %s | %s | %s |\n", p.label.c_str(), solver.name.c_str(),
+                  Effort(loose, p.batch_size).c_str(), Time(loose).c_str(),
+                  Effort(tight, p.batch_size).c_str(), Time(tight).c_str());
       std::fflush(stdout);
     }
   }
@@ -157,16 +237,22 @@ int Run(int repeats) {
 int main(int argc, char** argv) {
   int repeats = 5;
   int threads = 1;
+  bool zoo_rows = true, w1_rows = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc) {
       repeats = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
       threads = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--skip-zoo") == 0) {
+      zoo_rows = false;
+    } else if (std::strcmp(argv[i], "--skip-w1") == 0) {
+      w1_rows = false;
     } else {
-      std::fprintf(stderr, "usage: %s [--repeats N] [--threads N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--repeats N] [--threads N] [--skip-zoo] [--skip-w1]\n",
+                   argv[0]);
       return 2;
     }
   }
   stillpoint::SetNumThreads(threads);
-  return stillpoint::Run(repeats);
+  return stillpoint::Run(repeats, zoo_rows, w1_rows);
 }

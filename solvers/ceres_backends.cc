@@ -166,6 +166,9 @@ int64_t CeresSolverBase::InitSolver() {
   cache_sample_ = -1;
   user_stopped_ = false;
   last_report_.clear();
+  stalled_samples_ = 0;
+  first_stalled_sample_ = -1;
+  first_stall_report_.clear();
   return static_cast<int64_t>(point_.nbytes() + value_.nbytes() + unit_.nbytes() +
                               column_.nbytes() + energy_gradient_.nbytes()) +
          static_cast<int64_t>(2 * n * sizeof(double));
@@ -327,12 +330,26 @@ void CeresSolverBase::StepSolver() {
       end = TerminationType::kUserStop;
     } else if (saw_non_finite_) {
       end = TerminationType::kNonFinite;
+    } else if (end == TerminationType::kStagnated) {
+      // Ceres ended by its own criteria (all disabled, so: a failed line
+      // search or trust-region step) while our rule did not hold yet.
+      if (stalled_samples_++ == 0) {
+        first_stalled_sample_ = b;
+        first_stall_report_ = last_report_;
+      }
     }
     TerminateSample(b, end);
   }
 }
 
 void CeresSolverBase::FinishSolver(SolverSummary* summary) {
+  if (stalled_samples_ > 0) {
+    summary->message += detail::StrCat(
+        backend_name_, ": Ceres could make no further progress on ", stalled_samples_,
+        " sample(s) before the stopping rule held, so they are reported STAGNATED at their "
+        "best iterate (first: sample ", first_stalled_sample_, ", Ceres: ", first_stall_report_,
+        "). ", stall_hint_, " ");
+  }
   if (!last_report_.empty()) {
     summary->message += std::string("Ceres (last sample solved): ") + last_report_;
   }
@@ -342,6 +359,12 @@ void CeresSolverBase::FinishSolver(SolverSummary* summary) {
 
 CeresLbfgsSolver::CeresLbfgsSolver(const ForwardSolverOptions& options) : CeresSolverBase(options) {
   backend_name_ = "ceres_lbfgs";
+  stall_hint_ =
+      "This is the usual precision floor of minimising an energy: near a minimum E changes by "
+      "about |grad E|^2 per step, which drops below the rounding error of E (about machine "
+      "epsilon x |E|) once the residual |grad E| nears sqrt(epsilon |E|), and the line search "
+      "can no longer find a decrease. Ask for a looser tolerance, or refine with a fixed-point "
+      "solver (e.g. fallback_chain: [anderson]).";
 }
 
 void CeresLbfgsSolver::ValidateProblem(const FixedPointProblem& problem) const {
@@ -385,6 +408,9 @@ std::string CeresLbfgsSolver::RunCeres(int64_t sample,
 CeresTrustRegionSolver::CeresTrustRegionSolver(const ForwardSolverOptions& options)
     : CeresSolverBase(options) {
   backend_name_ = "ceres_trust_region";
+  stall_hint_ =
+      "The trust region could not find a step that reduces |F|^2 (its decrease fell below the "
+      "rounding error of |F|^2, or the Jacobian is singular there).";
 }
 
 void CeresTrustRegionSolver::ValidateProblem(const FixedPointProblem& problem) const {

@@ -67,6 +67,8 @@ class CeresSolverBase : public FixedPointSolver {
                                TerminationType* outcome) = 0;
 
   const char* backend_name_ = "ceres";
+  // Why Ceres may stop early for this backend (appended to the message).
+  std::string stall_hint_;
 
  private:
   template <typename T>
@@ -88,6 +90,11 @@ class CeresSolverBase : public FixedPointSolver {
   bool user_stopped_ = false;
   bool converged_ = false;
   std::string last_report_;
+  // Samples Ceres ended on its own before the stopping rule held (reported
+  // as STAGNATED), and the first one's Ceres report, for the message.
+  int64_t stalled_samples_ = 0;
+  int64_t first_stalled_sample_ = -1;
+  std::string first_stall_report_;
 };
 
 class CeresLbfgsSolver : public CeresSolverBase {

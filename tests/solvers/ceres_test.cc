@@ -115,6 +115,30 @@ TEST(CeresBackends, LbfgsCountsEnergyEvaluations) {
   EXPECT_EQ(s.energy_evaluations, p.log->energy_rows);
 }
 
+// Asked for a residual below what comparing energies can resolve, L-BFGS
+// stops making progress: that is reported as STAGNATED with the reason, the
+// sample and Ceres' own words, never as convergence.
+TEST(CeresBackends, LbfgsStallBelowEnergyPrecisionIsExplained) {
+  const zoo::ZooProblem p = zoo::MakeMixedBatchProblem();
+  ForwardSolverOptions o = Options(ForwardSolverType::kCeresLbfgs);
+  o.absolute_tolerance = 1e-15;
+  o.max_iterations = 500;
+  Tensor z = p.InitialPoint();
+  const SolverSummary s = SolveFixedPoint(o, p.problem, &z);
+  ASSERT_EQ(s.termination_type, TerminationType::kStagnated) << s.FullReport();
+  int stalled = 0;
+  for (TerminationType t : s.sample_termination) stalled += t == TerminationType::kStagnated;
+  ASSERT_GT(stalled, 0);
+  EXPECT_NE(s.message.find("ceres_lbfgs: Ceres could make no further progress on " +
+                           std::to_string(stalled) + " sample(s)"),
+            std::string::npos)
+      << s.message;
+  EXPECT_NE(s.message.find("precision floor"), std::string::npos) << s.message;
+  EXPECT_NE(s.message.find("first: sample "), std::string::npos) << s.message;
+  // The best iterate is still close to the solution.
+  EXPECT_LE(MaxAbsDiff(z, p.Solution()), 1e-6);
+}
+
 TEST(CeresBackends, RespectMaxIterations) {
   const zoo::ZooProblem p = zoo::MakeMixedBatchProblem();
   for (const Backend& backend : CeresBackends()) {
