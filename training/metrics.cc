@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <sstream>
+#include <yaml-cpp/yaml.h>
 
 #include "framework/check.h"
 
@@ -59,18 +60,29 @@ std::string JsonString(const std::string& text) {
 }
 
 MetricsWriter::MetricsWriter(const std::string& directory, std::vector<std::string> columns,
-                             bool append)
+                             bool append, const std::vector<std::string>& formats)
     : columns_(std::move(columns)) {
+  SP_CHECK(!formats.empty(), "metrics: no file format given (log.formats: csv, jsonl)");
+  for (const std::string& format : formats) {
+    SP_CHECK(format == "csv" || format == "jsonl", "metrics: unknown file format '", format,
+             "' (known: csv, jsonl)");
+  }
+  auto wanted = [&](const char* format) {
+    return std::find(formats.begin(), formats.end(), format) != formats.end();
+  };
   std::filesystem::create_directories(directory);
   csv_path_ = (std::filesystem::path(directory) / "metrics.csv").string();
   jsonl_path_ = (std::filesystem::path(directory) / "metrics.jsonl").string();
   const bool write_header = !append || !std::filesystem::exists(csv_path_) ||
                             std::filesystem::file_size(csv_path_) == 0;
   const auto mode = append ? std::ios::app : std::ios::trunc;
+  if (wanted("jsonl")) {
+    jsonl_.open(jsonl_path_, std::ios::out | mode);
+    SP_CHECK(jsonl_.good(), "cannot write metrics file '", jsonl_path_, "'");
+  }
+  if (!wanted("csv")) return;
   csv_.open(csv_path_, std::ios::out | mode);
   SP_CHECK(csv_.good(), "cannot write metrics file '", csv_path_, "'");
-  jsonl_.open(jsonl_path_, std::ios::out | mode);
-  SP_CHECK(jsonl_.good(), "cannot write metrics file '", jsonl_path_, "'");
   if (write_header) {
     for (std::size_t i = 0; i < columns_.size(); ++i) csv_ << (i ? "," : "") << columns_[i];
     csv_ << "\n" << std::flush;
@@ -96,9 +108,14 @@ void MetricsWriter::Write(const std::map<std::string, double>& row) {
     }
     first_json = false;
   }
-  csv_ << csv_line << "\n" << std::flush;
-  jsonl_ << json << "}\n" << std::flush;
-  SP_CHECK(csv_.good() && jsonl_.good(), "MetricsWriter: writing '", csv_path_, "' failed");
+  if (csv_.is_open()) {
+    csv_ << csv_line << "\n" << std::flush;
+    SP_CHECK(csv_.good(), "MetricsWriter: writing '", csv_path_, "' failed");
+  }
+  if (jsonl_.is_open()) {
+    jsonl_ << json << "}\n" << std::flush;
+    SP_CHECK(jsonl_.good(), "MetricsWriter: writing '", jsonl_path_, "' failed");
+  }
 }
 
 std::map<std::string, std::vector<double>> ReadMetricsCsv(const std::string& path) {
@@ -139,6 +156,51 @@ std::map<std::string, std::vector<double>> ReadMetricsCsv(const std::string& pat
     }
   }
   return columns;
+}
+
+std::map<std::string, std::vector<double>> ReadMetricsJsonl(const std::string& path) {
+  std::ifstream in(path);
+  SP_CHECK(in.good(), "cannot open metrics file '", path, "'");
+  std::map<std::string, std::vector<double>> columns;
+  std::string line;
+  int64_t rows = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    // A JSON object is a YAML flow mapping, so yaml-cpp reads it.
+    YAML::Node row;
+    try {
+      row = YAML::Load(line);
+    } catch (const YAML::Exception& error) {
+      SP_CHECK(false, path, ":", rows + 1, ": malformed JSON line (", error.msg, ")");
+    }
+    SP_CHECK(row.IsMap(), path, ":", rows + 1, ": expected a JSON object");
+    for (const auto& entry : row) {
+      const std::string key = entry.first.as<std::string>();
+      if (key.size() > 10 && key.compare(key.size() - 10, 10, "_nonfinite") == 0) continue;
+      std::vector<double>& column = columns[key];
+      column.resize(rows, std::numeric_limits<double>::quiet_NaN());
+      double value = std::numeric_limits<double>::quiet_NaN();
+      if (!entry.second.IsNull()) {
+        try {
+          value = entry.second.as<double>();
+        } catch (const YAML::Exception&) {
+          SP_CHECK(false, path, ":", rows + 1, ": '", key, "' is not a number");
+        }
+      }
+      column.push_back(value);
+    }
+    ++rows;
+    for (auto& [key, column] : columns) {
+      column.resize(rows, std::numeric_limits<double>::quiet_NaN());
+    }
+  }
+  return columns;
+}
+
+std::map<std::string, std::vector<double>> ReadRunMetrics(const std::string& run_dir) {
+  const std::string csv = (std::filesystem::path(run_dir) / "metrics.csv").string();
+  if (std::filesystem::exists(csv)) return ReadMetricsCsv(csv);
+  return ReadMetricsJsonl((std::filesystem::path(run_dir) / "metrics.jsonl").string());
 }
 
 }  // namespace stillpoint

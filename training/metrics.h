@@ -1,4 +1,4 @@
-// Metrics of a run, written as they happen to RUN_DIR/metrics.csv and
+// Metrics of a run, written as they happen to RUN_DIR/metrics.csv and/or
 // RUN_DIR/metrics.jsonl (one JSON object per line). Every row has the same
 // columns, declared when the writer is created; a value that does not apply
 // to a row (e.g. test accuracy on a step without evaluation) is written as an
@@ -16,10 +16,12 @@ namespace stillpoint {
 
 class MetricsWriter {
  public:
-  // Creates (truncates) the two files, or appends when `append` is set
-  // (resumed runs); throws an Error naming the file if it cannot.
+  // Creates (truncates) the files of the given formats ("csv", "jsonl"; at
+  // least one), or appends when `append` is set (resumed runs); throws an
+  // Error naming the file if it cannot, or naming an unknown format.
   MetricsWriter(const std::string& directory, std::vector<std::string> columns,
-                bool append = false);
+                bool append = false,
+                const std::vector<std::string>& formats = {"csv", "jsonl"});
 
   // Writes one row. Keys must be declared columns (an Error names an unknown
   // one); missing columns are empty. Non-finite values are written as
@@ -39,6 +41,11 @@ class MetricsWriter {
 // Reads a metrics.csv back: one vector per column (NaN for empty cells).
 // Errors name the file and line.
 std::map<std::string, std::vector<double>> ReadMetricsCsv(const std::string& path);
+// Reads a metrics.jsonl back the same way: one vector per key seen in any
+// row (NaN where a row lacks it or holds null). Errors name the file and line.
+std::map<std::string, std::vector<double>> ReadMetricsJsonl(const std::string& path);
+// The metrics of a run directory from whichever file it has (CSV first).
+std::map<std::string, std::vector<double>> ReadRunMetrics(const std::string& run_dir);
 
 // A number as JSON text: shortest round-trip form, or null when not finite.
 std::string JsonNumber(double value);

@@ -64,7 +64,7 @@ Var JacobianPenalty(SequenceModel& model, const Batch& batch, int probes, Rng& r
 }
 
 void WritePlots(const std::string& run_dir) {
-  const auto m = ReadMetricsCsv(run_dir + "/metrics.csv");
+  const auto m = ReadRunMetrics(run_dir);
   auto column = [&](const std::string& name) {
     auto it = m.find(name);
     return it == m.end() ? std::vector<double>{} : it->second;
@@ -93,6 +93,7 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"stopped_early\": " << (s.stopped_early ? "true" : "false")
       << ",\n  \"stop_reason\": " << JsonString(s.stop_reason)
       << ",\n  \"parameters\": " << s.num_parameters
+      << ",\n  \"checkpoints_written\": " << s.checkpoints_written
       << ",\n  \"final_train_loss\": " << JsonNumber(s.final_train_loss)
       << ",\n  \"final_train_accuracy\": " << JsonNumber(s.final_train_accuracy)
       << ",\n  \"test_loss\": " << JsonNumber(s.final_eval.loss)
@@ -151,6 +152,10 @@ std::string RunDirectory(const Config& config, const std::string& config_path) {
 TrainSummary Train(Experiment& e, const TrainOptions& options) {
   const Config& c = e.config;
   SetNumThreads(static_cast<int>(c.GetInt("threads")));
+  if (c.GetStringList("log.formats").empty()) {
+    throw ConfigError(c.Origin("log.formats") +
+                      ": log.formats must name at least one of csv, jsonl");
+  }
   SequenceModel& model = *e.model;
   TrainSummary summary;
   summary.run_dir = RunDirectory(c, e.config_path);
@@ -180,7 +185,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     step = state.step;
     resumed = true;
   }
-  MetricsWriter metrics(summary.run_dir, kColumns, resumed);
+  MetricsWriter metrics(summary.run_dir, kColumns, resumed, c.GetStringList("log.formats"));
   auto save_checkpoint = [&] {
     if (!AllFinite(parameters)) return false;  // never replace a good one with NaNs
     CheckpointState state;
@@ -193,6 +198,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     state.model = model.NamedValues();
     state.optimizer = optimizer->SaveState();
     SaveCheckpoint(checkpoint_path, state);
+    ++summary.checkpoints_written;
     return true;
   };
 

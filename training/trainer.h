@@ -43,6 +43,7 @@ struct TrainSummary {
   SolverStats forward;          // last step's solver statistics
   SolverStats backward;
   int64_t num_parameters = 0;
+  int64_t checkpoints_written = 0;  // by this call (cadence and the final one)
 
   std::string BriefReport() const;
 };

@@ -67,6 +67,46 @@ TEST_F(MetricsTest, UnknownColumnsAreRejectedAndAppendKeepsOldRows) {
   EXPECT_EQ(columns["step"], (std::vector<double>{1, 2}));
 }
 
+TEST_F(MetricsTest, FormatsChooseTheFilesAndEitherFileReadsBack) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  {
+    MetricsWriter writer(dir_, {"step", "loss", "test_accuracy"}, false, {"jsonl"});
+    writer.Write({{"step", 1}, {"loss", 2.5}});
+    writer.Write({{"step", 2}, {"loss", nan}, {"test_accuracy", 0.75}});
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/metrics.csv"));
+  ASSERT_TRUE(std::filesystem::exists(dir_ + "/metrics.jsonl"));
+  auto columns = ReadRunMetrics(dir_);
+  ASSERT_EQ(columns["step"].size(), 2u);
+  EXPECT_EQ(columns["step"][1], 2.0);
+  EXPECT_EQ(columns["loss"][0], 2.5);
+  EXPECT_TRUE(std::isnan(columns["loss"][1]));  // null, with loss_nonfinite beside it
+  EXPECT_EQ(columns.count("loss_nonfinite"), 0u);
+  EXPECT_TRUE(std::isnan(columns["test_accuracy"][0]));  // absent from the first row
+  EXPECT_EQ(columns["test_accuracy"][1], 0.75);
+
+  std::filesystem::remove_all(dir_);
+  { MetricsWriter(dir_, {"step"}, false, {"csv"}).Write({{"step", 4}}); }
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/metrics.csv"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/metrics.jsonl"));
+  EXPECT_EQ(ReadRunMetrics(dir_)["step"], std::vector<double>{4.0});
+
+  EXPECT_THROW(MetricsWriter(dir_, {"step"}, false, {}), Error);
+  try {
+    MetricsWriter(dir_, {"step"}, false, {"parquet"});
+    ADD_FAILURE() << "an unknown format was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("parquet"), std::string::npos) << error.what();
+  }
+  std::ofstream(dir_ + "/bad.jsonl") << "{\"step\": 1}\n{\"step\": oops\n";
+  try {
+    ReadMetricsJsonl(dir_ + "/bad.jsonl");
+    ADD_FAILURE() << "a malformed line was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("bad.jsonl:2"), std::string::npos) << error.what();
+  }
+}
+
 TEST(JsonTest, StringsAreEscaped) {
   EXPECT_EQ(JsonString("a\"b\\c\n"), "\"a\\\"b\\\\c\\n\"");
   EXPECT_EQ(JsonNumber(std::numeric_limits<double>::infinity()), "null");

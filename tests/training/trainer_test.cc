@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "training/cli_commands.h"
 #include "training/config_schema.h"
 #include "training/metrics.h"
+#include "training/progress.h"
 
 namespace stillpoint {
 namespace {
@@ -235,6 +237,76 @@ TEST_F(TrainerTest, SteadyStateTrainingStepsTakeTensorMemoryOnlyFromThePool) {
   EXPECT_GT(stats.reuses, 1000);
   EXPECT_LT(stats.system_allocations, 0.01 * requests)
       << stats.system_allocations << " of " << requests << " tensor buffers came from the system";
+}
+
+// Pretraining runs the implicit model as the tied unroll of its own cell:
+// its first steps are bitwise those of the tied model (same initialisation,
+// same batches), no solver runs, and the solve takes over afterwards.
+TEST_F(TrainerTest, PretrainingStepsAreTheTiedUnrollThenTheSolveTakesOver) {
+  const std::string path = WriteConfig("pretrain");
+  const std::vector<std::string> common = {"train.steps=6", "train.log_every=1",
+                                           "train.eval_every=0"};
+  std::vector<std::string> implicit = common;
+  implicit.insert(implicit.end(), {"model.kind=implicit", "train.pretrain_steps=3",
+                                   "log.dir=" + (dir_ / "run_pretrain").string()});
+  std::vector<std::string> tied = common;
+  tied.insert(tied.end(), {"model.kind=tied", "log.dir=" + (dir_ / "run_tied").string()});
+
+  Experiment e_implicit = BuildExperiment(Config::FromFile(StillpointSchema(), path, implicit), path);
+  Experiment e_tied = BuildExperiment(Config::FromFile(StillpointSchema(), path, tied), path);
+  const TrainSummary s_implicit = Train(e_implicit);
+  const TrainSummary s_tied = Train(e_tied);
+  const auto m_implicit = ReadRunMetrics(s_implicit.run_dir);
+  const auto m_tied = ReadRunMetrics(s_tied.run_dir);
+  ASSERT_EQ(m_implicit.at("loss").size(), 6u);
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE(step + 1);
+    const double fwd = m_implicit.at("fwd_iters_mean")[step];
+    if (step < 3) {
+      EXPECT_EQ(m_implicit.at("loss")[step], m_tied.at("loss")[step]);
+      EXPECT_TRUE(std::isnan(fwd)) << "no solve during pretraining";
+    } else {
+      EXPECT_GT(fwd, 0.0) << "the solve runs after pretraining";
+    }
+  }
+  // Step 4 differs: the implicit model now solves to its fixed point.
+  EXPECT_NE(m_implicit.at("loss")[3], m_tied.at("loss")[3]);
+  EXPECT_EQ(e_implicit.model->depth_override(), 0);  // the solve is back on after training
+}
+
+// The progress display: a bar redrawn in place (carriage returns) on a
+// terminal, one line per update otherwise, nothing but messages for "none".
+TEST(ProgressTest, BarLinesAndNone) {
+  auto run = [](const std::string& mode) {
+    std::ostringstream out;
+    Progress progress(&out, mode, 4, 0);
+    for (int step = 1; step <= 4; ++step) progress.Update(step, 1.0 / step, 0.25 * step, 7.5, true);
+    progress.Message("eval at step 4");
+    progress.Finish();
+    return out.str();
+  };
+  const std::string bar = run("bar");
+  EXPECT_EQ(std::count(bar.begin(), bar.end(), '\r'), 4) << bar;
+  EXPECT_NE(bar.find("\r[" + std::string(24, '#') + "] step 4/4  loss 0.2500  acc 100.0%"),
+            std::string::npos)
+      << bar;
+  EXPECT_NE(bar.find("[" + std::string(6, '#') + std::string(18, '.') + "] step 1/4"),
+            std::string::npos)
+      << bar;
+  EXPECT_NE(bar.find("fwd iters 7.5  ETA 0:00"), std::string::npos) << bar;
+  // The message starts on a line of its own after the bar.
+  EXPECT_NE(bar.find("   \neval at step 4\n"), std::string::npos) << bar;
+
+  const std::string lines = run("lines");
+  EXPECT_EQ(lines.find('\r'), std::string::npos) << lines;
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 5) << lines;
+  EXPECT_EQ(lines.rfind("step 1/4  loss 1.0000  acc 25.0%  fwd iters 7.5  ETA ", 0), 0u) << lines;
+
+  EXPECT_EQ(run("none"), "eval at step 4\n");
+  // "auto" on a stream that is not the terminal's standard output: lines.
+  const std::string automatic = run("auto");
+  EXPECT_EQ(automatic.find('\r'), std::string::npos) << automatic;
+  EXPECT_EQ(std::count(automatic.begin(), automatic.end(), '\n'), 5) << automatic;
 }
 
 TEST(ConfigDocsTest, DocsConfigMdIsGeneratedFromTheSchema) {
