@@ -187,25 +187,8 @@ TEST(Anderson, FixedBudgetRunsExactlyThatManyIterations) {
 }
 
 TEST(Anderson, AcceleratesPicard) {
-  // z = W z + b with W symmetric tridiagonal, eigenvalues 0.95 cos(k pi / 101):
-  // Picard contracts by 0.95 per step; Anderson, a windowed Krylov method on
-  // a real spectrum, needs far fewer evaluations.
   const int64_t n = 100;
-  FixedPointProblem p;
-  p.batch_size = 2;
-  p.state_size = n;
-  p.map = [n](const Tensor& z, const std::vector<int64_t>& ids, Tensor* out) {
-    for (size_t r = 0; r < ids.size(); ++r) {
-      const double* zr = z.data<double>() + r * n;
-      double* o = out->data<double>() + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const double left = i > 0 ? zr[i - 1] : 0.0;
-        const double right = i + 1 < n ? zr[i + 1] : 0.0;
-        o[i] = 0.475 * (left + right) + std::sin(0.1 * i * (ids[r] + 1));
-      }
-    }
-    return true;
-  };
+  const FixedPointProblem p = zoo::MakeSlowTridiagonalMap(n, 2, 0.1);
   ForwardSolverOptions o = AndersonOptions();
   o.absolute_tolerance = 1e-8;
   o.max_iterations = 2000;

@@ -129,27 +129,8 @@ TEST(Fallback, UnrecoverableSamplesStayHonest) {
   }
 }
 
-// z = W z + b, W symmetric tridiagonal with eigenvalues up to 0.95: slow for
-// Picard, fast for Anderson.
-FixedPointProblem SlowMap() {
-  const int64_t n = 60;
-  FixedPointProblem p;
-  p.batch_size = 2;
-  p.state_size = n;
-  p.map = [n](const Tensor& z, const std::vector<int64_t>& ids, Tensor* out) {
-    for (size_t r = 0; r < ids.size(); ++r) {
-      const double* zr = z.data<double>() + r * n;
-      double* o = out->data<double>() + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const double left = i > 0 ? zr[i - 1] : 0.0;
-        const double right = i + 1 < n ? zr[i + 1] : 0.0;
-        o[i] = 0.475 * (left + right) + std::cos(0.2 * i * (ids[r] + 1));
-      }
-    }
-    return true;
-  };
-  return p;
-}
+// Slow for Picard, fast for Anderson.
+FixedPointProblem SlowMap() { return zoo::MakeSlowTridiagonalMap(60, 2, 0.2); }
 
 TEST(Fallback, ResidualThresholdDecidesForMaxIterations) {
   const FixedPointProblem p = SlowMap();

@@ -537,5 +537,24 @@ std::vector<double> ResidualNorms(const ZooProblem& problem, const Tensor& z) {
   return norms;
 }
 
+FixedPointProblem MakeSlowTridiagonalMap(int64_t n, int64_t batch, double frequency) {
+  FixedPointProblem p;
+  p.batch_size = batch;
+  p.state_size = n;
+  p.map = [n, frequency](const Tensor& z, const std::vector<int64_t>& ids, Tensor* out) {
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const double* zr = z.data<double>() + r * n;
+      double* o = out->data<double>() + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const double left = i > 0 ? zr[i - 1] : 0.0;
+        const double right = i + 1 < n ? zr[i + 1] : 0.0;
+        o[i] = 0.475 * (left + right) + std::sin(frequency * i * (ids[r] + 1));
+      }
+    }
+    return true;
+  };
+  return p;
+}
+
 }  // namespace zoo
 }  // namespace stillpoint

@@ -81,6 +81,14 @@ ZooProblem MakeMixedBatchProblem();
 ZooProblem MakeNoFixedPointProblem();
 ZooProblem MakeNanProblem();
 
+// z = W z + b_s with W symmetric tridiagonal (0.475 off the diagonal, so its
+// eigenvalues are 0.95 cos(k pi / (n + 1))) and b_s[i] = sin(frequency i
+// (s + 1)) per sample s: Picard contracts by about 0.95 per step, Anderson
+// (a windowed Krylov method on a real spectrum) needs far fewer evaluations.
+// Not in the zoo table: a plain map (float64 states) for the tests that
+// compare solvers' effort.
+FixedPointProblem MakeSlowTridiagonalMap(int64_t n, int64_t batch, double frequency);
+
 // The problems with a fixed point in reach, in the order of the table.
 std::vector<ZooProblem> ConvergentZoo();
 // Every problem of the table.
