@@ -85,6 +85,14 @@ struct BenchProblem {
   std::function<SolverSummary(const ForwardSolverOptions&)> solve;
 };
 
+std::string Label(const std::string& name, const FixedPointProblem& problem) {
+  char label[96];
+  std::snprintf(label, sizeof(label), "%s (%lld x %lld)", name.c_str(),
+                static_cast<long long>(problem.batch_size),
+                static_cast<long long>(problem.state_size));
+  return label;
+}
+
 BenchProblem FromZoo(const zoo::ZooProblem& z) {
   BenchProblem p;
   p.label = Label(z.name, z.problem);
@@ -95,14 +103,6 @@ BenchProblem FromZoo(const zoo::ZooProblem& z) {
     return SolveFixedPoint(options, z.problem, &state);
   };
   return p;
-}
-
-std::string Label(const std::string& name, const FixedPointProblem& problem) {
-  char label[96];
-  std::snprintf(label, sizeof(label), "%s (%lld x %lld)", name.c_str(),
-                static_cast<long long>(problem.batch_size),
-                static_cast<long long>(problem.state_size));
-  return label;
 }
 
 // bench/SPEC.md W1 shapes.
