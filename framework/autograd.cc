@@ -13,6 +13,10 @@ namespace {
 
 std::atomic<bool> g_grad_mode{true};
 
+// The needed-input mask of the VJP that the sweep on this thread is running
+// (null outside a sweep). Graphs are swept on the calling thread only.
+thread_local const std::vector<char>* t_input_needed = nullptr;
+
 using NodePtr = std::shared_ptr<detail::Node>;
 
 Var Accumulate(const Var& existing, const Var& increment) {
@@ -89,8 +93,8 @@ void Var::zero_grad() {
 
 void Var::set_grad(const Var& grad) {
   SP_CHECK(defined(), "set_grad: the Var is undefined");
-  SP_CHECK(!grad.defined() || grad.shape() == shape(), "set_grad: gradient of shape ",
-           grad.shape(), " for a value of shape ", shape());
+  SP_CHECK(!grad.defined() || grad.shape() == shape(), "set_grad: gradient of shape ", grad.shape(),
+           " for a value of shape ", shape());
   node_->grad = grad;
 }
 
@@ -108,6 +112,19 @@ GradModeGuard::GradModeGuard(bool enabled) : previous_(GradModeEnabled()) {
   SetGradModeEnabled(enabled);
 }
 GradModeGuard::~GradModeGuard() { SetGradModeEnabled(previous_); }
+
+// Restores the previous mask on exit: a VJP may itself run a sweep.
+ScopedInputGradMask::ScopedInputGradMask(const std::vector<char>* mask)
+    : previous_(t_input_needed) {
+  t_input_needed = mask;
+}
+ScopedInputGradMask::~ScopedInputGradMask() { t_input_needed = previous_; }
+
+bool InputGradNeeded(std::size_t index) {
+  const std::vector<char>* mask = t_input_needed;
+  if (mask == nullptr || index >= mask->size()) return true;
+  return (*mask)[index] != 0;
+}
 
 Var RecordOp(const char* op_name, Tensor value, VarList inputs, BackwardFn backward) {
   auto node = std::make_shared<detail::Node>();
@@ -166,8 +183,8 @@ std::vector<NodePtr> TopologicalOrder(const VarList& outputs) {
 }
 
 void CheckNotReleased(const detail::Node* node) {
-  SP_CHECK(!node->released, "backward: the graph behind op '", node->op_name,
-           "' (output shape ", node->value.shape(),
+  SP_CHECK(!node->released, "backward: the graph behind op '", node->op_name, "' (output shape ",
+           node->value.shape(),
            ") was already freed by an earlier backward; pass retain_graph = true to the "
            "first backward to differentiate twice");
 }
@@ -175,11 +192,13 @@ void CheckNotReleased(const detail::Node* node) {
 // The reverse sweep shared by grad() and backward(). When targets is null,
 // every reached leaf that requires grad accumulates into its grad();
 // otherwise the gradients of the target nodes are returned in `found`.
-void Sweep(const VarList& outputs, const VarList& grad_outputs, const GradOptions& options,
+void Sweep(const VarList& outputs,
+           const VarList& grad_outputs,
+           const GradOptions& options,
            const std::vector<detail::Node*>* targets,
            std::unordered_map<detail::Node*, Var>* found) {
-  SP_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), "grad: ",
-           outputs.size(), " outputs but ", grad_outputs.size(), " grad_outputs");
+  SP_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), "grad: ", outputs.size(),
+           " outputs but ", grad_outputs.size(), " grad_outputs");
   std::vector<NodePtr> order = TopologicalOrder(outputs);
 
   // Which nodes lead to a target (only those need their VJPs evaluated).
@@ -198,22 +217,22 @@ void Sweep(const VarList& outputs, const VarList& grad_outputs, const GradOption
   const bool retain = options.retain_graph || options.create_graph;
   GradModeGuard mode(options.create_graph);
   std::unordered_map<detail::Node*, Var> pending;
+  std::vector<char> input_needed;
   for (std::size_t k = 0; k < outputs.size(); ++k) {
     const Var& output = outputs[k];
     SP_CHECK(output.defined(), "grad: output ", k, " is undefined");
     if (!output.requires_grad()) continue;
     Var seed;
     if (grad_outputs.empty() || !grad_outputs[k].defined()) {
-      SP_CHECK(output.numel() == 1, "backward: output of op '", output.op_name(),
-               "' has shape ", output.shape(),
-               "; a non-scalar output needs grad_outputs of the same shape");
+      SP_CHECK(output.numel() == 1, "backward: output of op '", output.op_name(), "' has shape ",
+               output.shape(), "; a non-scalar output needs grad_outputs of the same shape");
       seed = Var(Tensor::Ones(output.shape(), output.dtype()));
     } else {
       seed = grad_outputs[k];
       SP_CHECK(seed.shape() == output.shape() && seed.dtype() == output.dtype(),
                "grad: grad_output of shape ", seed.shape(), " (", ToString(seed.dtype()),
-               ") for output of op '", output.op_name(), "' with shape ", output.shape(),
-               " (", ToString(output.dtype()), ")");
+               ") for output of op '", output.op_name(), "' with shape ", output.shape(), " (",
+               ToString(output.dtype()), ")");
       if (!options.create_graph) seed = seed.detach();
     }
     pending[output.node()] = Accumulate(pending[output.node()], seed);
@@ -241,18 +260,28 @@ void Sweep(const VarList& outputs, const VarList& grad_outputs, const GradOption
     VarList inputs;
     inputs.reserve(node->inputs.size());
     for (const auto& input : node->inputs) inputs.emplace_back(input);
+    // Which input gradients this sweep will use (the VJP may skip the rest).
+    input_needed.assign(inputs.size(), 0);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      detail::Node* input = inputs[i].node();
+      input_needed[i] = input && input->requires_grad && (!targets || needed.count(input) > 0);
+    }
     // The node's own Var, so the VJP can reuse the output (exp, tanh, ...).
     Var self{node_ptr};
-    VarList input_grads = node->backward(inputs, self, g);
-    SP_CHECK(input_grads.size() == inputs.size(), "backward of op '", node->op_name,
-             "' returned ", input_grads.size(), " gradients for ", inputs.size(), " inputs");
+    VarList input_grads;
+    {
+      ScopedInputGradMask mask_scope(&input_needed);
+      input_grads = node->backward(inputs, self, g);
+    }
+    SP_CHECK(input_grads.size() == inputs.size(), "backward of op '", node->op_name, "' returned ",
+             input_grads.size(), " gradients for ", inputs.size(), " inputs");
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       detail::Node* input = inputs[i].node();
       if (!input || !input->requires_grad || !input_grads[i].defined()) continue;
       if (targets && !needed.count(input)) continue;
-      SP_CHECK(input_grads[i].shape() == input->value.shape(), "backward of op '",
-               node->op_name, "' produced a gradient of shape ", input_grads[i].shape(),
-               " for input ", i, " of shape ", input->value.shape());
+      SP_CHECK(input_grads[i].shape() == input->value.shape(), "backward of op '", node->op_name,
+               "' produced a gradient of shape ", input_grads[i].shape(), " for input ", i,
+               " of shape ", input->value.shape());
       pending[input] = Accumulate(pending[input], input_grads[i]);
     }
     if (!retain) {
@@ -265,7 +294,9 @@ void Sweep(const VarList& outputs, const VarList& grad_outputs, const GradOption
 
 }  // namespace
 
-VarList grad(const VarList& outputs, const VarList& inputs, const VarList& grad_outputs,
+VarList grad(const VarList& outputs,
+             const VarList& inputs,
+             const VarList& grad_outputs,
              const GradOptions& options) {
   std::vector<detail::Node*> targets;
   for (std::size_t i = 0; i < inputs.size(); ++i) {

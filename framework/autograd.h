@@ -35,8 +35,8 @@ class Var;
 using VarList = std::vector<Var>;
 
 // Returns one gradient per input (see the VJP contract above).
-using BackwardFn = std::function<VarList(const VarList& inputs, const Var& output,
-                                         const Var& grad_output)>;
+using BackwardFn =
+    std::function<VarList(const VarList& inputs, const Var& output, const Var& grad_output)>;
 
 namespace detail {
 struct Node;
@@ -125,6 +125,35 @@ class GradModeGuard {
 // graph). op_name must be a string literal.
 Var RecordOp(const char* op_name, Tensor value, VarList inputs, BackwardFn backward);
 
+// Inside a BackwardFn called by a backward sweep: whether the sweep will use
+// the gradient of the op's input `index`. False when that input does not
+// require grad, or when grad() was asked for inputs that it does not lead to
+// (an adjoint iteration asks for d/dz only, so a matmul VJP can skip the
+// weight gradient). A VJP may return an undefined Var for such an input
+// instead of computing it; the results of the sweep do not change. Outside a
+// sweep it returns true (a VJP called directly computes everything).
+bool InputGradNeeded(std::size_t index);
+
+// Makes InputGradNeeded(i) return mask[i] on this thread for its lifetime
+// (the sweep sets one around every VJP; tests use it to call a VJP
+// directly). mask must outlive the scope.
+class ScopedInputGradMask {
+ public:
+  explicit ScopedInputGradMask(const std::vector<char>* mask);
+  ~ScopedInputGradMask();
+  ScopedInputGradMask(const ScopedInputGradMask&) = delete;
+  ScopedInputGradMask& operator=(const ScopedInputGradMask&) = delete;
+
+ private:
+  const std::vector<char>* previous_;
+};
+
+// What a VJP asks before computing the gradient of input `index`: it
+// requires grad and the running sweep needs it.
+inline bool WantsInputGrad(const VarList& inputs, std::size_t index) {
+  return inputs[index].requires_grad() && InputGradNeeded(index);
+}
+
 struct GradOptions {
   // Keep the graph after the sweep so it can be differentiated again. When
   // false, the sweep frees every op's saved inputs and VJP; a second backward
@@ -138,14 +167,15 @@ struct GradOptions {
 // grad_outputs may be empty when every output is a one-element tensor (then
 // each seed is 1). Inputs that the outputs do not depend on get an
 // undefined Var. Does not touch any Var's grad().
-VarList grad(const VarList& outputs, const VarList& inputs, const VarList& grad_outputs = {},
+VarList grad(const VarList& outputs,
+             const VarList& inputs,
+             const VarList& grad_outputs = {},
              const GradOptions& options = {});
 
 // Accumulates d(output)/d(leaf) into grad() of every leaf that requires grad
 // and that output depends on. output must hold one element unless
 // grad_output is given.
-void backward(const Var& output, const Var& grad_output = Var(),
-              const GradOptions& options = {});
+void backward(const Var& output, const Var& grad_output = Var(), const GradOptions& options = {});
 
 // Number of graph nodes reachable from outputs (for tests and diagnostics).
 int64_t CountGraphNodes(const VarList& outputs);

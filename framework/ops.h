@@ -135,13 +135,29 @@ Var masked_fill(const Var& x, const Tensor& mask, double value);
 
 // ----------------------------------------------------------------- fused nn
 
+// Multi-head scaled dot-product attention, fused, on the projections' own
+// layout (no head permutes): q [B, Tq, D], k and v [B, Tk, D], D = heads * dh
+// -> [B, Tq, D]. Head h uses columns [h dh, (h + 1) dh) of all three:
+//   out_h = softmax(scale q_h k_h^T + M) v_h,
+// where M hides key j from query i (weight exactly 0) when causal and
+// j > i + Tk - Tq. A query that sees no key gets NaN. scale > 0. Keeps the
+// [B, heads, Tq, Tk] probabilities for backward when recording.
+Var multi_head_attention(
+    const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal = false);
+// The same computation with unfused differentiable ops (permutes, matmul,
+// masked_fill, softmax): the reference for tests, and what the fused VJP
+// differentiates under create_graph.
+Var multi_head_attention_reference(
+    const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal = false);
+
 // Normalises over the last axis: (x - mean) / sqrt(var + eps) * gain + bias,
 // with the biased variance. gain, bias: [D] (either may be undefined).
 Var layer_norm(const Var& x, const Var& gain, const Var& bias, double eps = 1e-5);
 // logits [..., C], targets: one class per row of logits (numel / C entries,
 // each in [0, C), or ignore_index to skip the row) -> mean over the kept rows,
 // shape []. Fused with log_softmax.
-Var cross_entropy(const Var& logits, const std::vector<int64_t>& targets,
+Var cross_entropy(const Var& logits,
+                  const std::vector<int64_t>& targets,
                   int64_t ignore_index = -1);
 
 // --------------------------------------------------------------- helpers

@@ -11,6 +11,7 @@
 
 #include "framework/elementwise_kernels.h"
 #include "framework/ops.h"
+#include "framework/vector_math.h"
 
 namespace stillpoint {
 namespace {
@@ -19,16 +20,7 @@ using internal::MapBinary;
 using internal::MapTernary;
 using internal::MapUnary;
 
-// sqrt(2 / pi) and the cubic coefficient of the tanh form of GELU.
-constexpr double kGeluScale = 0.7978845608028654;
-constexpr double kGeluCubic = 0.044715;
-
-template <typename T>
-T StableSigmoid(T x) {
-  if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
-  const T e = std::exp(x);
-  return e / (T(1) + e);
-}
+using internal::StableSigmoid;
 
 // log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|)).
 template <typename T>
@@ -36,18 +28,20 @@ T StableSoftplus(T x) {
   return std::max(x, T(0)) + std::log1p(std::exp(-std::abs(x)));
 }
 
-template <typename T>
-T GeluValue(T x) {
-  const T u = T(kGeluScale) * (x + T(kGeluCubic) * x * x * x);
-  return T(0.5) * x * (T(1) + std::tanh(u));
-}
-
-// d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2), t = tanh(c (x + k x^3)).
-template <typename T>
-T GeluDerivative(T x) {
-  const T t = std::tanh(T(kGeluScale) * (x + T(kGeluCubic) * x * x * x));
-  const T du = T(kGeluScale) * (T(1) + T(3 * kGeluCubic) * x * x);
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+// A fresh tensor of x's shape and dtype holding kernel(x) for an array
+// kernel of vector_math.h (kernel(const T* in, T* out, n) for float and
+// double), split over threads in chunks.
+template <typename Kernel>
+Tensor MapVector(const Tensor& x, Kernel kernel) {
+  Tensor out(x.shape(), x.dtype());
+  DispatchDType(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = x.data<T>();
+    T* dst = out.data<T>();
+    internal::ParallelRange(0, x.numel(), internal::kMinChunk,
+                            [&](int64_t lo, int64_t hi) { kernel(in + lo, dst + lo, hi - lo); });
+  });
+  return out;
 }
 
 // 1 where x > 0 (relu) as a constant of x's shape and dtype.
@@ -96,24 +90,24 @@ Shape BroadcastShapes(const Shape& a, const Shape& b, const char* op) {
 Var add(const Var& a, const Var& b) {
   Tensor out = MapBinary(a.value(), b.value(), "add", [](auto u, auto v) { return u + v; });
   return RecordOp("add", out, {a, b}, [](const VarList& in, const Var& self, const Var& g) {
-    return VarList{in[0].requires_grad() ? sum_to(g, in[0].shape()) : Var(),
-                   in[1].requires_grad() ? sum_to(g, in[1].shape()) : Var()};
+    return VarList{WantsInputGrad(in, 0) ? sum_to(g, in[0].shape()) : Var(),
+                   WantsInputGrad(in, 1) ? sum_to(g, in[1].shape()) : Var()};
   });
 }
 
 Var sub(const Var& a, const Var& b) {
   Tensor out = MapBinary(a.value(), b.value(), "sub", [](auto u, auto v) { return u - v; });
   return RecordOp("sub", out, {a, b}, [](const VarList& in, const Var& self, const Var& g) {
-    return VarList{in[0].requires_grad() ? sum_to(g, in[0].shape()) : Var(),
-                   in[1].requires_grad() ? neg(sum_to(g, in[1].shape())) : Var()};
+    return VarList{WantsInputGrad(in, 0) ? sum_to(g, in[0].shape()) : Var(),
+                   WantsInputGrad(in, 1) ? neg(sum_to(g, in[1].shape())) : Var()};
   });
 }
 
 Var mul(const Var& a, const Var& b) {
   Tensor out = MapBinary(a.value(), b.value(), "mul", [](auto u, auto v) { return u * v; });
   return RecordOp("mul", out, {a, b}, [](const VarList& in, const Var& self, const Var& g) {
-    return VarList{in[0].requires_grad() ? sum_to(mul(g, in[1]), in[0].shape()) : Var(),
-                   in[1].requires_grad() ? sum_to(mul(g, in[0]), in[1].shape()) : Var()};
+    return VarList{WantsInputGrad(in, 0) ? sum_to(mul(g, in[1]), in[0].shape()) : Var(),
+                   WantsInputGrad(in, 1) ? sum_to(mul(g, in[0]), in[1].shape()) : Var()};
   });
 }
 
@@ -121,8 +115,8 @@ Var div(const Var& a, const Var& b) {
   Tensor out = MapBinary(a.value(), b.value(), "div", [](auto u, auto v) { return u / v; });
   return RecordOp("div", out, {a, b}, [](const VarList& in, const Var& self, const Var& g) {
     VarList grads(2);
-    if (in[0].requires_grad()) grads[0] = sum_to(div(g, in[1]), in[0].shape());
-    if (in[1].requires_grad()) {
+    if (WantsInputGrad(in, 0)) grads[0] = sum_to(div(g, in[1]), in[0].shape());
+    if (WantsInputGrad(in, 1)) {
       // d(a / b)/db = -(a / b) / b: reuse the output.
       Var local = GradModeEnabled() ? neg(div(self, in[1]))
                                     : constant(MapBinary(self.value(), in[1].value(), "div",
@@ -141,8 +135,8 @@ Var maximum(const Var& a, const Var& b) {
     Tensor mask_a = MapBinary(in[0].value(), in[1].value(), "maximum",
                               [](auto u, auto v) { return u >= v ? 1 : 0; });
     VarList grads(2);
-    if (in[0].requires_grad()) grads[0] = sum_to(mul(g, constant(mask_a)), in[0].shape());
-    if (in[1].requires_grad()) {
+    if (WantsInputGrad(in, 0)) grads[0] = sum_to(mul(g, constant(mask_a)), in[0].shape());
+    if (WantsInputGrad(in, 1)) {
       Tensor mask_b = MapUnary(mask_a, [](auto m) { return 1 - m; });
       grads[1] = sum_to(mul(g, constant(mask_b)), in[1].shape());
     }
@@ -193,7 +187,8 @@ Var neg(const Var& x) {
 }
 
 Var exp(const Var& x) {
-  Tensor out = MapUnary(x.value(), [](auto v) { return std::exp(v); });
+  Tensor out =
+      MapVector(x.value(), [](const auto* in, auto* y, int64_t n) { internal::VecExp(in, y, n); });
   return RecordOp("exp", out, {x}, [](const VarList& in, const Var& self, const Var& g) {
     return VarList{mul(g, self)};
   });
@@ -280,7 +275,8 @@ Var abs(const Var& x) {
 }
 
 Var tanh(const Var& x) {
-  Tensor out = MapUnary(x.value(), [](auto v) { return std::tanh(v); });
+  Tensor out =
+      MapVector(x.value(), [](const auto* in, auto* y, int64_t n) { internal::VecTanh(in, y, n); });
   return RecordOp("tanh", out, {x}, [](const VarList& in, const Var& self, const Var& g) {
     // d tanh/dx = 1 - tanh^2: reuse the output.
     if (!GradModeEnabled()) {
@@ -292,7 +288,8 @@ Var tanh(const Var& x) {
 }
 
 Var sigmoid(const Var& x) {
-  Tensor out = MapUnary(x.value(), [](auto v) { return StableSigmoid(v); });
+  Tensor out = MapVector(
+      x.value(), [](const auto* in, auto* y, int64_t n) { internal::VecSigmoid(in, y, n); });
   return RecordOp("sigmoid", out, {x}, [](const VarList& in, const Var& self, const Var& g) {
     // d sigmoid/dx = s (1 - s): reuse the output.
     if (!GradModeEnabled()) {
@@ -315,17 +312,33 @@ Var relu(const Var& x) {
 }
 
 Var gelu(const Var& x) {
-  Tensor out = MapUnary(x.value(), [](auto v) { return GeluValue(v); });
+  Tensor out =
+      MapVector(x.value(), [](const auto* in, auto* y, int64_t n) { internal::VecGelu(in, y, n); });
   return RecordOp("gelu", out, {x}, [](const VarList& in, const Var& self, const Var& g) {
     if (!GradModeEnabled()) {
-      return VarList{constant(MapBinary(g.value(), in[0].value(), "gelu",
-                                        [](auto gv, auto v) { return gv * GeluDerivative(v); }))};
+      const Tensor& xv = in[0].value();
+      const Tensor& gv = g.value();
+      SP_CHECK(gv.shape() == xv.shape() && gv.dtype() == xv.dtype(), "gelu: gradient ", gv.shape(),
+               " for input ", xv.shape());
+      Tensor dx(xv.shape(), xv.dtype());
+      DispatchDType(xv.dtype(), [&](auto zero) {
+        using T = decltype(zero);
+        const T* gp = gv.data<T>();
+        const T* xp = xv.data<T>();
+        T* dp = dx.data<T>();
+        internal::ParallelRange(0, xv.numel(), internal::kMinChunk, [&](int64_t lo, int64_t hi) {
+          internal::VecGeluBackward(gp + lo, xp + lo, dp + lo, hi - lo);
+        });
+      });
+      return VarList{constant(dx)};
     }
     // The same derivative as GeluDerivative, in differentiable ops of x.
     const Var& v = in[0];
     Var v2 = square(v);
-    Var t = tanh(mul_scalar(add(v, mul_scalar(mul(v, v2), kGeluCubic)), kGeluScale));
-    Var du = mul_scalar(add_scalar(mul_scalar(v2, 3.0 * kGeluCubic), 1.0), kGeluScale);
+    Var t = tanh(
+        mul_scalar(add(v, mul_scalar(mul(v, v2), internal::kGeluCubic)), internal::kGeluScale));
+    Var du = mul_scalar(add_scalar(mul_scalar(v2, 3.0 * internal::kGeluCubic), 1.0),
+                        internal::kGeluScale);
     Var first = mul_scalar(add_scalar(t, 1.0), 0.5);
     Var second = mul(mul_scalar(v, 0.5), mul(add_scalar(neg(square(t)), 1.0), du));
     return VarList{mul(g, add(first, second))};

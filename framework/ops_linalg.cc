@@ -1,35 +1,31 @@
-// Matrix products. The kernels are Eigen GEMMs on row-major maps of the
-// tensors' storage; each GEMM runs single-threaded and ParallelFor spreads
-// independent products over the threads.
+// Matrix products. The kernels are GEMMs (framework/gemm.h: OpenBLAS or
+// Eigen) on the tensors' row-major storage; each GEMM runs single-threaded
+// and ParallelFor spreads independent products over the threads.
 //
-// Determinism: the work is cut into units whose boundaries depend only on the
-// shapes (one batch entry, or a fixed block of output rows), never on the
-// thread count, and each unit is one GEMM writing its own rows. So a result
-// is bitwise identical for any number of threads.
+// Determinism: the work is cut into units whose boundaries depend only on
+// the shapes (one batch entry, a fixed block of output rows, or of columns),
+// never on the thread count, and each unit is one GEMM writing its own
+// block. So a result is bitwise identical for any number of threads.
 
-#include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "framework/gemm.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
 
 namespace stillpoint {
 namespace {
 
-// Output rows per work unit. Large enough that a unit is an efficient GEMM,
+// Output rows per work unit. Large enough that a unit is an efficient GEMM
+// (each unit packs B again: 64-row units spent ~15% of W1 in packing),
 // small enough that a single [rows, n] product still spreads over threads.
-constexpr int64_t kRowsPerUnit = 64;
+constexpr int64_t kRowsPerUnit = 256;
+// Columns per work unit when a product is cut into column blocks.
+constexpr int64_t kMinColsPerUnit = 32;
 // Roughly how many multiply-adds a task should get before splitting pays.
 constexpr int64_t kFlopsPerTask = 1 << 15;
-
-template <typename T>
-using RowMajorMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T>
-using ConstMatrixMap = Eigen::Map<const RowMajorMatrix<T>>;
-template <typename T>
-using MatrixMap = Eigen::Map<RowMajorMatrix<T>>;
 
 // The problem after resolving ranks and transposes: `batch` products
 // C_i = op(A_i) op(B_i) with op(A_i) [m, k], op(B_i) [k, n]. When b_shared,
@@ -81,37 +77,29 @@ MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool 
   return geo;
 }
 
-// Writes rows [row_begin, row_end) of C = op(A) op(B), where A, B and C point
-// at one batch entry: A is [m, k] ([k, m] if transpose_a), B is [k, n]
-// ([n, k] if transpose_b), C is [m, n].
+// Writes the block [row_begin, row_end) x [col_begin, col_end) of
+// C = op(A) op(B), where A, B and C point at one batch entry: A is [m, k]
+// ([k, m] if transpose_a), B is [k, n] ([n, k] if transpose_b), C is [m, n].
 template <typename T>
-void GemmRows(const T* a,
-              const T* b,
-              T* c,
-              int64_t m,
-              int64_t k,
-              int64_t n,
-              bool transpose_a,
-              bool transpose_b,
-              int64_t row_begin,
-              int64_t row_end) {
-  const int64_t rows = row_end - row_begin;
-  MatrixMap<T> out(c + row_begin * n, rows, n);
-  if (k == 0) {
-    out.setZero();
-    return;
-  }
-  const ConstMatrixMap<T> a_map(a, transpose_a ? k : m, transpose_a ? m : k);
-  const ConstMatrixMap<T> b_map(b, transpose_b ? n : k, transpose_b ? k : n);
-  if (!transpose_a && !transpose_b) {
-    out.noalias() = a_map.middleRows(row_begin, rows) * b_map;
-  } else if (!transpose_a && transpose_b) {
-    out.noalias() = a_map.middleRows(row_begin, rows) * b_map.transpose();
-  } else if (transpose_a && !transpose_b) {
-    out.noalias() = a_map.middleCols(row_begin, rows).transpose() * b_map;
-  } else {
-    out.noalias() = a_map.middleCols(row_begin, rows).transpose() * b_map.transpose();
-  }
+void GemmBlock(const T* a,
+               const T* b,
+               T* c,
+               int64_t m,
+               int64_t k,
+               int64_t n,
+               bool transpose_a,
+               bool transpose_b,
+               int64_t row_begin,
+               int64_t row_end,
+               int64_t col_begin,
+               int64_t col_end) {
+  // Rows of op(A) are rows of A, or columns of A when transposed; columns of
+  // op(B) are columns of B, or rows of B when transposed.
+  const T* a_rows = transpose_a ? a + row_begin : a + row_begin * k;
+  const T* b_cols = transpose_b ? b + col_begin * k : b + col_begin;
+  internal::Gemm<T>(transpose_a, transpose_b, row_end - row_begin, col_end - col_begin, k, T(1),
+                    a_rows, transpose_a ? m : k, b_cols, transpose_b ? k : n,
+                    c + row_begin * n + col_begin, n);
 }
 
 // The forward kernel: a tensor-only product (no graph).
@@ -127,9 +115,18 @@ Tensor MatmulValue(const Tensor& a,
   const bool fold = geo.b_shared && !transpose_a;
   const int64_t batch = fold ? 1 : geo.batch;
   const int64_t m = fold ? geo.batch * geo.m : geo.m;
-  const int64_t units_per_entry = (m + kRowsPerUnit - 1) / kRowsPerUnit;
+  const int64_t row_units = (m + kRowsPerUnit - 1) / kRowsPerUnit;
+  // A single short, deep product (a weight gradient x^T g: m = features,
+  // k = rows) is cut into column blocks too, so it still spreads over
+  // threads.
+  const bool split_cols = batch * row_units == 1 && geo.n >= 2 * kMinColsPerUnit &&
+                          m * geo.k * geo.n >= 4 * kFlopsPerTask;
+  const int64_t cols_per_unit = split_cols ? kMinColsPerUnit : geo.n;
+  const int64_t col_units = (geo.n + cols_per_unit - 1) / cols_per_unit;
+  const int64_t units_per_entry = row_units * col_units;
   const int64_t units = batch * units_per_entry;
-  const int64_t flops_per_unit = std::max<int64_t>(1, std::min(m, kRowsPerUnit) * geo.k * geo.n);
+  const int64_t flops_per_unit =
+      std::max<int64_t>(1, std::min(m, kRowsPerUnit) * geo.k * cols_per_unit);
   const int64_t min_chunk = std::max<int64_t>(1, kFlopsPerTask / flops_per_unit);
   DispatchDType(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -142,10 +139,14 @@ Tensor MatmulValue(const Tensor& a,
     ParallelFor(0, units, min_chunk, [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit) {
         const int64_t entry = unit / units_per_entry;
-        const int64_t row_begin = (unit % units_per_entry) * kRowsPerUnit;
+        const int64_t block = unit % units_per_entry;
+        const int64_t row_begin = (block / col_units) * kRowsPerUnit;
         const int64_t row_end = std::min(m, row_begin + kRowsPerUnit);
-        GemmRows<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_data + entry * c_stride,
-                    m, geo.k, geo.n, transpose_a, transpose_b, row_begin, row_end);
+        const int64_t col_begin = (block % col_units) * cols_per_unit;
+        const int64_t col_end = std::min(geo.n, col_begin + cols_per_unit);
+        GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride,
+                     c_data + entry * c_stride, m, geo.k, geo.n, transpose_a, transpose_b,
+                     row_begin, row_end, col_begin, col_end);
       }
     });
   });
@@ -178,7 +179,7 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
                     const Var& a = in[0];
                     const Var& b = in[1];
                     Var da, db;
-                    if (a.requires_grad()) {
+                    if (WantsInputGrad(in, 0)) {
                       // d op(A) = G op(B)^T; undo op on A.
                       if (!transpose_a) {
                         da = matmul(g, b, false, !transpose_b);
@@ -188,7 +189,7 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
                         da = transpose(matmul(g, b, false, !transpose_b), -2, -1);
                       }
                     }
-                    if (b.requires_grad()) {
+                    if (WantsInputGrad(in, 1)) {
                       // d op(B) = op(A)^T G; undo op on B.
                       if (geo.b_shared) {
                         db = SharedOperandGrad(a, g, geo, transpose_a, transpose_b);

@@ -20,6 +20,7 @@
 
 #include "framework/ops.h"
 #include "framework/parallel.h"
+#include "framework/vector_math.h"
 
 namespace stillpoint {
 namespace {
@@ -61,9 +62,20 @@ Shape ReducedShape(const Shape& shape, bool keepdim) {
 
 template <typename T>
 T RowMax(const T* x, int64_t n) {
-  T m = -std::numeric_limits<T>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
-  return m;
+  return internal::VecMax(x, n);
+}
+
+// sum(exp(x - m)) over a row, in index order, through a stack buffer (the
+// vectorised exp writes its results somewhere).
+template <typename T>
+T RowExpSum(const T* x, T m, int64_t n) {
+  constexpr int64_t kChunk = 256;
+  T buffer[kChunk];
+  T s = 0;
+  for (int64_t i = 0; i < n; i += kChunk) {
+    s += internal::VecExpShifted(x + i, m, buffer, std::min(kChunk, n - i));
+  }
+  return s;
 }
 
 // log(sum(exp(x))) shifted by the row maximum. A row that is all -inf gives
@@ -72,9 +84,7 @@ template <typename T>
 T RowLogSumExp(const T* x, int64_t n) {
   const T m = RowMax(x, n);
   if (!std::isfinite(m)) return m;
-  T s = 0;
-  for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
-  return m + std::log(s);
+  return m + std::log(RowExpSum(x, m, n));
 }
 
 void CheckSameDType(const Var& x, const Var& other, const char* op, const char* name) {
@@ -109,11 +119,7 @@ Tensor SoftmaxValue(const Tensor& x, const RowLayout& rl, bool log_space) {
         const T* row = in + r * rl.n;
         T* y = dst + r * rl.n;
         const T m = RowMax(row, rl.n);
-        T s = 0;
-        for (int64_t i = 0; i < rl.n; ++i) {
-          y[i] = std::exp(row[i] - m);
-          s += y[i];
-        }
+        const T s = internal::VecExpShifted(row, m, y, rl.n);
         if (log_space) {
           const T log_s = std::log(s);
           for (int64_t i = 0; i < rl.n; ++i) y[i] = (row[i] - m) - log_s;
@@ -137,9 +143,9 @@ Tensor LogSumExpBackward(const Tensor& x, const Tensor& lse, const Tensor& g, co
     T* dst = dx.data<T>();
     ParallelFor(0, rl.rows, MinChunk(rl.n), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        for (int64_t i = 0; i < rl.n; ++i) {
-          dst[r * rl.n + i] = gr[r] * std::exp(in[r * rl.n + i] - l[r]);
-        }
+        T* d = dst + r * rl.n;
+        internal::VecExpShifted(in + r * rl.n, l[r], d, rl.n);
+        for (int64_t i = 0; i < rl.n; ++i) d[i] *= gr[r];
       }
     });
   });
@@ -162,7 +168,8 @@ Tensor SoftmaxBackward(const Tensor& y, const Tensor& g, const RowLayout& rl, bo
         T acc = 0;
         if (log_space) {
           for (int64_t i = 0; i < rl.n; ++i) acc += gr[i];
-          for (int64_t i = 0; i < rl.n; ++i) d[i] = gr[i] - std::exp(yr[i]) * acc;
+          internal::VecExp(yr, d, rl.n);
+          for (int64_t i = 0; i < rl.n; ++i) d[i] = gr[i] - d[i] * acc;
         } else {
           for (int64_t i = 0; i < rl.n; ++i) acc += gr[i] * yr[i];
           for (int64_t i = 0; i < rl.n; ++i) d[i] = yr[i] * (gr[i] - acc);
@@ -358,15 +365,14 @@ Var layer_norm(const Var& x, const Var& gain, const Var& bias, double eps) {
                   [rl, eps, stats](const VarList& in, const Var&, const Var& g) {
                     const Var& x = in[0];
                     const Var& gain = in[1];
-                    const Var& bias = in[2];
                     const Shape param_shape{rl.n};
                     if (!GradModeEnabled()) {
                       LayerNormGrads grads = DispatchDType(x.dtype(), [&](auto zero) {
                         using T = decltype(zero);
                         const Tensor gain_value = gain.defined() ? gain.value() : Tensor();
                         return LayerNormBackwardKernel<T>(
-                            x.value(), gain.defined() ? &gain_value : nullptr, gain.requires_grad(),
-                            bias.requires_grad(), stats, g.value(), rl);
+                            x.value(), gain.defined() ? &gain_value : nullptr,
+                            WantsInputGrad(in, 1), WantsInputGrad(in, 2), stats, g.value(), rl);
                       });
                       return VarList{Var(grads.dx),
                                      grads.dgain.defined() ? Var(grads.dgain) : Var(),
@@ -381,8 +387,8 @@ Var layer_norm(const Var& x, const Var& gain, const Var& bias, double eps) {
                     const Var dx = mul(rstd, sub(sub(dxhat, mean(dxhat, -1, true)),
                                                  mul(xhat, mean(mul(dxhat, xhat), -1, true))));
                     Var dgain, dbias;
-                    if (gain.requires_grad()) dgain = sum_to(mul(g, xhat), param_shape);
-                    if (bias.requires_grad()) dbias = sum_to(g, param_shape);
+                    if (WantsInputGrad(in, 1)) dgain = sum_to(mul(g, xhat), param_shape);
+                    if (WantsInputGrad(in, 2)) dbias = sum_to(g, param_shape);
                     return VarList{dx, dgain, dbias};
                   });
 }
@@ -446,9 +452,8 @@ Var cross_entropy(const Var& logits, const std::vector<int64_t>& targets, int64_
                   std::fill_n(dr, rl.n, T(0));
                   continue;
                 }
-                for (int64_t i = 0; i < rl.n; ++i) {
-                  dr[i] = std::exp(xv[r * rl.n + i] - l[r]) * scale;
-                }
+                internal::VecExpShifted(xv + r * rl.n, l[r], dr, rl.n);
+                for (int64_t i = 0; i < rl.n; ++i) dr[i] *= scale;
                 dr[targets[r]] -= scale;
               }
             });

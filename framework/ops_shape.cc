@@ -303,7 +303,7 @@ Var concat(const VarList& parts, int axis) {
     VarList grads(in.size());
     int64_t start = 0;
     for (std::size_t p = 0; p < in.size(); ++p) {
-      if (in[p].requires_grad()) {
+      if (WantsInputGrad(in, p)) {
         grads[p] = slice(g, ax, start, start + extents[p]);
       }
       start += extents[p];

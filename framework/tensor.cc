@@ -53,12 +53,6 @@ int Shape::Axis(int axis) const {
 
 int64_t Shape::dim(int axis) const { return dims_[Axis(axis)]; }
 
-int64_t Shape::numel() const {
-  int64_t n = 1;
-  for (int i = 0; i < rank_; ++i) n *= dims_[i];
-  return n;
-}
-
 std::vector<int64_t> Shape::dims() const {
   return std::vector<int64_t>(dims_.begin(), dims_.begin() + rank_);
 }

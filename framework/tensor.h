@@ -51,7 +51,12 @@ class Shape {
   // Negative axes count from the end: dim(-1) is the last extent.
   int64_t dim(int axis) const;
   int64_t operator[](int axis) const { return dim(axis); }
-  int64_t numel() const;
+  // Inline: kernels call it in loop conditions.
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank_; ++i) n *= dims_[i];
+    return n;
+  }
   // Resolves a possibly negative axis against this rank; throws if out of range.
   int Axis(int axis) const;
   std::vector<int64_t> dims() const;

@@ -72,6 +72,14 @@ Var MultiHeadAttention::Forward(const Var& x, const Var& context, const Attentio
   const int64_t tq = x.dim(1);
   const int64_t tk = context.dim(1);
 
+  if (!mask.additive.defined() && !mask.key_mask.defined()) {
+    // The fused kernel: heads read in place from the projections, the
+    // [Tq, Tk] blocks never leave the cache, and no permuted copies.
+    const Var heads_out = multi_head_attention(wq_->Forward(x), wk_->Forward(context),
+                                               wv_->Forward(context), heads_, scale_, causal_);
+    return wo_->Forward(heads_out);
+  }
+
   // Scaling Q (Tq x dh per head) is cheaper than scaling the Tq x Tk scores.
   const Var q = SplitHeads(mul_scalar(wq_->Forward(x), scale_));
   const Var k = SplitHeads(wk_->Forward(context));

@@ -19,6 +19,8 @@ packages=(
   libeigen3-dev libtbb-dev libceres-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev zlib1g-dev
   python3
+  # OpenBLAS runtime: the matrix products use it when present (Eigen otherwise).
+  libopenblas0-openmp
 )
 # The reference implementation the benchmarks compare against.
 peer_packages=(python3-torch libopenblas0-openmp)

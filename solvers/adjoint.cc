@@ -38,7 +38,8 @@ void TensorToMatrix(const Tensor& tensor, RowMatrix* matrix) {
     using T = decltype(zero);
     const T* data = tensor.data<T>();
     double* out = matrix->data();
-    for (int64_t i = 0; i < tensor.numel(); ++i) out[i] = static_cast<double>(data[i]);
+    const int64_t n = tensor.numel();
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<double>(data[i]);
   });
 }
 
@@ -47,7 +48,8 @@ void MatrixToTensor(const RowMatrix& matrix, Tensor* tensor) {
     using T = decltype(zero);
     T* data = tensor->data<T>();
     const double* in = matrix.data();
-    for (int64_t i = 0; i < tensor->numel(); ++i) data[i] = static_cast<T>(in[i]);
+    const int64_t n = tensor->numel();
+    for (int64_t i = 0; i < n; ++i) data[i] = static_cast<T>(in[i]);
   });
 }
 

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "framework/autograd.h"
+#include "framework/gemm.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "framework/random.h"
@@ -131,6 +132,7 @@ void PrintJson(const BenchReport& r, std::ostream& out) {
       << ", \"iters\": " << r.iterations << ", \"threads\": " << r.threads
       << ", \"steps\": " << r.steps << ", \"warmup\": " << r.warmup
       << ", \"dtype\": " << JsonString(r.dtype)
+      << ", \"gemm\": " << JsonString(internal::GemmBackendName())
       << ", \"median_ms\": " << JsonNumber(r.time.median * ms)
       << ", \"min_ms\": " << JsonNumber(r.time.min * ms)
       << ", \"max_ms\": " << JsonNumber(r.time.max * ms)

@@ -1,0 +1,42 @@
+// The one matrix-product kernel behind matmul and the fused attention (not
+// part of the public API; ops.h is).
+//
+// Row-major GEMM on raw pointers with leading dimensions (so a head's
+// strided [T, dh] block of a [T, heads * dh] tensor is an operand as is):
+//
+//   C[m, n] = alpha op(A) op(B),   op(A) [m, k], op(B) [k, n]
+//
+// A is [m, k] with row stride lda ([k, m] if trans_a), B is [k, n] with row
+// stride ldb ([n, k] if trans_b), C is [m, n] with row stride ldc; C is
+// overwritten (its previous contents are ignored, also when k = 0).
+//
+// When the build found OpenBLAS (CMake option STILLPOINT_USE_OPENBLAS) the
+// product is one single-threaded sgemm/dgemm call: about 1.3-1.6x Eigen's
+// own GEMM per core on this project's shapes. Otherwise Eigen computes it.
+// Either way a call runs on the calling thread only (OpenBLAS is limited to
+// one thread); parallelism comes from ParallelFor around independent calls,
+// so results do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace stillpoint::internal {
+
+template <typename T>
+void Gemm(bool trans_a,
+          bool trans_b,
+          int64_t m,
+          int64_t n,
+          int64_t k,
+          T alpha,
+          const T* a,
+          int64_t lda,
+          const T* b,
+          int64_t ldb,
+          T* c,
+          int64_t ldc);
+
+// "openblas" or "eigen": which kernel Gemm uses (printed by benchmarks).
+const char* GemmBackendName();
+
+}  // namespace stillpoint::internal

@@ -1,0 +1,77 @@
+// internal::Gemm (OpenBLAS or Eigen) against a naive triple loop: every
+// transpose combination, strided operands (a head's columns of a wider
+// tensor), alpha, k = 0, shapes on both sides of the BLAS size threshold.
+#include "framework/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace stillpoint::internal {
+namespace {
+
+template <typename T>
+std::vector<T> Filled(int64_t n, int seed) {
+  std::vector<T> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<T>(std::sin(0.37 * (i + 1) * seed) * 2.0);
+  return v;
+}
+
+// The (r, c) entry of a row-major matrix with row stride ld, read
+// transposed when trans is set.
+template <typename T>
+T At(const std::vector<T>& x, int64_t ld, bool trans, int64_t r, int64_t c) {
+  return trans ? x[c * ld + r] : x[r * ld + c];
+}
+
+template <typename T>
+void CheckCase(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t pad, double tol) {
+  const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+  const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+  const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = n + pad;
+  const std::vector<T> a = Filled<T>(std::max<int64_t>(1, a_rows * lda), 1);
+  const std::vector<T> b = Filled<T>(std::max<int64_t>(1, b_rows * ldb), 2);
+  std::vector<T> c(m * ldc, T(7));  // C's old contents must be ignored
+  const T alpha = T(0.75);
+  Gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, c.data(), ldc);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double expected = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        expected += static_cast<double>(At(a, lda, ta, i, p)) * At(b, ldb, tb, p, j);
+      }
+      expected *= static_cast<double>(alpha);
+      ASSERT_NEAR(c[i * ldc + j], expected, tol * (1.0 + std::abs(expected)))
+          << "ta " << ta << " tb " << tb << " m " << m << " n " << n << " k " << k << " at (" << i
+          << ", " << j << ")";
+    }
+    for (int64_t j = n; j < ldc; ++j) ASSERT_EQ(c[i * ldc + j], T(7)) << "padding overwritten";
+  }
+}
+
+TEST(GemmTest, MatchesNaiveProductForAllLayouts) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (int64_t k : {0, 1, 16, 64}) {
+        CheckCase<double>(ta, tb, 5, 7, k, 0, 1e-12);
+        CheckCase<double>(ta, tb, 9, 3, k, 4, 1e-12);  // strided
+        CheckCase<float>(ta, tb, 33, 17, k, 3, 1e-5);
+      }
+    }
+  }
+}
+
+TEST(GemmTest, LargeProductAboveTheBlasThreshold) {
+  CheckCase<float>(false, false, 130, 96, 100, 0, 1e-5);
+  CheckCase<float>(true, false, 64, 64, 300, 0, 1e-5);
+}
+
+TEST(GemmTest, NamesItsBackend) {
+  const std::string name = GemmBackendName();
+  EXPECT_TRUE(name == "openblas" || name == "eigen") << name;
+}
+
+}  // namespace
+}  // namespace stillpoint::internal

@@ -1,0 +1,160 @@
+// Fused multi-head attention: values against the unfused reference (masks,
+// cross-attention, float32), first and second order gradients, skipped
+// gradients, independence from the thread count, and errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "framework/gradcheck.h"
+#include "framework/ops.h"
+#include "framework/parallel.h"
+#include "framework/random.h"
+
+namespace stillpoint {
+namespace {
+
+Var Random(const Shape& shape,
+           uint64_t seed,
+           DType dtype = DType::kFloat64,
+           bool requires_grad = false) {
+  Rng rng(seed);
+  return Var(RandomNormal(shape, 0.0, 1.0, dtype, rng), requires_grad);
+}
+
+double LargestDifference(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<double> x = a.ToVector();
+  const std::vector<double> y = b.ToVector();
+  double worst = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
+  return worst;
+}
+
+struct Case {
+  int64_t batch, tq, tk, heads, dh;
+  bool causal;
+};
+
+class AttentionCaseTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionCaseTest, MatchesReferenceValuesAndGradients) {
+  const Case c = GetParam();
+  const int64_t dim = c.heads * c.dh;
+  const Var q = Random(Shape{c.batch, c.tq, dim}, 1, DType::kFloat64, true);
+  const Var k = Random(Shape{c.batch, c.tk, dim}, 2, DType::kFloat64, true);
+  const Var v = Random(Shape{c.batch, c.tk, dim}, 3, DType::kFloat64, true);
+  const Var g = Random(Shape{c.batch, c.tq, dim}, 4);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.dh));
+
+  const Var fused = multi_head_attention(q, k, v, c.heads, scale, c.causal);
+  const Var reference = multi_head_attention_reference(q, k, v, c.heads, scale, c.causal);
+  EXPECT_LT(LargestDifference(fused.value(), reference.value()), 1e-13);
+
+  const VarList fused_grads = grad({fused}, {q, k, v}, {g});
+  const VarList reference_grads = grad({reference}, {q, k, v}, {g});
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(fused_grads[i].defined()) << i;
+    EXPECT_LT(LargestDifference(fused_grads[i].value(), reference_grads[i].value()), 1e-12) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes,
+                         AttentionCaseTest,
+                         ::testing::Values(Case{2, 5, 5, 2, 3, false},
+                                           Case{2, 5, 5, 2, 3, true},
+                                           Case{1, 3, 6, 3, 2, false},  // cross-attention
+                                           Case{1, 6, 4, 1, 4, true},   // Tq > Tk, causal
+                                           Case{3, 9, 9, 4, 8, false}));
+
+TEST(MultiHeadAttentionTest, GradCheck) {
+  const VarFunction f = [](const VarList& in) {
+    return multi_head_attention(in[0], in[1], in[2], 2, 0.7, false);
+  };
+  auto r = CheckGradients(
+      f, {Random(Shape{2, 3, 4}, 5), Random(Shape{2, 4, 4}, 6), Random(Shape{2, 4, 4}, 7)});
+  EXPECT_TRUE(r) << r;
+  const VarFunction causal = [](const VarList& in) {
+    return multi_head_attention(in[0], in[1], in[2], 2, 0.5, true);
+  };
+  r = CheckGradients(
+      causal, {Random(Shape{1, 4, 4}, 8), Random(Shape{1, 4, 4}, 9), Random(Shape{1, 4, 4}, 10)});
+  EXPECT_TRUE(r) << r;
+}
+
+TEST(MultiHeadAttentionTest, SecondOrderGradCheck) {
+  const VarFunction f = [](const VarList& in) {
+    return multi_head_attention(in[0], in[1], in[2], 2, 0.6, true);
+  };
+  auto r = CheckSecondOrderGradients(
+      f, {Random(Shape{1, 3, 4}, 11), Random(Shape{1, 3, 4}, 12), Random(Shape{1, 3, 4}, 13)});
+  EXPECT_TRUE(r) << r;
+}
+
+TEST(MultiHeadAttentionTest, CausalFirstQuerySeesOnlyFirstKey) {
+  // With Tq = Tk the first query sees only key 0: its output is v's row 0.
+  const Var q = Random(Shape{1, 4, 6}, 14);
+  const Var k = Random(Shape{1, 4, 6}, 15);
+  const Var v = Random(Shape{1, 4, 6}, 16);
+  const Var out = multi_head_attention(q, k, v, 3, 1.0, true);
+  for (int64_t j = 0; j < 6; ++j) EXPECT_DOUBLE_EQ(out.value().at(j), v.value().at(j)) << j;
+}
+
+TEST(MultiHeadAttentionTest, Float32CloseToFloat64) {
+  const Var q = Random(Shape{2, 16, 32}, 17);
+  const Var k = Random(Shape{2, 16, 32}, 18);
+  const Var v = Random(Shape{2, 16, 32}, 19);
+  const Var out64 = multi_head_attention(q, k, v, 4, 0.35, false);
+  const Var out32 =
+      multi_head_attention(Var(q.value().To(DType::kFloat32)), Var(k.value().To(DType::kFloat32)),
+                           Var(v.value().To(DType::kFloat32)), 4, 0.35, false);
+  EXPECT_LT(LargestDifference(out32.value().To(DType::kFloat64), out64.value()), 2e-6);
+}
+
+TEST(MultiHeadAttentionTest, SkipsUnneededGradientsWithoutChangingOthers) {
+  const Var q = Random(Shape{2, 5, 8}, 20, DType::kFloat64, true);
+  const Var k = Random(Shape{2, 5, 8}, 21, DType::kFloat64, true);
+  const Var v = Random(Shape{2, 5, 8}, 22, DType::kFloat64, true);
+  const Var g = Random(Shape{2, 5, 8}, 23);
+  const VarList all = grad({multi_head_attention(q, k, v, 2, 0.5)}, {q, k, v}, {g});
+  const VarList only_v = grad({multi_head_attention(q, k, v, 2, 0.5)}, {v}, {g});
+  const VarList only_q = grad({multi_head_attention(q, k, v, 2, 0.5)}, {q}, {g});
+  ASSERT_TRUE(only_v[0].defined() && only_q[0].defined());
+  EXPECT_EQ(LargestDifference(only_v[0].value(), all[2].value()), 0.0);
+  EXPECT_EQ(LargestDifference(only_q[0].value(), all[0].value()), 0.0);
+}
+
+TEST(MultiHeadAttentionTest, BitwiseIndependentOfThreadCount) {
+  const Var q = Random(Shape{3, 20, 16}, 24, DType::kFloat32, true);
+  const Var k = Random(Shape{3, 20, 16}, 25, DType::kFloat32, true);
+  const Var v = Random(Shape{3, 20, 16}, 26, DType::kFloat32, true);
+  const Var g = Random(Shape{3, 20, 16}, 27, DType::kFloat32);
+  std::vector<std::vector<double>> results[2];
+  for (int threads : {1, 2}) {
+    ScopedNumThreads scoped(threads);
+    const Var out = multi_head_attention(q, k, v, 4, 0.5, true);
+    const VarList grads = grad({out}, {q, k, v}, {g});
+    auto& r = results[threads - 1];
+    r.push_back(out.value().ToVector());
+    for (const Var& d : grads) r.push_back(d.value().ToVector());
+  }
+  EXPECT_EQ(results[0], results[1]);
+}
+
+TEST(MultiHeadAttentionTest, ErrorsNameTheOpAndShapes) {
+  const Var q = Random(Shape{2, 3, 6}, 28);
+  const Var k = Random(Shape{2, 4, 6}, 29);
+  try {
+    multi_head_attention(q, k, Random(Shape{2, 5, 6}, 30), 2, 1.0);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("multi_head_attention"), std::string::npos) << message;
+    EXPECT_NE(message.find("[2, 5, 6]"), std::string::npos) << message;
+  }
+  EXPECT_THROW(multi_head_attention(q, k, k, 4, 1.0), Error);  // 6 is not a multiple of 4
+  EXPECT_THROW(multi_head_attention(q, k, k, 2, 0.0), Error);
+}
+
+}  // namespace
+}  // namespace stillpoint

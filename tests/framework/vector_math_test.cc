@@ -1,0 +1,146 @@
+// The vectorised float32 kernels against float64 libm (relative error about
+// 1e-6 or better), special values, and independence from an element's
+// position (tails shorter than a SIMD packet take the same code path).
+#include "framework/vector_math.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace stillpoint::internal {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<float> Grid(float lo, float hi, int n) {
+  std::vector<float> x(n);
+  for (int i = 0; i < n; ++i) x[i] = lo + (hi - lo) * static_cast<float>(i) / (n - 1);
+  return x;
+}
+
+// max over i of |y[i] - ref(x[i])| / max(|ref(x[i])|, floor).
+template <typename Ref>
+double MaxRelError(const std::vector<float>& x,
+                   const std::vector<float>& y,
+                   Ref ref,
+                   double floor = 1e-30) {
+  double worst = 0.0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double r = ref(static_cast<double>(x[i]));
+    worst = std::max(worst, std::abs(y[i] - r) / std::max(std::abs(r), floor));
+  }
+  return worst;
+}
+
+TEST(VectorMathTest, ExpIsAccurate) {
+  const std::vector<float> x = Grid(-87.0f, 88.0f, 100003);
+  std::vector<float> y(x.size());
+  VecExp(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_LT(MaxRelError(x, y, [](double v) { return std::exp(v); }), 1e-6);
+}
+
+TEST(VectorMathTest, TanhAndSigmoidAreAccurate) {
+  const std::vector<float> x = Grid(-20.0f, 20.0f, 100003);
+  std::vector<float> y(x.size());
+  VecTanh(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_LT(MaxRelError(x, y, [](double v) { return std::tanh(v); }), 1e-6);
+  VecSigmoid(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_LT(MaxRelError(x, y, [](double v) { return StableSigmoid(v); }), 1e-6);
+}
+
+TEST(VectorMathTest, GeluAndItsDerivativeAreAccurate) {
+  const std::vector<float> x = Grid(-9.0f, 9.0f, 100003);
+  const std::vector<float> ones(x.size(), 1.0f);
+  std::vector<float> y(x.size());
+  const int64_t n = static_cast<int64_t>(x.size());
+  // Relative to max(|value|, 0.1): gelu and gelu' cross 0 inside the range.
+  VecGelu(x.data(), y.data(), n);
+  const auto gelu = [](double v) { return GeluValue(v); };
+  EXPECT_LT(MaxRelError(x, y, gelu, 0.1), 2e-6);
+  VecGeluBackward(ones.data(), x.data(), y.data(), n);
+  const auto derivative = [](double v) { return GeluDerivative(v); };
+  EXPECT_LT(MaxRelError(x, y, derivative, 0.1), 2e-6);
+  // The gradient scales with g.
+  const std::vector<float> twos(x.size(), 2.0f);
+  std::vector<float> y2(x.size());
+  VecGeluBackward(twos.data(), x.data(), y2.data(), n);
+  for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(y2[i], 2.0f * y[i]) << x[i];
+}
+
+TEST(VectorMathTest, SpecialValues) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x = {-kInf, -1000.0f, -88.5f, 0.0f, 100.0f, kInf, nan};
+  std::vector<float> y(x.size());
+  VecExp(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(y[0], 0.0f);  // masked entries get weight exactly 0
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_LT(y[2], 1e-37f);
+  EXPECT_EQ(y[3], 1.0f);
+  EXPECT_EQ(y[4], kInf);
+  EXPECT_EQ(y[5], kInf);
+  EXPECT_TRUE(std::isnan(y[6]));
+  VecSigmoid(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[3], 0.5f);
+  EXPECT_EQ(y[5], 1.0f);
+  VecTanh(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(y[0], -1.0f);
+  EXPECT_EQ(y[3], 0.0f);
+  EXPECT_EQ(y[5], 1.0f);
+}
+
+TEST(VectorMathTest, ResultDoesNotDependOnPosition) {
+  // The same inputs at every offset and length (full packets and tails).
+  const std::vector<float> base = Grid(-4.0f, 4.0f, 37);
+  std::vector<float> reference(base.size());
+  VecGelu(base.data(), reference.data(), static_cast<int64_t>(base.size()));
+  for (int64_t offset = 0; offset < 9; ++offset) {
+    for (int64_t length = 1; length + offset <= static_cast<int64_t>(base.size()); length += 5) {
+      std::vector<float> y(length);
+      VecGelu(base.data() + offset, y.data(), length);
+      for (int64_t i = 0; i < length; ++i) {
+        ASSERT_EQ(y[i], reference[offset + i]) << "offset " << offset << " length " << length;
+      }
+    }
+  }
+}
+
+TEST(VectorMathTest, ExpShiftedReturnsTheSum) {
+  const std::vector<float> x = Grid(-3.0f, 2.0f, 19);
+  std::vector<float> y(x.size());
+  const float sum = VecExpShifted(x.data(), 2.0f, y.data(), static_cast<int64_t>(x.size()));
+  float expected = 0.0f;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(y[i], std::exp(static_cast<double>(x[i]) - 2.0), 1e-6 * y[i]) << i;
+    expected += y[i];
+  }
+  EXPECT_NEAR(sum, expected, 1e-6 * expected);
+  EXPECT_EQ(y.back(), 1.0f);
+}
+
+TEST(VectorMathTest, MaxOverPacketsAndTail) {
+  for (int n : {1, 7, 8, 9, 23, 64}) {
+    std::vector<float> x = Grid(-5.0f, 3.0f, std::max(n, 2));
+    x.resize(n);
+    x[n / 2] = 11.0f;
+    EXPECT_EQ(VecMax(x.data(), n), 11.0f) << n;
+    x.back() = 12.0f;
+    EXPECT_EQ(VecMax(x.data(), n), 12.0f) << n;
+  }
+  const std::vector<float> hidden(10, -kInf);
+  EXPECT_EQ(VecMax(hidden.data(), 10), -kInf);
+}
+
+TEST(VectorMathTest, DoubleKeepsLibm) {
+  const double x[3] = {-2.5, 0.3, 4.0};
+  double y[3];
+  VecTanh(x, y, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(y[i], std::tanh(x[i]));
+  VecExp(x, y, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(y[i], std::exp(x[i]));
+}
+
+}  // namespace
+}  // namespace stillpoint::internal
