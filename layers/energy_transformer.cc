@@ -167,6 +167,10 @@ Var EnergyTransformerBlock::Energy(const Var& x, const EnergyContext& ctx) const
   if (options_.dynamics == EnergyTransformerDynamics::kLeaky) {
     energy = add(energy, LayerNormEnergy(x));
   }
+  if (ctx.Has("input")) {
+    // The external current's term -sum_A I_A.g_A, per sample.
+    energy = sub(energy, sum(sum(mul(ctx.Get("input"), g), 2), 1));
+  }
   return energy;
 }
 
@@ -174,6 +178,7 @@ Var EnergyTransformerBlock::Update(const Var& x, const EnergyContext& ctx) const
   Var g = Normalize(x);
   Var force = add(AttentionEnergyGrad(g, ctx), MemoryEnergyGrad(g));  // dE/dg
   if (options_.dynamics == EnergyTransformerDynamics::kLeaky) force = add(x, force);
+  if (ctx.Has("input")) force = sub(force, ctx.Get("input"));
   return sub(x, mul_scalar(force, options_.step));
 }
 

@@ -27,6 +27,14 @@
 // Energy() returns the Lyapunov function of the chosen dynamics. The flow
 // decreases it for any step; Euler steps need a small enough alpha.
 //
+// External current (optional): a context entry "input" I [B, N, D] drives
+// the tokens, as the input current of a Hopfield network:
+//   x <- x - alpha (dE/dg - I)   or   x <- x - alpha (x + dE/dg - I),
+// and the Lyapunov function gains -sum_A I_A.g_A (its x-gradient is
+// (dg/dx)(... - I) because dg/dx is symmetric). Without it the stationary
+// states do not depend on the tokens the dynamics start from; with it they
+// follow I (for small weights the leaky fixed point is near I).
+//
 // Shapes: tokens x [B, N, D] -> [B, N, D] (the tokens after T steps, or at
 // the fixed point). Masks (AttentionMask, causal) hide keys as in
 // MultiHeadAttention; every query must keep at least one key (N >= 2 with

@@ -34,6 +34,22 @@
 // backward_summary() the backward pass through its result, filled when that
 // backward runs (null when the tape was off; default-initialised until the
 // backward has run).
+//
+// Over an energy layer (energy_layer.h) the user writes only an energy:
+//
+//   auto layer = std::make_shared<MyEnergy>(...);             // an EnergyLayer
+//   Implicit solved(layer, options);                          // child "layer"
+//   EnergyContext ctx;  ctx.Set("keys", keys);                // what E depends on
+//   Var z_star = solved.Forward(ctx, z0);                     // z0 [B, ...]
+//
+// The map solved is the layer's Update, evaluated on the unconverged samples
+// with the context selected to them (MakeUpdateCell); the layer's Energy is
+// handed to the solver as well, so the ceres_lbfgs forward solver minimises
+// it directly. Gradients reach the context entries and the layer's
+// parameters through the implicit backward; z0 gets none (a fixed point does
+// not depend on where the solve started; for fixed-k-step unrolls that do,
+// use UnrollUpdates). With EnergyImplicitOptions::trace_energy the energy of
+// every sample is recorded along the solve (energy_trace()).
 #pragma once
 
 #include <concepts>
@@ -46,6 +62,7 @@
 #include "framework/module.h"
 #include "framework/tensor.h"
 #include "layers/cell.h"
+#include "layers/energy_layer.h"
 #include "solvers/implicit.h"
 #include "solvers/summary.h"
 
@@ -61,9 +78,22 @@ template <typename M>
 concept CellForwardWithoutIds = requires(M& m, const Var& z) {
   { m.Forward(z, z) } -> std::convertible_to<Var>;
 };
+// Energy layers are not cells (their Forward solves on its own); they take
+// the EnergyLayer constructor below.
 template <typename M>
-concept ImplicitCellModule = std::derived_from<M, Module> &&
+concept ImplicitCellModule = std::derived_from<M, Module> && !std::derived_from<M, EnergyLayer> &&
     (CellForwardWithIds<M> || CellForwardWithoutIds<M>);
+
+// Options of an Implicit over an energy layer (besides the solver's).
+struct EnergyImplicitOptions {
+  // Record energy_trace(): after every forward solver iteration, the energy
+  // of the latest state the solver evaluated the map at, for each sample
+  // evaluated in that iteration, and at the end the energy at the returned
+  // state. Cost: one extra batched energy evaluation per iteration and one
+  // at the end, off the tape (about what one Update costs for the layers of
+  // the catalogue), plus a copy of the evaluated states. Default off.
+  bool trace_energy = false;
+};
 
 class Implicit : public Module {
  public:
@@ -84,7 +114,19 @@ class Implicit : public Module {
   explicit Implicit(std::shared_ptr<M> cell, const ImplicitOptions& options = {})
       : Implicit(MakeFunction(cell), std::shared_ptr<Module>(cell), options) {}
 
+  // Solves layer's Update to its fixed point (see above). The layer is
+  // registered as the child "layer" (its parameters are "layer.*").
+  explicit Implicit(std::shared_ptr<EnergyLayer> layer,
+                    const ImplicitOptions& options = {},
+                    const EnergyImplicitOptions& energy_options = {});
+
   std::string Name() const override;
+
+  // Energy layers only: the fixed point of the layer's Update for the
+  // context ctx (per-sample entries with extent B on axis 0), solved from
+  // z0 [B, ...] (the layer's state shape; rank >= 2). Returns Update(z*)
+  // (equal to z* at a fixed point), shaped like z0.
+  Var Forward(const EnergyContext& ctx, const Var& z0);
 
   // u [B, ...] -> f(z*) [B, ...], solved from z0 = 0 of u's shape.
   Var Forward(const Var& u);
@@ -96,8 +138,22 @@ class Implicit : public Module {
   // evaluation time); they are validated at the next Forward.
   ImplicitOptions& mutable_options() { return options_; }
 
-  // The Module cell (null for a plain function).
+  // The Module cell (null for a plain function; the energy layer for an
+  // energy Implicit).
   const std::shared_ptr<Module>& cell() const { return cell_; }
+  // The energy layer (null unless built from one).
+  const std::shared_ptr<EnergyLayer>& energy_layer() const { return energy_layer_; }
+  const EnergyImplicitOptions& energy_options() const { return energy_options_; }
+  EnergyImplicitOptions& mutable_energy_options() { return energy_options_; }
+
+  // With trace_energy, the last Forward(ctx, z0)'s energies:
+  // energy_trace()[b][t] is sample b's energy at the t-th state the solver
+  // iterated it through (t = 0: z0, evaluated by the solver's Init), and
+  // energy_trace()[b].back() its energy at the returned state. Samples that
+  // converge early have shorter traces. The unrolled backward mode runs no
+  // solver: its trace holds the returned state's energy only. Empty without
+  // trace_energy.
+  const std::vector<std::vector<double>>& energy_trace() const { return energy_trace_; }
 
   // The last Forward's solve (default-initialised before the first).
   const SolverSummary& forward_summary() const { return last_.forward; }
@@ -124,8 +180,11 @@ class Implicit : public Module {
   Function f_;
   EnergyFunction energy_;
   std::shared_ptr<Module> cell_;
+  std::shared_ptr<EnergyLayer> energy_layer_;
   ImplicitOptions options_;
+  EnergyImplicitOptions energy_options_;
   ImplicitResult last_;
+  std::vector<std::vector<double>> energy_trace_;
 };
 
 }  // namespace stillpoint

@@ -19,6 +19,8 @@ const char* ToString(ModelKind kind) {
       return "tied";
     case ModelKind::kImplicit:
       return "implicit";
+    case ModelKind::kEnergy:
+      return "energy";
   }
   return "unknown";
 }
@@ -27,7 +29,8 @@ bool StringToModelKind(const std::string& text, ModelKind* kind) {
   std::string lower = text;
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  for (ModelKind candidate : {ModelKind::kExplicit, ModelKind::kTied, ModelKind::kImplicit}) {
+  for (ModelKind candidate :
+       {ModelKind::kExplicit, ModelKind::kTied, ModelKind::kImplicit, ModelKind::kEnergy}) {
     if (lower == ToString(candidate)) {
       *kind = candidate;
       return true;
@@ -37,7 +40,9 @@ bool StringToModelKind(const std::string& text, ModelKind* kind) {
 }
 
 SequenceModel::SequenceModel(const ModelOptions& options)
-    : SequenceModel(options, options.vocab_size, /*pool=*/false) {}
+    : SequenceModel(options,
+                    options.num_classes > 0 ? options.num_classes : options.vocab_size,
+                    /*pool=*/false) {}
 
 SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, bool pool)
     : options_(options), pool_(pool) {
@@ -97,12 +102,31 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
       implicit_ = std::make_shared<Implicit>(cells_[0], options.implicit);
       break;
     }
+    case ModelKind::kEnergy: {
+      std::string error;
+      SP_CHECK(options.implicit.IsValid(&error), "SequenceModel: implicit options: ", error);
+      EnergyBlockOptions block = options.energy;
+      block.dim = options.dim;
+      block.dtype = options.dtype;
+      block.causal = options.cell_options.causal;
+      energy_block_ = RegisterModule("block", CreateEnergyBlock(block, rng));
+      ffn_norm_ = RegisterModule(
+          "ffn_ln", std::make_shared<LayerNorm>(
+                        options.dim, LayerNormOptions{.eps = options.cell_options.ln_eps,
+                                                      .dtype = options.dtype}));
+      ffn_ = RegisterModule("ffn", std::make_shared<MLP>(options.dim, options.cell_options.hidden,
+                                                         rng, LinearOptions{.dtype = options.dtype}));
+      // Not registered: its only parameters are the block's layer's.
+      implicit_ = std::make_shared<Implicit>(energy_block_->layer(), options.implicit);
+      break;
+    }
   }
 }
 
 std::string SequenceModel::Name() const {
   std::ostringstream out;
-  out << "SequenceModel(" << stillpoint::ToString(options_.kind) << ", " << options_.cell;
+  out << "SequenceModel(" << stillpoint::ToString(options_.kind) << ", "
+      << (options_.kind == ModelKind::kEnergy ? options_.energy.layer : options_.cell);
   if (options_.kind == ModelKind::kExplicit) out << " x " << options_.num_layers;
   if (options_.kind == ModelKind::kTied) out << " unrolled " << options_.unroll_steps;
   out << ", vocab " << options_.vocab_size << ", dim " << options_.dim << ")";
@@ -148,6 +172,15 @@ Var SequenceModel::Encode(const std::vector<int64_t>& ids, const Shape& ids_shap
 }
 
 Var SequenceModel::EncodeInjection(const Var& u) {
+  if (options_.kind == ModelKind::kEnergy) {
+    const EnergyBlockProblem problem = energy_block_->Prepare(u);
+    const Var state = depth_override_ > 0
+                          ? UnrollUpdates(*energy_block_->layer(), problem.initial_state,
+                                          problem.context, static_cast<int>(depth_override_))
+                          : implicit_->Forward(problem.context, problem.initial_state);
+    const Var h = energy_block_->Readout(state, problem);
+    return add(h, ffn_->Forward(ffn_norm_->Forward(h)));
+  }
   const bool unroll = options_.kind == ModelKind::kTied ||
                       (options_.kind == ModelKind::kImplicit && depth_override_ > 0);
   if (unroll) {
@@ -169,6 +202,8 @@ Var SequenceModel::EncodeInjection(const Var& u) {
       break;
     case ModelKind::kImplicit:
       return implicit_->Forward(u);
+    case ModelKind::kEnergy:  // handled above
+      break;
   }
   return Var();
 }

@@ -1,6 +1,6 @@
-// Transformer models over token sequences, in three kinds that share the
-// embedding, the cell and the head, so that they can be compared like for
-// like (bench/SPEC.md W1):
+// Transformer models over token sequences, in four kinds that share the
+// embedding and the head, so that they can be compared like for like
+// (bench/SPEC.md W1):
 //
 //   u = E[x] + P[t]                          injection, [B, T, d]
 //   explicit: z_0 = 0, z_l = f_l(z_{l-1}; u) for l = 1..L, L untied cells
@@ -8,17 +8,26 @@
 //             backprop through the k steps
 //   implicit: z* = f(z*; u) solved from z_0 = 0 by Implicit (implicit.h),
 //             gradients by options.implicit.backward (IFT by default)
+//   energy:   an energy attention block (energy_block.h, options.energy)
+//             prepares its energy from u, Implicit solves the energy
+//             layer's update to its fixed point (options.implicit), the
+//             block reads out h = Readout(z*) [B, T, d], and an explicit
+//             feed-forward sublayer follows: z = h + MLP(LN(h))
 //   logits = LNf(z) Wout + bout               SequenceModel: [B, T, V]
 //   logits = LNf(mean_t z) Wout + bout        SequenceClassifier: [B, C]
 //
 // The cell is any cell registered in CellRegistry() (registry.h), by
-// default "deq_transformer" (DEQCell). Token ids are [B, T] with
-// T <= max_length and values in [0, vocab_size).
+// default "deq_transformer" (DEQCell); the energy kind has no cell (its
+// block is any block registered in EnergyBlockRegistry()). Token ids are
+// [B, T] with T <= max_length and values in [0, vocab_size).
 //
 // Parameter names (those of the reference implementation):
 //   tok_emb [V, d], pos_emb [max_length, d], lnf.gain, lnf.bias [d],
 //   out.weight [d, V or C], out.bias [V or C], then
-//   cell.* (tied, implicit) or cells.<l>.* (explicit), in this order.
+//   cell.* (tied, implicit) or cells.<l>.* (explicit), in this order;
+//   energy: block.* (the energy layer as block.layer.*), ffn_ln.gain,
+//   ffn_ln.bias [d], ffn.fc1.*, ffn.fc2.* (hidden width
+//   cell_options.hidden) instead of the cells.
 //
 // Dropout (cell_options.dropout > 0): the tied model freezes the cell's masks
 // for all k steps of a Forward (the same map at every step, as in the
@@ -35,9 +44,11 @@
 #include "framework/tensor.h"
 #include "layers/cell.h"
 #include "layers/embedding.h"
+#include "layers/energy_block.h"
 #include "layers/implicit.h"
 #include "layers/layer_norm.h"
 #include "layers/linear.h"
+#include "layers/mlp.h"
 #include "solvers/implicit.h"
 
 namespace stillpoint {
@@ -45,7 +56,8 @@ namespace stillpoint {
 enum class ModelKind {
   kExplicit,  // "explicit": num_layers untied cells
   kTied,      // "tied": one cell unrolled unroll_steps times, backprop
-  kImplicit   // "implicit": one cell solved to its fixed point by Implicit
+  kImplicit,  // "implicit": one cell solved to its fixed point by Implicit
+  kEnergy     // "energy": an energy attention block solved by Implicit, then an FFN
 };
 const char* ToString(ModelKind kind);
 // Accepts the ToString spelling in any letter case; false otherwise.
@@ -62,7 +74,9 @@ struct ModelOptions {
   int64_t max_length = 32;
   // Model width d. Overrides cell_options.dim.
   int64_t dim = 64;
-  // SequenceClassifier only: number of classes C (> 0).
+  // Output classes: SequenceClassifier's C (> 0); for SequenceModel the
+  // classes of every token's target (0: vocab_size, when the targets are
+  // tokens themselves).
   int64_t num_classes = 0;
   // The cell, by registry name, and its options (dim and dtype are set from
   // this struct's dim and dtype).
@@ -72,8 +86,11 @@ struct ModelOptions {
   int64_t num_layers = 6;
   // kTied: number of applications k of the one cell.
   int64_t unroll_steps = 6;
-  // kImplicit: forward solver and backward mode.
+  // kImplicit and kEnergy: forward solver and backward mode.
   ImplicitOptions implicit;
+  // kEnergy: the energy block (dim, dtype and causal are set from this
+  // struct's dim, dtype and cell_options.causal).
+  EnergyBlockOptions energy;
   // Standard deviation of the token and position tables' initialisation.
   double embedding_init_std = 1.0;
   // Epsilon of the final layer norm lnf.
@@ -112,18 +129,23 @@ class SequenceModel : public Model {
 
   // Depth override (0 = off). For an implicit model, steps > 0 replaces the
   // solve by the tied unroll of the same cell for that many steps (trained by
-  // backprop: the pretraining phase of DEQ training); for a tied model it
-  // sets the number of unrolled steps (test-time depth). Explicit models
-  // ignore it.
+  // backprop: the pretraining phase of DEQ training); for an energy model,
+  // by that many of the energy layer's updates from the block's initial
+  // state (UnrollUpdates, backprop through them); for a tied model it sets
+  // the number of unrolled steps (test-time depth). Explicit models ignore
+  // it.
   void SetDepthOverride(int64_t steps);
   int64_t depth_override() const { return depth_override_; }
 
   const Implicit* implicit() const override { return implicit_.get(); }
   Implicit* mutable_implicit() { return implicit_.get(); }
   const ModelOptions& options() const { return options_; }
-  // The cells: one for tied and implicit models, num_layers for explicit.
+  // The cells: one for tied and implicit models, num_layers for explicit,
+  // none for energy models.
   int64_t num_cells() const { return static_cast<int64_t>(cells_.size()); }
   const std::shared_ptr<Cell>& cell(int64_t index) const;
+  // The energy block (energy models; else null).
+  const std::shared_ptr<EnergyBlock>& energy_block() const { return energy_block_; }
 
  protected:
   // out_features: V (per token) or C (pooled); pool: mean over tokens first.
@@ -144,7 +166,11 @@ class SequenceModel : public Model {
   std::shared_ptr<LayerNorm> lnf_;
   std::shared_ptr<Linear> out_;
   std::vector<std::shared_ptr<Cell>> cells_;
-  std::shared_ptr<Implicit> implicit_;  // kImplicit only
+  std::shared_ptr<Implicit> implicit_;  // kImplicit and kEnergy
+  // kEnergy only.
+  std::shared_ptr<EnergyBlock> energy_block_;
+  std::shared_ptr<LayerNorm> ffn_norm_;
+  std::shared_ptr<MLP> ffn_;
 };
 
 class SequenceClassifier : public SequenceModel {

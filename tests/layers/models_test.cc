@@ -44,6 +44,13 @@ ModelOptions SmallOptions(ModelKind kind) {
   options.num_layers = 2;
   options.unroll_steps = 4;
   options.seed = 11;
+  if (kind == ModelKind::kEnergy) {
+    // The EM update is monotone: plain iteration converges where Anderson's
+    // extrapolation can hop between the mixture's basins.
+    options.energy.layer = "probabilistic";
+    options.implicit.forward.type = ForwardSolverType::kPicard;
+    options.implicit.forward.max_iterations = 100;
+  }
   return options;
 }
 
@@ -84,7 +91,7 @@ TEST_P(ModelKindTest, SequenceModelReducesLossWithPlainSgd) {
   const ToyBatch batch = MakeBatch(8, 6, 6, 3);
   const auto [first, last] = Train(model, batch, batch.reversed, 20, 0.2);
   EXPECT_LT(last, 0.8 * first) << "first " << first << ", last " << last;
-  if (GetParam() == ModelKind::kImplicit) {
+  if (GetParam() == ModelKind::kImplicit || GetParam() == ModelKind::kEnergy) {
     EXPECT_TRUE(model.implicit()->forward_summary().IsUsable())
         << model.implicit()->forward_summary().FullReport();
   }
@@ -112,11 +119,16 @@ TEST_P(ModelKindTest, ShapesNamesAndKind) {
   EXPECT_EQ(named[1].first, "pos_emb");
   EXPECT_EQ(named[2].first, "lnf.gain");
   EXPECT_EQ(named[4].first, "out.weight");
-  const std::string first_cell =
-      GetParam() == ModelKind::kExplicit ? "cells.0.wq.weight" : "cell.wq.weight";
+  const bool energy = GetParam() == ModelKind::kEnergy;
+  const std::string first_cell = GetParam() == ModelKind::kExplicit ? "cells.0.wq.weight"
+                                 : energy                          ? "block.layer.query_precision"
+                                                                   : "cell.wq.weight";
   EXPECT_EQ(named[6].first, first_cell);
-  EXPECT_EQ(model.num_cells(), GetParam() == ModelKind::kExplicit ? 2 : 1);
-  EXPECT_EQ(model.implicit() != nullptr, GetParam() == ModelKind::kImplicit);
+  EXPECT_EQ(model.num_cells(), GetParam() == ModelKind::kExplicit ? 2 : energy ? 0 : 1);
+  EXPECT_EQ(model.implicit() != nullptr,
+            GetParam() == ModelKind::kImplicit || GetParam() == ModelKind::kEnergy);
+  EXPECT_EQ(model.energy_block() != nullptr, energy);
+  if (energy) EXPECT_EQ(named.back().first, "ffn.fc2.bias");
   EXPECT_NE(model.Name().find(ToString(GetParam())), std::string::npos) << model.Name();
 }
 
@@ -124,7 +136,8 @@ INSTANTIATE_TEST_SUITE_P(AllKinds,
                          ModelKindTest,
                          ::testing::Values(ModelKind::kExplicit,
                                            ModelKind::kTied,
-                                           ModelKind::kImplicit),
+                                           ModelKind::kImplicit,
+                                           ModelKind::kEnergy),
                          [](const ::testing::TestParamInfo<ModelKind>& info) {
                            return std::string(ToString(info.param));
                          });
@@ -212,7 +225,8 @@ TEST(ModelTest, MisuseIsAnError) {
 }
 
 TEST(ModelTest, KindNamesRoundTrip) {
-  for (ModelKind kind : {ModelKind::kExplicit, ModelKind::kTied, ModelKind::kImplicit}) {
+  for (ModelKind kind :
+       {ModelKind::kExplicit, ModelKind::kTied, ModelKind::kImplicit, ModelKind::kEnergy}) {
     ModelKind parsed = ModelKind::kExplicit;
     ASSERT_TRUE(StringToModelKind(ToString(kind), &parsed));
     EXPECT_EQ(parsed, kind);
