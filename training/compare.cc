@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "framework/ops.h"
+#include "layers/energy_block.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
 #include "training/metrics.h"
@@ -74,6 +75,10 @@ std::vector<std::string> VariantOverrides(const std::string& variant) {
       return {"model.kind=implicit", "model.solver.backward.mode=" + mode};
     }
   }
+  if (variant == "energy") return {"model.kind=energy"};
+  for (const std::string& layer : EnergyBlockRegistry().Names()) {
+    if (variant == "energy_" + layer) return {"model.kind=energy", "model.energy.layer=" + layer};
+  }
   return {};
 }
 
@@ -84,9 +89,12 @@ void ValidateCompareVariants(const Config& config) {
   }
   for (const std::string& v : variants) {
     if (VariantOverrides(v).empty()) {
+      std::string known = "explicit, tied, implicit";
+      for (const std::string& mode : kBackwardModes) known += ", implicit_" + mode;
+      known += ", energy";
+      for (const std::string& layer : EnergyBlockRegistry().Names()) known += ", energy_" + layer;
       throw ConfigError(config.Origin("compare.variants") + ": unknown variant '" + v +
-                        "' in compare.variants (known: explicit, tied, implicit, implicit_ift, "
-                        "implicit_jfb, implicit_phantom, implicit_unrolled)");
+                        "' in compare.variants (known: " + known + ")");
     }
   }
 }

@@ -7,14 +7,21 @@
 //   implicit             model.kind=implicit with the configured backward mode
 //   implicit_<mode>      implicit with model.solver.backward.mode=<mode>
 //                        (ift, jfb, phantom, unrolled)
+//   energy               model.kind=energy with the configured
+//                        model.energy.layer
+//   energy_<layer>       energy with model.energy.layer=<layer>, any name of
+//                        EnergyBlockRegistry() (hopfield, probabilistic,
+//                        expfam, energy_transformer)
 //
 // The report (RUN_DIR/report.md and report.html with the plots inline, plus
 // one run directory per variant) holds, per variant: parameters, final
 // train/test loss and accuracy, median wall time per step, peak tensor
-// memory, forward and backward solver iterations and residuals, and for
+// memory, forward and backward solver iterations and residuals (the energy
+// block's solve for energy variants), and for
 // inexact backward modes the cosine between their gradient and the ift
 // gradient on a probe batch; and the plots: loss and accuracy curves of all
-// variants, test accuracy against test-time solver iterations (implicit) and
+// variants, test accuracy against test-time solver iterations (implicit and
+// energy) and
 // unroll depth (tied; explicit at its depth), and test accuracy against
 // sequence length beyond the training length (eval.lengths).
 #pragma once

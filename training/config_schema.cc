@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "layers/energy_block.h"
 #include "training/dataset.h"
 
 namespace stillpoint {
@@ -51,23 +52,60 @@ ConfigSchema BuildSchema() {
       .Int("task.num_classes", 0, "csv: number of target classes", 0, 1 << 20);
 
   // ---- model
-  s.Enum("model.kind", "implicit", {"explicit", "tied", "implicit"},
+  s.Enum("model.kind", "implicit", {"explicit", "tied", "implicit", "energy"},
          "explicit: num_layers untied cells; tied: one cell unrolled unroll_steps times with "
-         "backprop; implicit: the cell solved to its fixed point")
+         "backprop; implicit: the cell solved to its fixed point; energy: an energy attention "
+         "block (model.energy.*) solved to its fixed point, then a feed-forward sublayer")
       .String("model.cell", m.cell, "Registered cell name (explicit, tied, implicit)")
       .Int("model.dim", m.dim, "Model width d", 1, 1 << 16)
-      .Int("model.heads", m.cell_options.heads, "Attention heads (dim must be a multiple)", 1,
-           1024)
-      .Int("model.hidden", m.cell_options.hidden, "Hidden width of the feed-forward block", 1,
+      .Int("model.heads", m.cell_options.heads,
+           "Attention heads of the cell or of the energy block (dim must be a multiple)", 1, 1024)
+      .Int("model.hidden", m.cell_options.hidden,
+           "Hidden width of the feed-forward block (the cell's, or the energy model's FFN)", 1,
            1 << 20)
       .Int("model.max_length", 64, "Longest sequence the positional table covers (>= every "
                                    "training and evaluation length)", 1, 1 << 20)
       .Int("model.num_layers", m.num_layers, "explicit: number of untied cells", 1, 1024)
-      .Int("model.unroll_steps", m.unroll_steps, "tied: applications of the one cell", 1, 4096)
+      .Int("model.unroll_steps", m.unroll_steps,
+           "tied: applications of the one cell; implicit/energy: steps of the tied unroll "
+           "during train.pretrain_steps",
+           1, 4096)
       .Double("model.dropout", 0.0, "Dropout inside the cell (masks frozen per solve)", 0.0, 0.99)
       .Double("model.ln_eps", m.cell_options.ln_eps, "Epsilon of the layer norms", 0.0, 1.0)
       .Double("model.embedding_init_std", m.embedding_init_std,
               "Standard deviation of the token and position tables", 0.0, kInf);
+
+  // ---- model.energy: EnergyBlockOptions (model.kind energy)
+  const EnergyBlockOptions e;
+  const std::string en = "model.energy.";
+  s.String(en + "layer", e.layer,
+           "energy: the energy attention block, by registered name (built-in: hopfield, "
+           "probabilistic, expfam, energy_transformer)")
+      .Double(en + "beta", e.beta,
+              "energy: initial inverse temperature of the attention per head (hopfield, expfam "
+              "and energy_transformer beta; probabilistic query precision alpha)",
+              1e-12, kInf)
+      .Double(en + "value_precision", e.value_precision,
+              "energy, probabilistic only (ignored by the other layers): initial value "
+              "precision; > 0 lets the values shape the responsibilities so EM iterates",
+              1e-12, kInf)
+      .Enum(en + "key_grad", ToString(e.key_grad), {"full", "stop"},
+            "energy, energy_transformer only (ignored by the other layers): full keeps the "
+            "key-side attention gradient (energy descent); stop holds keys fixed in the update")
+      .Enum(en + "dynamics", ToString(e.dynamics), {"leaky", "non_leaky"},
+            "energy, energy_transformer only (ignored by the other layers): leaky has isolated "
+            "fixed points; non_leaky (the reference Euler steps) does not, so solve it with few "
+            "fixed steps")
+      .Enum(en + "memory", ToString(e.memory), {"relu2", "softmax"},
+            "energy, energy_transformer only (ignored by the other layers): Hopfield memory "
+            "term")
+      .Int(en + "memories", e.memories,
+           "energy, energy_transformer only (ignored by the other layers): number of "
+           "memories",
+           1, 1 << 20)
+      .Double(en + "step", e.step,
+              "energy, energy_transformer only (ignored by the other layers): Euler step alpha",
+              1e-12, kInf);
 
   // ---- model.solver.forward: ForwardSolverOptions
   const std::string fw = "model.solver.forward.";
@@ -83,8 +121,9 @@ ConfigSchema BuildSchema() {
       .Int(fw + "stagnation_window", f.stagnation_window,
            "Iterations without enough improvement before STAGNATED", 1, 1 << 20)
       .Double(fw + "divergence_factor", f.divergence_factor,
-              "Protective break: DIVERGED when the residual exceeds this x the initial one", 1.0,
-              kInf)
+              "Protective break: DIVERGED when the residual exceeds this x the initial one "
+              "(0: off; otherwise > 1)",
+              0.0, kInf)
       .Double(fw + "picard_damping", f.picard_damping, "picard: z <- (1 - tau) z + tau f(z)",
               1e-6, 1.0)
       .Int(fw + "anderson_memory", f.anderson_memory, "anderson: history size m", 1, 1024)
@@ -197,7 +236,8 @@ ConfigSchema BuildSchema() {
   // ---- compare
   s.StringList("compare.variants", {"explicit", "tied", "implicit"}, {},
                "Variants trained by `stillpoint compare`: explicit, tied, implicit, "
-               "implicit_<backward mode> (e.g. implicit_jfb)")
+               "implicit_<backward mode> (e.g. implicit_jfb), energy (model.energy.layer), "
+               "energy_<layer> (e.g. energy_hopfield)")
       .Int("compare.probe_batch_size", 32,
            "Batch used to measure each inexact backward mode's gradient cosine with ift", 1,
            1 << 20);
@@ -263,7 +303,34 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
   b.phantom_tau = c.GetDouble(bw + "phantom_tau");
   b.unrolled_steps = static_cast<int>(c.GetInt(bw + "unrolled_steps"));
   if (b.warm_start) options.adjoint_warm_start = std::make_shared<AdjointWarmStart>();
+  // The schema checks each key alone; the solvers' own rules (e.g. a
+  // divergence factor of 0 or above 1) are checked here, before any work.
+  std::string error;
+  if (!options.IsValid(&error)) throw ConfigError(c.source() + ": model.solver: " + error);
   return options;
+}
+
+EnergyBlockOptions EnergyBlockOptionsFromConfig(const Config& c) {
+  EnergyBlockOptions e;
+  const std::string en = "model.energy.";
+  e.layer = c.GetString(en + "layer");
+  if (!EnergyBlockRegistry().Has(e.layer)) {
+    std::string known;
+    for (const std::string& name : EnergyBlockRegistry().Names()) {
+      known += (known.empty() ? "" : ", ") + name;
+    }
+    throw ConfigError(c.Origin(en + "layer") + ": unknown energy layer '" + e.layer +
+                      "' in model.energy.layer (known: " + known + ")");
+  }
+  e.beta = c.GetDouble(en + "beta");
+  e.value_precision = c.GetDouble(en + "value_precision");
+  e.key_grad = ParseEnum<KeyGrad>(c, en + "key_grad", StringToKeyGrad);
+  e.dynamics =
+      ParseEnum<EnergyTransformerDynamics>(c, en + "dynamics", StringToEnergyTransformerDynamics);
+  e.memory = ParseEnum<EnergyTransformerMemory>(c, en + "memory", StringToEnergyTransformerMemory);
+  e.memories = c.GetInt(en + "memories");
+  e.step = c.GetDouble(en + "step");
+  return e;
 }
 
 ModelOptions ModelOptionsFromConfig(const Config& c) {
@@ -287,6 +354,15 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   m.head_ln_eps = c.GetDouble("model.ln_eps");
   m.seed = static_cast<uint64_t>(c.GetInt("seed"));
   m.implicit = ImplicitOptionsFromConfig(c);
+  m.energy = EnergyBlockOptionsFromConfig(c);
+  m.energy.dim = m.dim;
+  m.energy.heads = m.cell_options.heads;
+  m.energy.dtype = m.dtype;
+  if (m.kind == ModelKind::kEnergy && c.GetDouble("model.regularization.jacobian_weight") > 0) {
+    throw ConfigError(c.Origin("model.regularization.jacobian_weight") +
+                      ": model.regularization.jacobian_weight needs a cell "
+                      "(model.kind implicit); the energy kind has none");
+  }
   SP_CHECK(m.dim % m.cell_options.heads == 0, c.Origin("model.dim"), ": model.dim (", m.dim,
            ") must be a multiple of model.heads (", m.cell_options.heads, ")");
   return m;

@@ -23,6 +23,10 @@ const ConfigSchema& StillpointSchema();
 // decides vocab_size and num_classes; the config decides the rest).
 ModelOptions ModelOptionsFromConfig(const Config& config);
 ImplicitOptions ImplicitOptionsFromConfig(const Config& config);
+// model.energy.* (dim, heads and dtype are left at their defaults; the model
+// options set them). An unknown model.energy.layer is a ConfigError naming
+// the key and the registered layers.
+EnergyBlockOptions EnergyBlockOptionsFromConfig(const Config& config);
 OptimizerOptions OptimizerOptionsFromConfig(const Config& config);
 ScheduleOptions ScheduleOptionsFromConfig(const Config& config);
 

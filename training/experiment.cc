@@ -97,10 +97,10 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
   }
   options.vocab_size = std::max<int64_t>(vocab, 1);
   options.feature_dim = feature_dim;
+  options.num_classes = classes;
   if (per_token) {
     e.model = std::make_shared<SequenceModel>(options);
   } else {
-    options.num_classes = classes;
     e.model = std::make_shared<SequenceClassifier>(options);
   }
   return e;

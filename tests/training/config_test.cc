@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
+#include <vector>
+
+#include "training/compare.h"
+#include "training/config_schema.h"
 
 namespace stillpoint {
 namespace {
@@ -121,6 +126,102 @@ TEST(ConfigTest, SchemaMarkdownListsEveryKey) {
   for (const ConfigKey& key : schema.keys()) {
     EXPECT_NE(md.find("`" + key.path + "`"), std::string::npos) << key.path;
   }
+}
+
+
+// ---- the energy model kind: model.energy.*
+
+Config EnergyConfig(const std::string& extra) {
+  return Config::FromYaml(StillpointSchema(),
+                          "task: {kind: reverse}\nmodel:\n  kind: energy\n" + extra,
+                          "energy.yaml");
+}
+
+TEST(EnergyConfigTest, UnknownLayerNamesTheKeyAndTheKnownLayers) {
+  const std::string m =
+      ErrorOf([] { ModelOptionsFromConfig(EnergyConfig("  energy: {layer: hopfeld}\n")); });
+  EXPECT_NE(m.find("energy.yaml"), std::string::npos) << m;
+  EXPECT_NE(m.find("model.energy.layer"), std::string::npos) << m;
+  EXPECT_NE(m.find("'hopfeld'"), std::string::npos) << m;
+  EXPECT_NE(m.find("energy_transformer, expfam, hopfield, probabilistic"), std::string::npos)
+      << m;
+}
+
+TEST(EnergyConfigTest, BadValuesAreErrorsNamingTheKey) {
+  for (const std::string& yaml :
+       {std::string("  energy: {dynamics: sideways}\n"), std::string("  energy: {key_grad: half}\n"),
+        std::string("  energy: {memory: lstm}\n"), std::string("  energy: {beta: 0}\n"),
+        std::string("  energy: {memories: 0}\n"), std::string("  energy: {step: -1}\n"),
+        std::string("  energy: {value_precision: -0.5}\n"), std::string("  energy: {layers: x}\n")}) {
+    const std::string m = ErrorOf([&] { ModelOptionsFromConfig(EnergyConfig(yaml)); });
+    EXPECT_NE(m.find("model.energy."), std::string::npos) << yaml << " -> " << m;
+  }
+  const std::string m = ErrorOf([] {
+    ModelOptionsFromConfig(EnergyConfig("  regularization: {jacobian_weight: 0.1}\n"));
+  });
+  EXPECT_NE(m.find("model.regularization.jacobian_weight"), std::string::npos) << m;
+}
+
+// Rules that tie solver keys together are checked with the solvers' own
+// validation when the model options are made, before any work, as config
+// errors naming the file and the field.
+TEST(ConfigTest, SolverOptionsAreValidatedAsAWhole) {
+  const std::string m = ErrorOf([] {
+    ModelOptionsFromConfig(Config::FromYaml(
+        StillpointSchema(), "model:\n  solver:\n    forward: {divergence_factor: 0.5}\n",
+        "solver.yaml"));
+  });
+  EXPECT_NE(m.find("solver.yaml: model.solver:"), std::string::npos) << m;
+  EXPECT_NE(m.find("divergence_factor = 0.5"), std::string::npos) << m;
+  EXPECT_NO_THROW(ModelOptionsFromConfig(Config::FromYaml(
+      StillpointSchema(), "model:\n  solver:\n    forward: {divergence_factor: 0}\n", "ok")));
+}
+
+// Every model.energy key reaches the block options (flip one, the options
+// change in that field only).
+TEST(EnergyConfigTest, EveryKeyChangesTheBlockOptions) {
+  const ModelOptions base = ModelOptionsFromConfig(EnergyConfig(""));
+  EXPECT_EQ(base.kind, ModelKind::kEnergy);
+  EXPECT_EQ(base.energy.layer, "probabilistic");
+  EXPECT_EQ(base.energy.heads, base.cell_options.heads);
+  EXPECT_EQ(base.energy.dim, base.dim);
+  struct Flip {
+    std::string yaml;
+    std::function<bool(const EnergyBlockOptions&)> changed;
+  };
+  const EnergyBlockOptions& b = base.energy;
+  const std::vector<Flip> flips = {
+      {"layer: hopfield", [&](const EnergyBlockOptions& e) { return e.layer != b.layer; }},
+      {"beta: 3.5", [&](const EnergyBlockOptions& e) { return e.beta != b.beta; }},
+      {"value_precision: 0.25",
+       [&](const EnergyBlockOptions& e) { return e.value_precision != b.value_precision; }},
+      {"key_grad: stop", [&](const EnergyBlockOptions& e) { return e.key_grad != b.key_grad; }},
+      {"dynamics: non_leaky",
+       [&](const EnergyBlockOptions& e) { return e.dynamics != b.dynamics; }},
+      {"memory: softmax", [&](const EnergyBlockOptions& e) { return e.memory != b.memory; }},
+      {"memories: 7", [&](const EnergyBlockOptions& e) { return e.memories != b.memories; }},
+      {"step: 0.05", [&](const EnergyBlockOptions& e) { return e.step != b.step; }}};
+  for (const Flip& flip : flips) {
+    const ModelOptions m = ModelOptionsFromConfig(EnergyConfig("  energy: {" + flip.yaml + "}\n"));
+    EXPECT_TRUE(flip.changed(m.energy)) << flip.yaml;
+  }
+}
+
+TEST(EnergyConfigTest, CompareKnowsTheEnergyVariants) {
+  Config c = Config::FromYaml(StillpointSchema(),
+                              "task: {kind: reverse}\ncompare:\n  variants: [energy, "
+                              "energy_hopfield, energy_energy_transformer]\n",
+                              "cmp.yaml");
+  EXPECT_NO_THROW(ValidateCompareVariants(c));
+  EXPECT_EQ(VariantOverrides("energy_expfam"),
+            (std::vector<std::string>{"model.kind=energy", "model.energy.layer=expfam"}));
+  EXPECT_EQ(VariantOverrides("energy"), (std::vector<std::string>{"model.kind=energy"}));
+  const Config bad = Config::FromYaml(
+      StillpointSchema(), "task: {kind: reverse}\ncompare: {variants: [energy_hopfeld]}\n",
+      "cmp.yaml");
+  const std::string m = ErrorOf([&] { ValidateCompareVariants(bad); });
+  EXPECT_NE(m.find("energy_hopfeld"), std::string::npos) << m;
+  EXPECT_NE(m.find("energy_probabilistic"), std::string::npos) << m;
 }
 
 }  // namespace
