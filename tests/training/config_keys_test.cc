@@ -1,0 +1,396 @@
+// Every key of the configuration schema changes what stillpoint does.
+//
+// For each key, a tiny run with the key at another valid value is compared
+// with the same run at the base value: the final parameters, the metrics
+// (timing and memory columns left out), the files written, the checkpoints
+// written, the progress output (digits masked), the worker threads, a
+// test-time evaluation (with eval.* applied) and, for the compare.* and the
+// curve keys, the comparison report. A key whose change shows nowhere is
+// silently ignored, which is exactly the bug users of other DEQ libraries
+// report; the test names it.
+//
+// Keys that only act in some setting (sgd momentum, the picard damping, the
+// fallback threshold, ...) are probed in that setting (a "context" of
+// overrides applied to both runs). Keys without an entry in the table get an
+// automatic alternative value (a flipped bool, the next enum choice, the
+// integer plus one, the double doubled), so a newly added key is tested
+// without anyone remembering to.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "framework/buffer_pool.h"
+#include "framework/ops.h"
+#include "framework/parallel.h"
+#include "framework/serialize.h"
+#include "layers/registry.h"
+#include "training/compare.h"
+#include "training/config_schema.h"
+#include "training/experiment.h"
+#include "training/metrics.h"
+#include "training/trainer.h"
+
+namespace stillpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+enum class ProbeKind {
+  kTrain,   // train, then evaluate with the config's test-time settings
+  kCompare  // `stillpoint compare` on two variants
+};
+
+struct KeyProbe {
+  std::vector<std::string> context;  // overrides applied to both runs
+  std::string value;                 // "" = automatic alternative
+  ProbeKind kind = ProbeKind::kTrain;
+};
+
+class ConfigKeysTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("stillpoint_config_keys_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // Two token CSVs (2 ids then 2 per-token classes, all in 0..3), so the
+    // csv keys can point at different files, and the same columns also read
+    // as 2 one-number feature tokens (task.feature_dim: 1).
+    WriteCsv("train_a.csv", 11);
+    WriteCsv("train_b.csv", 12);
+    WriteCsv("test.csv", 13);
+    WriteCsv("test_b.csv", 14);
+    config_path_ = (dir_ / "base.yaml").string();
+    std::ofstream(config_path_) << BaseYaml();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  void WriteCsv(const std::string& name, unsigned seed) const {
+    std::ofstream out(Path(name));
+    unsigned state = seed;
+    auto next = [&state] {
+      state = state * 1103515245u + 12345u;
+      return (state >> 16) % 4;
+    };
+    for (int i = 0; i < 24; ++i) {
+      const unsigned a = next(), b = next();
+      out << a << "," << b << "," << b << "," << a << "\n";
+    }
+  }
+
+  std::string BaseYaml() const {
+    return "seed: 3\nthreads: 1\n"
+           "task: {kind: reverse, length: 5, vocab_size: 5, train_examples: 48, "
+           "test_examples: 24}\n"
+           "model:\n  kind: implicit\n  dim: 8\n  heads: 2\n  hidden: 12\n  max_length: 8\n"
+           "  num_layers: 2\n  unroll_steps: 2\n"
+           "  solver:\n    forward: {max_iterations: 12}\n"
+           "    backward: {max_iterations: 12}\n"
+           "train:\n  steps: 4\n  batch_size: 8\n  eval_every: 2\n  log_every: 1\n"
+           "  checkpoint_every: 2\n  optimizer: {lr: 0.01}\n  schedule: {warmup_steps: 1}\n"
+           "eval: {batch_size: 16}\n"
+           "log: {dir: " + Path("run") + ", progress: lines}\n"
+           "compare: {variants: [explicit, implicit_jfb]}\n";
+  }
+
+  // What a run with the given overrides shows, as text (equal text = no
+  // observable difference).
+  std::string Observe(const std::vector<std::string>& overrides, ProbeKind kind) {
+    Config config = Config::FromFile(StillpointSchema(), config_path_, overrides);
+    const std::string run_dir = RunDirectory(config, config_path_);
+    fs::remove_all(run_dir);
+    std::ostringstream seen;
+    std::ostringstream progress;
+    if (kind == ProbeKind::kCompare) {
+      const CompareReport report = RunComparison(config, config_path_, &progress);
+      for (const VariantResult& v : report.variants) {
+        seen << v.name << " loss " << v.train.final_train_loss << " test "
+             << v.train.final_eval.accuracy << " cosine " << v.gradient_cosine_vs_ift
+             << "\n  depth";
+        for (const auto& [depth, accuracy] : v.accuracy_vs_depth) {
+          seen << " " << depth << ":" << accuracy;
+        }
+        seen << "\n  length";
+        for (const auto& [length, accuracy] : v.accuracy_vs_length) {
+          seen << " " << length << ":" << accuracy;
+        }
+        seen << "\n";
+      }
+      return seen.str();
+    }
+    Experiment e = BuildExperiment(config, config_path_);
+    TrainOptions options;
+    options.progress = &progress;
+    const TrainSummary summary = Train(e, options);
+    seen << "threads " << NumThreads() << "\nrun dir " << run_dir << "\nsteps " << summary.steps
+         << " skipped " << summary.skipped_steps << " stopped " << summary.stopped_early
+         << "\ncheckpoints " << summary.checkpoints_written << "\nfiles";
+    std::vector<std::string> files;
+    for (const auto& entry : fs::directory_iterator(run_dir)) {
+      files.push_back(entry.path().filename().string());
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) seen << " " << f;
+    const std::string serialized = SerializeTensors(e.model->NamedValues());
+    seen << "\nparameters " << e.model->NumParameters() << " fnv "
+         << Fnv1a64(serialized.data(), serialized.size()) << "\n";
+    if (fs::exists(run_dir + "/metrics.csv")) {
+      for (const auto& [column, values] : ReadMetricsCsv(run_dir + "/metrics.csv")) {
+        if (column == "step_ms" || column == "peak_rss_mb" || column == "pool_peak_mb") continue;
+        seen << column;
+        for (double v : values) seen << " " << v;
+        seen << "\n";
+      }
+    }
+    std::string text = progress.str();
+    for (char& c : text) {
+      if (std::isdigit(static_cast<unsigned char>(c))) c = '0';
+    }
+    seen << "progress " << text << "\n";
+    // Test time: the eval.* budget, the tensors an evaluation batch needs.
+    SetEvalDepth(*e.model, config);
+    ResetBufferPoolStats();
+    const EvalResult eval = Evaluate(*e.model, *e.test, config.GetInt("eval.batch_size"), e.dtype);
+    seen << "eval " << eval.loss << " " << eval.accuracy << " iters "
+         << eval.forward.iterations_mean << " pool " << GetBufferPoolStats().peak_bytes_in_use
+         << "\n";
+    return seen.str();
+  }
+
+  fs::path dir_;
+  std::string config_path_;
+};
+
+// The keys that need a setting to act in, or a specific value.
+std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
+  auto path = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
+  const std::vector<std::string> csv = {"task.kind=csv",           "task.length=2",
+                                        "task.vocab_size=4",       "task.num_classes=4",
+                                        "task.path=" + path("train_a.csv"),
+                                        "task.test_path=" + path("test.csv")};
+  const std::vector<std::string> digits = {"task.kind=digits", "model.max_length=16"};
+  const std::string fw = "model.solver.forward.";
+  const std::string bw = "model.solver.backward.";
+  const std::vector<std::string> unconverged = {fw + "max_iterations=2",
+                                                fw + "relative_tolerance=1e-12"};
+  const std::vector<std::string> nonfinite = {"train.optimizer.lr=1e30", "train.clip_norm=0",
+                                              "train.optimizer.type=sgd"};
+  const std::vector<std::string> jacobian = {"model.regularization.jacobian_weight=0.5"};
+  const std::string energy_transformer = "model.energy.layer=energy_transformer";
+  return {
+      {"dtype", {{}, "float64"}},
+      {"task.kind", {{}, "sort"}},
+      {"task.path", {csv, path("train_b.csv")}},
+      {"task.test_path", {csv, path("test_b.csv")}},
+      {"task.test_fraction", {digits, "0.3"}},
+      {"task.feature_dim", {csv, "1"}},
+      {"task.num_classes", {csv, "5"}},
+      {"task.vocab_size", {{}, "7"}},
+      {"model.kind", {{}, "tied"}},
+      {"model.cell", {{}, "test_tanh_cell"}},
+      {"model.dim", {{}, "12"}},
+      {"model.heads", {{}, "4"}},
+      {"model.max_length", {{}, "9"}},
+      {"model.num_layers", {{"model.kind=explicit"}, "3"}},
+      {"model.unroll_steps", {{"model.kind=tied"}, "3"}},
+      {"model.dropout", {{}, "0.2"}},
+      {fw + "type", {{}, "broyden"}},
+      {fw + "max_iterations", {{}, "3"}},
+      {fw + "absolute_tolerance", {{fw + "stop_mode=absolute"}, "0.5"}},
+      {fw + "relative_tolerance", {{}, "0.05"}},
+      // A tolerance below float32 precision: the residual stalls (tolerance 0
+      // would mean a fixed budget, where stagnation is not judged).
+      {fw + "stagnation_window",
+       {{fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}, "1"}},
+      // A map whose residual doubles every step: DIVERGED at once with a
+      // factor of 1.01, MAX_ITERATIONS at the default.
+      {fw + "divergence_factor", {{"model.cell=test_doubling_cell", fw + "type=picard"}, "1.01"}},
+      {fw + "picard_damping", {{fw + "type=picard"}, "0.5"}},
+      {fw + "anderson_memory", {{}, "2"}},
+      {fw + "anderson_lambda", {{}, "0.5"}},
+      {fw + "anderson_beta", {{}, "0.5"}},
+      {fw + "anderson_safeguard_factor",
+       {{fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}, "1"}},
+      {fw + "broyden_memory", {{fw + "type=broyden"}, "2"}},
+      {fw + "broyden_variant", {{fw + "type=broyden"}, "bad"}},
+      {fw + "broyden_line_search",
+       {{fw + "type=broyden", fw + "relative_tolerance=1e-12", fw + "max_iterations=40"},
+        "true"}},
+      {fw + "gmres_restart", {{fw + "type=newton_krylov"}, "2"}},
+      {fw + "newton_forcing", {{fw + "type=newton_krylov"}, "0.9"}},
+      {fw + "fallback_chain", {unconverged, "[picard]"}},
+      {fw + "fallback_residual_threshold",
+       {[&] {
+          std::vector<std::string> c = unconverged;
+          c.push_back(fw + "fallback_chain=[picard]");
+          return c;
+        }(),
+        "1e30"}},
+      {bw + "mode", {{}, "jfb"}},
+      {bw + "solver", {{}, "anderson"}},
+      {bw + "max_iterations", {{}, "2"}},
+      {bw + "tolerance", {{}, "0.1"}},
+      {bw + "neumann_terms", {{bw + "solver=neumann"}, "2"}},
+      {bw + "gmres_restart", {{bw + "solver=gmres", bw + "tolerance=1e-12"}, "2"}},
+      {bw + "warm_start", {{bw + "max_iterations=3"}, "true"}},
+      {bw + "phantom_steps", {{bw + "mode=phantom"}, "2"}},
+      {bw + "phantom_tau", {{bw + "mode=phantom"}, "0.25"}},
+      {bw + "unrolled_steps", {{bw + "mode=unrolled"}, "2"}},
+      {"model.regularization.jacobian_weight", {{}, "0.5"}},
+      {"model.regularization.jacobian_probes", {jacobian, "3"}},
+      {"model.regularization.jacobian_frequency", {jacobian, "0.5"}},
+      {"train.optimizer.type", {{}, "sgd"}},
+      {"train.optimizer.momentum", {{"train.optimizer.type=sgd"}, "0.5"}},
+      {"train.optimizer.nesterov",
+       {{"train.optimizer.type=sgd", "train.optimizer.momentum=0.9"}, "true"}},
+      {"train.optimizer.beta1", {{}, "0.5"}},
+      {"train.optimizer.beta2", {{}, "0.9"}},
+      {"train.optimizer.epsilon", {{}, "0.01"}},
+      {"train.optimizer.weight_decay", {{}, "0.5"}},
+      {"train.optimizer.no_weight_decay", {{"train.optimizer.weight_decay=0.5"}, "[]"}},
+      {"train.schedule.type", {{}, "constant"}},
+      {"train.schedule.step_size",
+       {{"train.schedule.type=step", "train.schedule.warmup_steps=0"}, "2"}},
+      {"train.schedule.gamma",
+       {{"train.schedule.type=step", "train.schedule.step_size=2"}, "0.5"}},
+      {"train.schedule.min_ratio", {{}, "0.5"}},
+      {"train.clip_norm", {{}, "0.001"}},
+      {"train.pretrain_steps", {{}, "2"}},
+      {"train.eval_every", {{}, "1"}},
+      {"train.checkpoint_every", {{}, "1"}},
+      {"train.log_every", {{}, "2"}},
+      {"train.on_nonfinite", {nonfinite, "stop"}},
+      {"train.max_skipped_steps", {nonfinite, "1"}},
+      {"eval.batch_size", {{}, "4"}},
+      {"eval.max_iterations", {{}, "1"}},
+      {"eval.iterations_sweep", {{}, "[1, 2]", ProbeKind::kCompare}},
+      {"eval.lengths", {{}, "[6]", ProbeKind::kCompare}},
+      {"log.dir", {{}, path("other_run")}},
+      {"log.formats", {{}, "[csv]"}},
+      {"log.progress", {{}, "none"}},
+      {"compare.variants", {{}, "[explicit, tied]", ProbeKind::kCompare}},
+      {"compare.probe_batch_size", {{}, "2", ProbeKind::kCompare}},
+      {"model.energy.layer", {{"model.kind=energy"}, "hopfield"}},
+      {"model.energy.beta", {{"model.kind=energy"}, "2.5"}},
+      {"model.energy.value_precision",
+       {{"model.kind=energy", "model.energy.layer=probabilistic"}, "0.25"}},
+      {"model.energy.key_grad", {{"model.kind=energy", energy_transformer}, "stop"}},
+      {"model.energy.dynamics", {{"model.kind=energy", energy_transformer}, "non_leaky"}},
+      {"model.energy.memory", {{"model.kind=energy", energy_transformer}, "softmax"}},
+      {"model.energy.memories", {{"model.kind=energy", energy_transformer}, "7"}},
+      {"model.energy.step", {{"model.kind=energy", energy_transformer}, "0.05"}},
+  };
+}
+
+// Another valid value for a key, from its current value and the schema.
+std::string AutomaticAlternative(const ConfigKey& key, const Config& config) {
+  switch (key.type) {
+    case ConfigType::kBool:
+      return config.GetBool(key.path) ? "false" : "true";
+    case ConfigType::kEnum:
+      for (const std::string& choice : key.choices) {
+        if (choice != config.GetString(key.path)) return choice;
+      }
+      return "";
+    case ConfigType::kInt: {
+      const int64_t v = config.GetInt(key.path);
+      return std::to_string(!key.has_max || v + 1 <= key.max ? v + 1 : v - 1);
+    }
+    case ConfigType::kDouble: {
+      const double v = config.GetDouble(key.path);
+      double alt = v == 0 ? 0.5 : 2 * v;
+      if (key.has_max && alt > key.max) alt = v == 0 ? key.max : 0.5 * v;
+      std::ostringstream out;
+      out.precision(17);
+      out << alt;
+      return out.str();
+    }
+    default:
+      return "";  // strings and lists need a value in the table
+  }
+}
+
+// A cell other than the built-in one, for model.cell: f = tanh(z W + u).
+class TanhCell : public Cell {
+ public:
+  TanhCell(const CellOptions& options, Rng& rng) {
+    weight_ = RegisterParameter(
+        "weight", RandomNormal(Shape{options.dim, options.dim}, 0.0,
+                               0.3 / std::sqrt(static_cast<double>(options.dim)), options.dtype,
+                               rng));
+  }
+  std::string Name() const override { return "TanhCell"; }
+  Var Forward(const Var& z, const Var& u, const std::vector<int64_t>&) const override {
+    return tanh(add(matmul(z, weight_), u));
+  }
+
+ private:
+  Var weight_;
+};
+
+// f = 2 z + u: no fixed point in reach; Picard's residual doubles.
+class DoublingCell : public Cell {
+ public:
+  std::string Name() const override { return "DoublingCell"; }
+  Var Forward(const Var& z, const Var& u, const std::vector<int64_t>&) const override {
+    return add(mul_scalar(z, 2.0), u);
+  }
+};
+
+TEST_F(ConfigKeysTest, EveryKeyChangesBehaviour) {
+  if (!CellRegistry().Has("test_tanh_cell")) {
+    CellRegistry().Register("test_tanh_cell", [](const CellOptions& o, Rng& rng) {
+      return std::make_shared<TanhCell>(o, rng);
+    });
+    CellRegistry().Register("test_doubling_cell", [](const CellOptions&, Rng&) {
+      return std::make_shared<DoublingCell>();
+    });
+  }
+  const std::map<std::string, KeyProbe> table = ProbeTable(dir_.string());
+  for (const auto& [path, probe] : table) {
+    EXPECT_NE(StillpointSchema().Find(path), nullptr) << "the table names an unknown key " << path;
+  }
+  std::map<std::string, std::string> base_seen;  // by context and probe kind
+  int probed = 0;
+  for (const ConfigKey& key : StillpointSchema().keys()) {
+    SCOPED_TRACE(key.path);
+    KeyProbe probe;
+    if (auto it = table.find(key.path); it != table.end()) probe = it->second;
+    const Config base = Config::FromFile(StillpointSchema(), config_path_, probe.context);
+    const std::string value =
+        probe.value.empty() ? AutomaticAlternative(key, base) : probe.value;
+    ASSERT_FALSE(value.empty()) << key.path << " needs an entry in ProbeTable";
+    std::vector<std::string> changed = probe.context;
+    changed.push_back(key.path + "=" + value);
+
+    std::string cache_key = probe.kind == ProbeKind::kCompare ? "compare|" : "train|";
+    for (const std::string& c : probe.context) cache_key += c + "|";
+    if (!base_seen.count(cache_key)) base_seen[cache_key] = Observe(probe.context, probe.kind);
+    std::string seen;
+    try {
+      seen = Observe(changed, probe.kind);
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << key.path << "=" << value << " failed: " << error.what();
+      continue;
+    }
+    EXPECT_NE(seen, base_seen[cache_key])
+        << key.path << "=" << value << " (context: " << ::testing::PrintToString(probe.context)
+        << ") made no observable difference";
+    ++probed;
+  }
+  EXPECT_EQ(probed, static_cast<int>(StillpointSchema().keys().size()));
+}
+
+}  // namespace
+}  // namespace stillpoint
