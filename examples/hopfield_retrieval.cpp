@@ -11,8 +11,8 @@
 // runs/hopfield_retrieval), so the same problem can be solved from the
 // command line:
 //
-//   build/bin/stillpoint retrieve --patterns OUT_DIR/patterns.csv \
-//       --queries OUT_DIR/queries.csv --beta 32 --out OUT_DIR/beta32
+//   build/bin/stillpoint retrieve --patterns OUT_DIR/patterns.csv
+//       --queries OUT_DIR/queries.csv --beta 128 --out OUT_DIR/beta128
 //
 // Exits non-zero unless at least 95% of the queries retrieve their own image
 // at the largest beta and fewer than half do at the smallest (the effect the
@@ -52,10 +52,17 @@ int main(int argc, char** argv) {
   for (int64_t i = 0; i < count && std::getline(lines, line); ++i) {
     std::istringstream cells(line);
     std::string cell;
+    double* row = x + i * 64;
     double mean = 0, norm = 0;
-    for (int j = 0; j < 64 && std::getline(cells, cell, ','); ++j) mean += x[i * 64 + j] = std::stod(cell);
-    for (int j = 0; j < 64; ++j) norm += (x[i * 64 + j] -= mean / 64) * x[i * 64 + j];
-    for (int j = 0; j < 64; ++j) x[i * 64 + j] /= std::sqrt(norm);
+    for (int j = 0; j < 64 && std::getline(cells, cell, ','); ++j) {
+      row[j] = std::stod(cell);
+      mean += row[j] / 64;
+    }
+    for (int j = 0; j < 64; ++j) {
+      row[j] -= mean;
+      norm += row[j] * row[j];
+    }
+    for (int j = 0; j < 64; ++j) row[j] /= std::sqrt(norm);
   }
   // Queries: every pattern with 16 of its 64 pixels set to zero.
   Tensor queries = patterns.Clone();

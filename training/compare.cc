@@ -1,5 +1,6 @@
 #include "training/compare.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -20,8 +21,6 @@ namespace {
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 const std::vector<std::string> kBackwardModes = {"ift", "jfb", "phantom", "unrolled"};
-
-bool IsImplicitVariant(const std::string& name) { return name.rfind("implicit", 0) == 0; }
 
 // Flattened gradient of the batch loss w.r.t. every parameter.
 std::vector<double> GradientOn(SequenceModel& model, const Batch& batch) {
@@ -56,6 +55,58 @@ std::string Fixed(double value, int digits) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(digits) << value;
   return out.str();
+}
+
+// The markdown table `table` (header, |---| line, rows) as HTML rows.
+std::string MarkdownTableToHtml(const std::string& table) {
+  std::ostringstream html;
+  html << "<table>\n";
+  std::istringstream rows(table);
+  std::string row;
+  int index = 0;
+  while (std::getline(rows, row)) {
+    if (index++ == 1) continue;  // the |---| line
+    html << "<tr>";
+    std::istringstream cells(row);
+    std::string cell;
+    std::getline(cells, cell, '|');
+    while (std::getline(cells, cell, '|')) {
+      const auto a = cell.find_first_not_of(' '), b = cell.find_last_not_of(' ');
+      html << (index == 1 ? "<th>" : "<td>")
+           << (a == std::string::npos ? "" : cell.substr(a, b - a + 1))
+           << (index == 1 ? "</th>" : "</td>");
+    }
+    html << "</tr>\n";
+  }
+  html << "</table>\n";
+  return html.str();
+}
+
+// A curve figure's numbers: one row per x value (of any variant), one column
+// per variant, accuracies in percent ("-" where a variant has no point).
+std::string CurveTable(const std::vector<PlotSeries>& series, const std::string& x_name) {
+  std::vector<double> xs;
+  for (const PlotSeries& s : series) xs.insert(xs.end(), s.x.begin(), s.x.end());
+  std::sort(xs.begin(), xs.end());
+  xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
+  std::ostringstream table;
+  table << "| " << x_name << " |";
+  for (const PlotSeries& s : series) table << " " << s.name << " |";
+  table << "\n|---|";
+  for (std::size_t i = 0; i < series.size(); ++i) table << "---|";
+  table << "\n";
+  for (double x : xs) {
+    table << "| " << x << " |";
+    for (const PlotSeries& s : series) {
+      double y = kNaN;
+      for (std::size_t i = 0; i < s.x.size(); ++i) {
+        if (s.x[i] == x) y = s.y[i];
+      }
+      table << " " << (std::isfinite(y) ? Fixed(100.0 * y, 2) + "%" : "-") << " |";
+    }
+    table << "\n";
+  }
+  return table.str();
 }
 
 std::vector<double> DepthSweep(const Config& config) {
@@ -211,16 +262,18 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     std::string file, title, x, y;
     std::vector<PlotSeries>* series;
     bool log_y;
+    std::string table_x;  // non-empty: the numbers follow the plot as a table
   };
   std::vector<Figure> figures = {
-      {"loss.svg", "Training loss", "step", "cross-entropy", &loss, true},
-      {"accuracy.svg", "Held-out accuracy during training", "step", "accuracy", &accuracy, false},
+      {"loss.svg", "Training loss", "step", "cross-entropy", &loss, true, ""},
+      {"accuracy.svg", "Held-out accuracy during training", "step", "accuracy", &accuracy, false,
+       ""},
       {"accuracy_vs_depth.svg",
        "Test-time compute: accuracy vs solver iterations (implicit) / depth (tied, explicit)",
-       "iterations or layers", "test accuracy", &depth, false}};
+       "iterations or layers", "test accuracy", &depth, false, "iterations or layers"}};
   if (!lengths.empty()) {
     figures.push_back({"accuracy_vs_length.svg", "Length extrapolation", "sequence length",
-                       "test accuracy", &length, false});
+                       "test accuracy", &length, false, "sequence length"});
   }
   std::ostringstream md, html;
   md << "# stillpoint comparison\n\nConfig: `" << config_path << "`; task `"
@@ -236,31 +289,19 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
           "comparison</title>\n<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
           "text-align:right}</style></head><body>\n<h1>stillpoint comparison</h1>\n<p>Config "
-       << config_path << ", task " << base.GetString("task.kind") << ".</p>\n<table>\n";
-  // The markdown table as HTML rows.
-  std::istringstream rows(report.table);
-  std::string row;
-  int index = 0;
-  while (std::getline(rows, row)) {
-    if (index++ == 1) continue;  // the |---| line
-    html << "<tr>";
-    std::istringstream cells(row);
-    std::string cell;
-    std::getline(cells, cell, '|');
-    while (std::getline(cells, cell, '|')) {
-      const auto a = cell.find_first_not_of(' '), b = cell.find_last_not_of(' ');
-      html << (index == 1 ? "<th>" : "<td>") << (a == std::string::npos ? "" : cell.substr(a, b - a + 1))
-           << (index == 1 ? "</th>" : "</td>");
-    }
-    html << "</tr>\n";
-  }
-  html << "</table>\n";
+       << config_path << ", task " << base.GetString("task.kind") << ".</p>\n";
+  html << MarkdownTableToHtml(report.table);
   for (const Figure& f : figures) {
     PlotOptions options{f.title, f.x, f.y, f.log_y, 760, 420};
     const std::string svg = LinePlotSvg(*f.series, options);
     WriteTextFile(root + "/" + f.file, svg);
     md << "![" << f.title << "](" << f.file << ")\n\n";
     html << "<h2>" << f.title << "</h2>\n" << svg;
+    if (!f.table_x.empty()) {
+      const std::string table = CurveTable(*f.series, f.table_x);
+      md << "Held-out accuracy:\n\n" << table << "\n";
+      html << "<p>Held-out accuracy:</p>\n" << MarkdownTableToHtml(table);
+    }
   }
   html << "</body></html>\n";
   report.markdown_path = root + "/report.md";

@@ -128,7 +128,9 @@ TEST_P(ModelKindTest, ShapesNamesAndKind) {
   EXPECT_EQ(model.implicit() != nullptr,
             GetParam() == ModelKind::kImplicit || GetParam() == ModelKind::kEnergy);
   EXPECT_EQ(model.energy_block() != nullptr, energy);
-  if (energy) EXPECT_EQ(named.back().first, "ffn.fc2.bias");
+  if (energy) {
+    EXPECT_EQ(named.back().first, "ffn.fc2.bias");
+  }
   EXPECT_NE(model.Name().find(ToString(GetParam())), std::string::npos) << model.Name();
 }
 

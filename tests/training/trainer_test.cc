@@ -199,6 +199,17 @@ TEST_F(TrainerTest, CompareWritesAReportWithEveryVariant) {
   std::stringstream html_text;
   html_text << html.rdbuf();
   EXPECT_NE(html_text.str().find("<svg"), std::string::npos);
+  // The curves' numbers follow their plots: lengths 5 and 7 for both
+  // variants; iterations 1 and 4 for implicit_jfb, depth 2 for explicit.
+  const std::string report = text.str();
+  const auto length_table = report.find("| sequence length | explicit | implicit_jfb |");
+  ASSERT_NE(length_table, std::string::npos) << report;
+  EXPECT_NE(report.find("\n| 7 | ", length_table), std::string::npos) << report;
+  const auto depth_table = report.find("| iterations or layers | explicit | implicit_jfb |");
+  ASSERT_NE(depth_table, std::string::npos) << report;
+  EXPECT_NE(report.find("\n| 1 | - | ", depth_table), std::string::npos) << report;
+  EXPECT_NE(report.find("\n| 2 | ", depth_table), std::string::npos) << report;
+  EXPECT_NE(html_text.str().find("<th>sequence length</th>"), std::string::npos);
   // The jfb row has a gradient cosine; explicit has none ("-").
   const auto row = table.substr(table.find("| implicit_jfb |"));
   const std::string last_cell = row.substr(row.rfind('|', row.find('\n') - 2) + 1);
