@@ -2,11 +2,13 @@
 
 #include <Eigen/Dense>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
 
+#include "framework/gemm.h"
 #include "framework/parallel.h"
 #include "framework/serialize.h"
 #include "solvers/fixed_point_solver.h"
@@ -19,42 +21,57 @@ namespace {
 template <typename T>
 using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// Rows of z per parallel task: large enough that the patterns are packed for
+// the GEMM a few times per evaluation, not once per 32 queries.
+constexpr int64_t kRowsPerTask = 256;
+
 // out = softmax(beta Z X^T) X for the rows of z; parallel over row blocks,
 // each block one pair of GEMMs (the map is GEMM-bound).
 template <typename T>
 void HopfieldMap(const Tensor& patterns, double beta, const Tensor& z, Tensor* out) {
   const int64_t n = patterns.dim(0), d = patterns.dim(1), k = z.dim(0);
-  Eigen::Map<const RowMatrix<T>> x(patterns.data<T>(), n, d);
-  ParallelFor(0, k, 32, [&](int64_t lo, int64_t hi) {
-    Eigen::Map<const RowMatrix<T>> zb(z.data<T>() + lo * d, hi - lo, d);
-    Eigen::Map<RowMatrix<T>> ob(out->data<T>() + lo * d, hi - lo, d);
-    RowMatrix<T> scores(hi - lo, n);
-    scores.noalias() = static_cast<T>(beta) * (zb * x.transpose());
-    for (int64_t r = 0; r < hi - lo; ++r) {
+  const T* x = patterns.data<T>();
+  ParallelFor(0, k, kRowsPerTask, [&](int64_t lo, int64_t hi) {
+    const int64_t rows = hi - lo;
+    RowMatrix<T> scores(rows, n);
+    internal::Gemm<T>(false, true, rows, n, d, static_cast<T>(beta), z.data<T>() + lo * d, d, x,
+                      d, scores.data(), n);
+    for (int64_t r = 0; r < rows; ++r) {
       const T top = scores.row(r).maxCoeff();
       scores.row(r) = (scores.row(r).array() - top).exp();
       scores.row(r) /= scores.row(r).sum();
     }
-    ob.noalias() = scores * x;
+    internal::Gemm<T>(false, false, rows, d, n, T(1), scores.data(), n, x, d,
+                      out->data<T>() + lo * d, d);
   });
 }
 
+// Nearest pattern and energy of every fixed point, in float64: the dot
+// products <x_j, xi_r> as one GEMM per block of fixed points.
 template <typename T>
 void Diagnose(const Tensor& patterns, double beta, RetrievalResult* result) {
   const int64_t n = patterns.dim(0), d = patterns.dim(1), q = result->fixed_points.dim(0);
-  Eigen::Map<const RowMatrix<T>> x(patterns.data<T>(), n, d);
-  Eigen::Map<const RowMatrix<T>> xi(result->fixed_points.data<T>(), q, d);
+  const RowMatrix<double> x =
+      Eigen::Map<const RowMatrix<T>>(patterns.data<T>(), n, d).template cast<double>();
   result->nearest.assign(q, 0);
   result->energy.assign(q, 0.0);
-  for (int64_t r = 0; r < q; ++r) {
-    const Eigen::Matrix<double, Eigen::Dynamic, 1> dots =
-        (x * xi.row(r).transpose()).template cast<double>();
-    Eigen::Index best = 0;
-    const double top = dots.maxCoeff(&best);
-    result->nearest[r] = best;
-    // (1/beta) lse(beta s), shifted by the maximum for stability.
-    const double lse = top + std::log((beta * (dots.array() - top)).exp().sum()) / beta;
-    result->energy[r] = 0.5 * xi.row(r).template cast<double>().squaredNorm() - lse;
+  RowMatrix<double> dots;
+  for (int64_t lo = 0; lo < q; lo += kRowsPerTask) {
+    const int64_t rows = std::min(kRowsPerTask, q - lo);
+    const RowMatrix<double> xi =
+        Eigen::Map<const RowMatrix<T>>(result->fixed_points.data<T>() + lo * d, rows, d)
+            .template cast<double>();
+    dots.resize(rows, n);
+    internal::Gemm<double>(false, true, rows, n, d, 1.0, xi.data(), d, x.data(), d, dots.data(),
+                           n);
+    for (int64_t r = 0; r < rows; ++r) {
+      Eigen::Index best = 0;
+      const double top = dots.row(r).maxCoeff(&best);
+      result->nearest[lo + r] = best;
+      // (1/beta) lse(beta s), shifted by the maximum for stability.
+      const double lse = top + std::log((beta * (dots.row(r).array() - top)).exp().sum()) / beta;
+      result->energy[lo + r] = 0.5 * xi.row(r).squaredNorm() - lse;
+    }
   }
 }
 
