@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "framework/gemm.h"
@@ -83,6 +84,7 @@ T* Scratch(int64_t n) {
 
 // Writes out = softmax(scale q k^T, masked) v for every (b, h); when probs
 // is not null it also keeps the probabilities there ([B, heads, Tq, Tk]).
+// out may be null when only the probabilities are wanted.
 template <typename T>
 void AttentionForwardKernel(
     const AttentionGeometry& geo, const T* q, const T* k, const T* v, T* out, T* probs) {
@@ -113,6 +115,7 @@ void AttentionForwardKernel(
         std::fill(row + visible, row + geo.tk, T(0));
       }
       // O_h = P V_h, written into the head's columns of out.
+      if (out == nullptr) continue;
       internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p_data, geo.tk, v + k_offset,
                         geo.dim, out + q_offset, geo.dim);
     }
@@ -198,16 +201,19 @@ Var multi_head_attention_reference(
 Var multi_head_attention(
     const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal) {
   const AttentionGeometry geo = ResolveAttention(q, k, v, heads, scale, causal);
-  const bool recording =
-      GradModeEnabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   Tensor out(q.shape(), q.dtype());
-  Tensor probs;
-  if (recording) probs = Tensor(Shape{geo.batch, geo.heads, geo.tq, geo.tk}, q.dtype());
   DispatchDType(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     AttentionForwardKernel<T>(geo, q.value().data<T>(), k.value().data<T>(), v.value().data<T>(),
-                              out.data<T>(), recording ? probs.data<T>() : nullptr);
+                              out.data<T>(), nullptr);
   });
+  // The probabilities [B, heads, Tq, Tk] are not kept by the forward pass
+  // (they are the largest activation of a transformer): the first backward
+  // call recomputes them (one extra Q K^T and softmax) and keeps them for
+  // later calls through the same node, as the adjoint iterations of an
+  // implicit layer make. A graph used once, like an explicit stack's, so
+  // holds one layer's probabilities at a time instead of all of them.
+  auto probs = std::make_shared<Tensor>();
   return RecordOp(
       "multi_head_attention", out, {q, k, v},
       [geo, probs](const VarList& in, const Var&, const Var& g) {
@@ -225,6 +231,14 @@ Var multi_head_attention(
           if (!want_v) grads[2] = Var();
           return grads;
         }
+        if (!probs->defined()) {
+          *probs = Tensor(Shape{geo.batch, geo.heads, geo.tq, geo.tk}, in[0].dtype());
+          DispatchDType(in[0].dtype(), [&](auto zero) {
+            using T = decltype(zero);
+            AttentionForwardKernel<T>(geo, in[0].value().data<T>(), in[1].value().data<T>(),
+                                      in[2].value().data<T>(), nullptr, probs->data<T>());
+          });
+        }
         Tensor dq, dk, dv;
         if (want_q) dq = Tensor(in[0].shape(), in[0].dtype());
         if (want_k) dk = Tensor(in[1].shape(), in[1].dtype());
@@ -233,7 +247,7 @@ Var multi_head_attention(
           using T = decltype(zero);
           AttentionBackwardKernel<T>(
               geo, in[0].value().data<T>(), in[1].value().data<T>(), in[2].value().data<T>(),
-              probs.data<T>(), g.value().data<T>(), want_q ? dq.data<T>() : nullptr,
+              probs->data<T>(), g.value().data<T>(), want_q ? dq.data<T>() : nullptr,
               want_k ? dk.data<T>() : nullptr, want_v ? dv.data<T>() : nullptr);
         });
         return VarList{want_q ? Var(dq) : Var(), want_k ? Var(dk) : Var(),
