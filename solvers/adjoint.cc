@@ -11,18 +11,12 @@
 
 #include "framework/check.h"
 #include "framework/parallel.h"
+#include "solvers/enum_names.h"
 #include "solvers/fixed_point_solver.h"
 #include "solvers/report_format.h"
 
 namespace stillpoint {
 namespace {
-
-std::string Lower(const std::string& text) {
-  std::string out = text;
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
 
 using report::FormatBytes;
 using report::FormatDouble;
@@ -678,15 +672,11 @@ const char* ToString(BackwardMode mode) {
 }
 
 bool StringToBackwardMode(const std::string& text, BackwardMode* mode) {
-  const std::string wanted = Lower(text);
-  for (BackwardMode candidate :
-       {BackwardMode::kIft, BackwardMode::kJfb, BackwardMode::kPhantom, BackwardMode::kUnrolled}) {
-    if (wanted == ToString(candidate)) {
-      *mode = candidate;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseEnumByName(
+      text,
+      std::initializer_list<BackwardMode>{BackwardMode::kIft, BackwardMode::kJfb,
+                                          BackwardMode::kPhantom, BackwardMode::kUnrolled},
+      mode);
 }
 
 const char* ToString(AdjointSolverType type) {
@@ -719,14 +709,7 @@ std::vector<AdjointSolverType> AllAdjointSolverTypes() {
 }
 
 bool StringToAdjointSolverType(const std::string& text, AdjointSolverType* type) {
-  const std::string wanted = Lower(text);
-  for (AdjointSolverType candidate : AllAdjointSolverTypes()) {
-    if (wanted == ToString(candidate)) {
-      *type = candidate;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseEnumByName(text, AllAdjointSolverTypes(), type);
 }
 
 // ------------------------------------------------------------------ options

@@ -5,27 +5,14 @@
 #include <cmath>
 #include <sstream>
 
+#include "solvers/enum_names.h"
+
 namespace stillpoint {
 namespace {
 
-std::string Lower(const std::string& text) {
-  std::string out = text;
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
-
-// Matches text (any case) against ToString of every value in `values`.
 template <typename Enum>
 bool ParseEnum(const std::string& text, std::initializer_list<Enum> values, Enum* value) {
-  const std::string wanted = Lower(text);
-  for (Enum candidate : values) {
-    if (Lower(ToString(candidate)) == wanted) {
-      *value = candidate;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseEnumByName(text, values, value);
 }
 
 }  // namespace
@@ -57,15 +44,7 @@ std::vector<ForwardSolverType> AllForwardSolverTypes() {
 }
 
 bool StringToForwardSolverType(const std::string& text, ForwardSolverType* type) {
-  const std::vector<ForwardSolverType> all = AllForwardSolverTypes();
-  const std::string wanted = Lower(text);
-  for (ForwardSolverType candidate : all) {
-    if (wanted == ToString(candidate)) {
-      *type = candidate;
-      return true;
-    }
-  }
-  return false;
+  return internal::ParseEnumByName(text, AllForwardSolverTypes(), type);
 }
 
 const char* ToString(StopMode mode) {
