@@ -237,7 +237,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
   // ---- plots
   std::vector<PlotSeries> loss, accuracy, depth, length;
   for (const VariantResult& v : report.variants) {
-    const auto m = ReadMetricsCsv(v.run_dir + "/metrics.csv");
+    const auto m = ReadRunMetrics(v.run_dir);
     auto column = [&](const std::string& key) {
       auto it = m.find(key);
       return it == m.end() ? std::vector<double>{} : it->second;

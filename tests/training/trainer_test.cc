@@ -221,6 +221,29 @@ TEST_F(TrainerTest, CompareWritesAReportWithEveryVariant) {
   EXPECT_NE(err2.str().find("implicit_magic"), std::string::npos) << err2.str();
 }
 
+// The report reads each variant's metrics from whichever file log.formats
+// kept.
+TEST_F(TrainerTest, CompareWorksWithJsonLinesMetricsOnly) {
+  CompareArgs args;
+  args.config_path = WriteConfig("compare_jsonl", "compare: {variants: [explicit, tied]}\n");
+  args.overrides = {"train.steps=6", "log.formats=[jsonl]"};
+  std::ostringstream out, err;
+  ASSERT_EQ(RunCompare(args, out, err), 0) << err.str();
+  const fs::path run = dir_ / "run_compare_jsonl";
+  EXPECT_FALSE(fs::exists(run / "explicit" / "metrics.csv"));
+  ASSERT_TRUE(fs::exists(run / "explicit" / "metrics.jsonl"));
+  std::ifstream svg((run / "loss.svg").string());
+  std::stringstream text;
+  text << svg.rdbuf();
+  // One polyline per variant: the curves were read from the JSON lines.
+  size_t lines = 0;
+  for (size_t at = text.str().find("<polyline"); at != std::string::npos;
+       at = text.str().find("<polyline", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 2u) << text.str();
+}
+
 TEST_F(TrainerTest, SteadyStateTrainingStepsTakeTensorMemoryOnlyFromThePool) {
   // After warm-up, an implicit model's training step (forward solve,
   // adjoint solve, optimizer update) takes its tensor storage from the pool:
