@@ -21,7 +21,6 @@ namespace {
 using report::FormatBytes;
 using report::FormatDouble;
 using report::FormatTime;
-using report::kAllTerminations;
 
 // Samples are rows; the Krylov solvers keep their vectors in float64 whatever
 // the state's dtype (orthogonality is lost quickly in float32).
@@ -790,15 +789,7 @@ std::string AdjointSummary::BriefReport() const {
 
 std::string AdjointSummary::FullReport() const {
   std::ostringstream out;
-  out << BriefReport() << "\n";
-  out << "message: " << message << "\n";
-  out << "problem: batch " << batch_size << " x state " << state_size << "\n";
-  out << "samples by termination:";
-  for (TerminationType t : kAllTerminations) {
-    const int64_t count = CountSamples(t);
-    if (count > 0) out << " " << ToString(t) << " " << count;
-  }
-  out << "\n";
+  report::WriteReportPreamble(*this, out);
   out << "effort: " << iterations << " iterations, " << vjp_evaluations << " batched VJPs\n";
   out << "memory: " << FormatBytes(history_bytes) << " of solver buffers\n";
   out << "time: " << FormatTime(wall_time_seconds) << "\n";

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <ostream>
 #include <string>
 
 #include "solvers/options.h"
@@ -32,5 +33,21 @@ inline constexpr TerminationType kAllTerminations[] = {
     TerminationType::kConverged, TerminationType::kUserStop, TerminationType::kMaxIterations,
     TerminationType::kStagnated, TerminationType::kDiverged, TerminationType::kLinearAlgebraFailure,
     TerminationType::kNonFinite, TerminationType::kFailure};
+
+// The lines every FullReport starts with: the brief report, the message, the
+// problem size and the sample count per termination type. Summary is a
+// SolverSummary or an AdjointSummary.
+template <typename Summary>
+void WriteReportPreamble(const Summary& s, std::ostream& out) {
+  out << s.BriefReport() << "\n";
+  out << "message: " << s.message << "\n";
+  out << "problem: batch " << s.batch_size << " x state " << s.state_size << "\n";
+  out << "samples by termination:";
+  for (TerminationType t : kAllTerminations) {
+    const int64_t count = s.CountSamples(t);
+    if (count > 0) out << " " << ToString(t) << " " << count;
+  }
+  out << "\n";
+}
 
 }  // namespace stillpoint::report

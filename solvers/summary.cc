@@ -11,7 +11,6 @@ namespace {
 using report::FormatBytes;
 using report::FormatDouble;
 using report::FormatTime;
-using report::kAllTerminations;
 
 }  // namespace
 
@@ -50,15 +49,7 @@ std::string SolverSummary::BriefReport() const {
 
 std::string SolverSummary::FullReport() const {
   std::ostringstream out;
-  out << BriefReport() << "\n";
-  out << "message: " << message << "\n";
-  out << "problem: batch " << batch_size << " x state " << state_size << "\n";
-  out << "samples by termination:";
-  for (TerminationType t : kAllTerminations) {
-    const int64_t count = CountSamples(t);
-    if (count > 0) out << " " << ToString(t) << " " << count;
-  }
-  out << "\n";
+  report::WriteReportPreamble(*this, out);
   out << "effort: " << iterations << " iterations, " << map_calls << " map calls, "
       << function_evaluations << " row evaluations";
   if (jvp_evaluations > 0) out << ", " << jvp_evaluations << " jvp rows";
