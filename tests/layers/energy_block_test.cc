@@ -186,14 +186,8 @@ ModelOptions TinyEnergyModel(const std::string& layer) {
   options.energy.memories = 3;
   options.dtype = DType::kFloat64;
   options.seed = 5;
-  ImplicitOptions& implicit = options.implicit;
-  implicit.forward.max_iterations = 400;
-  implicit.forward.stop_mode = StopMode::kAbsolute;
-  implicit.forward.absolute_tolerance = 1e-13;
-  implicit.forward.stagnation_window = 0;
-  implicit.backward.solver = AdjointSolverType::kGmres;
-  implicit.backward.max_iterations = 200;
-  implicit.backward.tolerance = 1e-12;
+  options.implicit = testing_energy::TightImplicitOptions();
+  options.implicit.forward.max_iterations = 400;
   return options;
 }
 

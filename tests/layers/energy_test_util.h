@@ -16,9 +16,27 @@
 #include "framework/ops.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
+#include "solvers/implicit.h"
 
 namespace stillpoint {
 namespace testing_energy {
+
+// Forward and adjoint solves far below the finite-difference noise of a
+// float64 gradient check.
+inline ImplicitOptions TightImplicitOptions(
+    ForwardSolverType forward = ForwardSolverType::kAnderson,
+    AdjointSolverType adjoint = AdjointSolverType::kGmres) {
+  ImplicitOptions options;
+  options.forward.type = forward;
+  options.forward.max_iterations = 300;
+  options.forward.stop_mode = StopMode::kAbsolute;
+  options.forward.absolute_tolerance = 1e-13;
+  options.forward.stagnation_window = 0;
+  options.backward.solver = adjoint;
+  options.backward.max_iterations = 200;
+  options.backward.tolerance = 1e-12;
+  return options;
+}
 
 inline Tensor Randn(const Shape& shape, Rng& rng, double stddev = 1.0) {
   return RandomNormal(shape, 0.0, stddev, DType::kFloat64, rng);

@@ -24,16 +24,7 @@ using testing_energy::Randn;
 using testing_energy::RandnVar;
 
 ImplicitOptions TightOptions(ForwardSolverType forward = ForwardSolverType::kAnderson) {
-  ImplicitOptions options;
-  options.forward.type = forward;
-  options.forward.max_iterations = 300;
-  options.forward.stop_mode = StopMode::kAbsolute;
-  options.forward.absolute_tolerance = 1e-13;
-  options.forward.stagnation_window = 0;
-  options.backward.solver = AdjointSolverType::kGmres;
-  options.backward.max_iterations = 200;
-  options.backward.tolerance = 1e-12;
-  return options;
+  return testing_energy::TightImplicitOptions(forward);
 }
 
 GradCheckOptions SolveTolerances() {
