@@ -335,9 +335,8 @@ EnergyBlockOptions EnergyBlockOptionsFromConfig(const Config& c) {
 
 ModelOptions ModelOptionsFromConfig(const Config& c) {
   ModelOptions m;
-  const std::string kind = c.GetString("model.kind");
-  SP_CHECK(StringToModelKind(kind, &m.kind), "unknown model kind '", kind, "'");
-  SP_CHECK(StringToDType(c.GetString("dtype"), &m.dtype), "unknown dtype");
+  m.kind = ParseEnum<ModelKind>(c, "model.kind", StringToModelKind);
+  m.dtype = ParseEnum<DType>(c, "dtype", StringToDType);
   m.dim = c.GetInt("model.dim");
   m.max_length = c.GetInt("model.max_length");
   m.cell = c.GetString("model.cell");
@@ -370,8 +369,7 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
 
 OptimizerOptions OptimizerOptionsFromConfig(const Config& c) {
   OptimizerOptions o;
-  SP_CHECK(StringToOptimizerType(c.GetString("train.optimizer.type"), &o.type),
-           "unknown optimizer");
+  o.type = ParseEnum<OptimizerType>(c, "train.optimizer.type", StringToOptimizerType);
   o.learning_rate = c.GetDouble("train.optimizer.lr");
   o.momentum = c.GetDouble("train.optimizer.momentum");
   o.nesterov = c.GetBool("train.optimizer.nesterov");
@@ -387,8 +385,7 @@ OptimizerOptions OptimizerOptionsFromConfig(const Config& c) {
 
 ScheduleOptions ScheduleOptionsFromConfig(const Config& c) {
   ScheduleOptions s;
-  SP_CHECK(StringToScheduleType(c.GetString("train.schedule.type"), &s.type),
-           "unknown schedule");
+  s.type = ParseEnum<ScheduleType>(c, "train.schedule.type", StringToScheduleType);
   s.warmup_steps = c.GetInt("train.schedule.warmup_steps");
   s.step_size = c.GetInt("train.schedule.step_size");
   s.gamma = c.GetDouble("train.schedule.gamma");
