@@ -22,12 +22,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "framework/random.h"
-#include "training/dataset.h"
 #include "training/retrieve.h"
 
 #ifndef STILLPOINT_DATA_DIR
@@ -45,21 +43,20 @@ int main(int argc, char** argv) {
 
   // Stored patterns: the first `count` images, centred and scaled to unit
   // length (64 pixels each; the label column is dropped).
-  std::istringstream lines(ReadFileMaybeGzip(digits));
+  const Tensor images = ReadCsvMatrix(digits, DType::kFloat64);  // [N, 64 pixels + label]
+  if (images.dim(1) != 65 || count < 1 || count > images.dim(0)) {
+    std::fprintf(stderr, "%s: expected at least %lld rows of 64 pixels and a label\n",
+                 digits.c_str(), static_cast<long long>(count));
+    return 2;
+  }
   Tensor patterns = Tensor::Zeros(Shape{count, 64}, DType::kFloat64);
-  double* x = patterns.data<double>();
-  std::string line;
-  for (int64_t i = 0; i < count && std::getline(lines, line); ++i) {
-    std::istringstream cells(line);
-    std::string cell;
-    double* row = x + i * 64;
+  for (int64_t i = 0; i < count; ++i) {
+    const double* pixels = images.data<double>() + i * 65;
+    double* row = patterns.data<double>() + i * 64;
     double mean = 0, norm = 0;
-    for (int j = 0; j < 64 && std::getline(cells, cell, ','); ++j) {
-      row[j] = std::stod(cell);
-      mean += row[j] / 64;
-    }
+    for (int j = 0; j < 64; ++j) mean += pixels[j] / 64;
     for (int j = 0; j < 64; ++j) {
-      row[j] -= mean;
+      row[j] = pixels[j] - mean;
       norm += row[j] * row[j];
     }
     for (int j = 0; j < 64; ++j) row[j] /= std::sqrt(norm);
