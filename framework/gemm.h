@@ -10,9 +10,11 @@
 // stride ldb ([n, k] if trans_b), C is [m, n] with row stride ldc; C is
 // overwritten (its previous contents are ignored, also when k = 0).
 //
-// When the build found OpenBLAS (CMake option STILLPOINT_USE_OPENBLAS) the
-// product is one single-threaded sgemm/dgemm call: about 1.3-1.6x Eigen's
-// own GEMM per core on this project's shapes. Otherwise Eigen computes it.
+// float32 products that are shallow (k <= 256) or narrow (n <= 64, A not
+// transposed) run the packed-B kernel below (SmallGemmFloat). The others,
+// and all float64 products, are one single-threaded sgemm/dgemm call when
+// the build found OpenBLAS (CMake option STILLPOINT_USE_OPENBLAS), else
+// Eigen's GEMM.
 // Either way a call runs on the calling thread only (OpenBLAS is limited to
 // one thread); parallelism comes from ParallelFor around independent calls,
 // so results do not depend on the thread count.
@@ -35,6 +37,21 @@ void Gemm(bool trans_a,
           int64_t ldb,
           T* c,
           int64_t ldc);
+
+// The float32 kernel Gemm uses for small and skinny products (see
+// gemm_float_kernel.cc); same contract as Gemm. Exposed for its tests.
+void SmallGemmFloat(bool trans_a,
+                    bool trans_b,
+                    int64_t m,
+                    int64_t n,
+                    int64_t k,
+                    float alpha,
+                    const float* a,
+                    int64_t lda,
+                    const float* b,
+                    int64_t ldb,
+                    float* c,
+                    int64_t ldc);
 
 // "openblas" or "eigen": which kernel Gemm uses (printed by benchmarks).
 const char* GemmBackendName();

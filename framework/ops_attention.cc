@@ -96,7 +96,8 @@ void AttentionForwardKernel(
       const int64_t h = unit % geo.heads;
       const int64_t q_offset = b * geo.tq * geo.dim + h * geo.dh;
       const int64_t k_offset = b * geo.tk * geo.dim + h * geo.dh;
-      T* p_data = probs ? probs + unit * block : Scratch<T>(block);
+      T* p_data = probs ? probs + unit * block : Scratch<T>(block + geo.tq);
+      T* row_scale = probs ? Scratch<T>(geo.tq) : p_data + block;
       // P = scale Q_h K_h^T, then softmax in place row by row.
       internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, static_cast<T>(geo.scale),
                         q + q_offset, geo.dim, k + k_offset, geo.dim, p_data, geo.tk);
@@ -110,14 +111,26 @@ void AttentionForwardKernel(
         }
         const T m = internal::VecMax(row, visible);
         const T sum = internal::VecExpShifted(row, m, row, visible);
-        const T inv = T(1) / sum;
-        for (int64_t j = 0; j < visible; ++j) row[j] *= inv;
+        row_scale[i] = T(1) / sum;
         std::fill(row + visible, row + geo.tk, T(0));
+        // Kept probabilities are normalised here; for the output alone the
+        // normalisation is applied to the [Tq, dh] rows of O instead of the
+        // [Tq, Tk] rows of P (dh << Tk).
+        if (probs) {
+          for (int64_t j = 0; j < visible; ++j) row[j] *= row_scale[i];
+        }
       }
       // O_h = P V_h, written into the head's columns of out.
       if (out == nullptr) continue;
+      T* o = out + q_offset;
       internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p_data, geo.tk, v + k_offset,
-                        geo.dim, out + q_offset, geo.dim);
+                        geo.dim, o, geo.dim);
+      if (probs) continue;
+      for (int64_t i = 0; i < geo.tq; ++i) {
+        if (geo.VisibleKeys(i) == 0) continue;  // NaN row, as the unfused ops give
+        T* o_row = o + i * geo.dim;
+        for (int64_t j = 0; j < geo.dh; ++j) o_row[j] *= row_scale[i];
+      }
     }
   });
 }
@@ -158,8 +171,7 @@ void AttentionBackwardKernel(const AttentionGeometry& geo,
       for (int64_t i = 0; i < geo.tq; ++i) {
         T* row = ds + i * geo.tk;
         const T* prow = p + i * geo.tk;
-        T acc = 0;
-        for (int64_t j = 0; j < geo.tk; ++j) acc += row[j] * prow[j];
+        const T acc = internal::VecDot(row, prow, geo.tk);
         for (int64_t j = 0; j < geo.tk; ++j) row[j] = prow[j] * (row[j] - acc);
       }
       if (dq) {

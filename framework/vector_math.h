@@ -250,5 +250,30 @@ inline double VecExpShifted(const double* x, double shift, double* out, int64_t 
   return s;
 }
 
+// sum_i x[i] y[i]. float: four packet accumulators (the summation order
+// is fixed by n alone, so results do not depend on threads).
+inline float VecDot(const float* x, const float* y, int64_t n) {
+  namespace ei = Eigen::internal;
+  FloatPacket acc[4] = {PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f)};
+  int64_t i = 0;
+  for (; i + 4 * kVecBlock <= n; i += 4 * kVecBlock) {
+    for (int j = 0; j < 4; ++j) {
+      acc[j] = ei::pmadd(ei::ploadu<FloatPacket>(x + i + j * kVecBlock),
+                         ei::ploadu<FloatPacket>(y + i + j * kVecBlock), acc[j]);
+    }
+  }
+  for (; i + kVecBlock <= n; i += kVecBlock) {
+    acc[0] = ei::pmadd(ei::ploadu<FloatPacket>(x + i), ei::ploadu<FloatPacket>(y + i), acc[0]);
+  }
+  float s = ei::predux(ei::padd(ei::padd(acc[0], acc[1]), ei::padd(acc[2], acc[3])));
+  for (; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+inline double VecDot(const double* x, const double* y, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
 }  // namespace internal
 }  // namespace stillpoint

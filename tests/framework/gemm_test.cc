@@ -1,6 +1,8 @@
-// internal::Gemm (OpenBLAS or Eigen) against a naive triple loop: every
-// transpose combination, strided operands (a head's columns of a wider
-// tensor), alpha, k = 0, shapes on both sides of the BLAS size threshold.
+// internal::Gemm (packed float kernel, OpenBLAS or Eigen) and the packed
+// float kernel itself against a naive triple loop: every transpose
+// combination, strided operands (a head's columns of a wider tensor),
+// alpha, k = 0, partial row tiles and column panels, depths across the
+// kernel's depth blocks, shapes on both sides of the dispatch thresholds.
 #include "framework/gemm.h"
 
 #include <gtest/gtest.h>
@@ -27,7 +29,18 @@ T At(const std::vector<T>& x, int64_t ld, bool trans, int64_t r, int64_t c) {
 }
 
 template <typename T>
-void CheckCase(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t pad, double tol) {
+using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,
+                        int64_t, T*, int64_t);
+
+template <typename T>
+void CheckCase(bool ta,
+               bool tb,
+               int64_t m,
+               int64_t n,
+               int64_t k,
+               int64_t pad,
+               double tol,
+               GemmFn<T> gemm = &Gemm<T>) {
   const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
   const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
   const int64_t lda = a_cols + pad, ldb = b_cols + pad, ldc = n + pad;
@@ -35,7 +48,7 @@ void CheckCase(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t pad, d
   const std::vector<T> b = Filled<T>(std::max<int64_t>(1, b_rows * ldb), 2);
   std::vector<T> c(m * ldc, T(7));  // C's old contents must be ignored
   const T alpha = T(0.75);
-  Gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, c.data(), ldc);
+  gemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, c.data(), ldc);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
       double expected = 0.0;
@@ -66,6 +79,37 @@ TEST(GemmTest, MatchesNaiveProductForAllLayouts) {
 TEST(GemmTest, LargeProductAboveTheBlasThreshold) {
   CheckCase<float>(false, false, 130, 96, 100, 0, 1e-5);
   CheckCase<float>(true, false, 64, 64, 300, 0, 1e-5);
+}
+
+TEST(GemmTest, PackedFloatKernelHandlesPartialTilesAndDepthBlocks) {
+  // Rows 1..13 cover every partial row tile (tiles are 6 rows); widths
+  // around the 16-column panel; depths on both sides of the 256 block.
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (int64_t m : {1, 5, 6, 7, 13}) {
+        for (int64_t n : {1, 15, 16, 17, 40}) {
+          CheckCase<float>(ta, tb, m, n, 9, 3, 1e-5, &SmallGemmFloat);
+        }
+      }
+      for (int64_t k : {0, 255, 256, 257, 600}) {
+        CheckCase<float>(ta, tb, 14, 33, k, 2, 1e-5, &SmallGemmFloat);
+      }
+    }
+  }
+}
+
+TEST(GemmTest, PackedFloatKernelRowsDoNotDependOnTheirTile) {
+  // A row's result is the same whether it is computed alone, in a partial
+  // tile or in a full one, so splitting rows over threads cannot change it.
+  const int64_t m = 13, n = 20, k = 300;
+  const std::vector<float> a = Filled<float>(m * k, 3);
+  const std::vector<float> b = Filled<float>(k * n, 4);
+  std::vector<float> whole(m * n), one(n);
+  SmallGemmFloat(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, whole.data(), n);
+  for (int64_t i = 0; i < m; ++i) {
+    SmallGemmFloat(false, false, 1, n, k, 1.0f, a.data() + i * k, k, b.data(), n, one.data(), n);
+    for (int64_t j = 0; j < n; ++j) ASSERT_EQ(one[j], whole[i * n + j]) << i << ", " << j;
+  }
 }
 
 TEST(GemmTest, NamesItsBackend) {

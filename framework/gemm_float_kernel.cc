@@ -1,0 +1,178 @@
+// A float32 GEMM for the small, skinny products of this project's models.
+//
+// Why not OpenBLAS for these: on a [1024, 64] x [64, 64] projection or a
+// per-head [256, 16] x [16, 256] score block, OpenBLAS spends a third of its
+// time outside its inner kernel: it packs both operands on every call and
+// zeroes C in a separate pass before accumulating into it (beta = 0). Here
+// only op(B) is packed, into panels of kPanel columns (k x kPanel,
+// contiguous, zero-padded), and a register-blocked micro-kernel computes a
+// kRows x kPanel tile of C entirely in registers, reading op(A) in place
+// (broadcast one entry at a time, which works as well for A as for A^T), and
+// stores the tile once: no zeroing pass and no copy of A.
+//
+// The depth is cut into blocks of kDepthBlock so a B panel stays in L1; the
+// first block stores its tile, later blocks add to it. Each C entry is the
+// same sequence of fused multiply-adds whatever the thread count, so
+// results are bitwise reproducible.
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "framework/gemm.h"
+
+namespace stillpoint::internal {
+namespace {
+
+namespace ei = Eigen::internal;
+using Packet = ei::packet_traits<float>::type;
+constexpr int kLanes = ei::packet_traits<float>::size;
+
+// A tile is kRows x (2 packets): 12 accumulators with AVX2 (6 x 16), which
+// with the two B packets and one broadcast fills 15 of the 16 registers.
+constexpr int kRows = 6;
+constexpr int kPanel = 2 * kLanes;
+constexpr int64_t kDepthBlock = 256;
+// Packed B read by consecutive tiles: 16 KiB, half of a Zen/Skylake L1.
+constexpr int64_t kGroupFloats = 4096;
+
+// Packs columns [col, col + kPanel) of op(B) for depths [k0, k0 + kc) as
+// kc rows of kPanel floats; columns past n are zero.
+void PackPanel(bool trans_b,
+               const float* b,
+               int64_t ldb,
+               int64_t n,
+               int64_t col,
+               int64_t k0,
+               int64_t kc,
+               float* out) {
+  const int64_t width = std::min<int64_t>(kPanel, n - col);
+  if (width < kPanel) std::fill(out, out + kc * kPanel, 0.0f);
+  if (!trans_b) {
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const float* src = b + (k0 + kk) * ldb + col;
+      std::copy(src, src + width, out + kk * kPanel);
+    }
+  } else {
+    // Column j of the panel is row col + j of B: read it contiguously.
+    for (int64_t j = 0; j < width; ++j) {
+      const float* src = b + (col + j) * ldb + k0;
+      for (int64_t kk = 0; kk < kc; ++kk) out[kk * kPanel + j] = src[kk];
+    }
+  }
+}
+
+// C tile [rows, width) (rows <= kRows, width <= kPanel) = or += alpha op(A)
+// rows x packed panel. op(A)[r, kk] is a[r * a_row + kk * a_depth].
+template <int kTileRows>
+void Tile(int64_t kc,
+          const float* a,
+          int64_t a_row,
+          int64_t a_depth,
+          const float* panel,
+          float alpha,
+          bool accumulate,
+          float* c,
+          int64_t ldc,
+          int64_t width) {
+  Packet acc[kTileRows][2];
+  for (int r = 0; r < kTileRows; ++r) {
+    acc[r][0] = ei::pset1<Packet>(0.0f);
+    acc[r][1] = ei::pset1<Packet>(0.0f);
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const Packet b0 = ei::pload<Packet>(panel + kk * kPanel);
+    const Packet b1 = ei::pload<Packet>(panel + kk * kPanel + kLanes);
+    const float* a_k = a + kk * a_depth;
+    for (int r = 0; r < kTileRows; ++r) {
+      const Packet ar = ei::pset1<Packet>(a_k[r * a_row]);
+      acc[r][0] = ei::pmadd(ar, b0, acc[r][0]);
+      acc[r][1] = ei::pmadd(ar, b1, acc[r][1]);
+    }
+  }
+  const Packet scale = ei::pset1<Packet>(alpha);
+  for (int r = 0; r < kTileRows; ++r) {
+    float* c_row = c + r * ldc;
+    Packet v0 = ei::pmul(scale, acc[r][0]);
+    Packet v1 = ei::pmul(scale, acc[r][1]);
+    if (width == kPanel) {
+      if (accumulate) {
+        v0 = ei::padd(v0, ei::ploadu<Packet>(c_row));
+        v1 = ei::padd(v1, ei::ploadu<Packet>(c_row + kLanes));
+      }
+      ei::pstoreu(c_row, v0);
+      ei::pstoreu(c_row + kLanes, v1);
+    } else {
+      alignas(64) float tmp[kPanel];
+      ei::pstore(tmp, v0);
+      ei::pstore(tmp + kLanes, v1);
+      for (int64_t j = 0; j < width; ++j) c_row[j] = accumulate ? c_row[j] + tmp[j] : tmp[j];
+    }
+  }
+}
+
+using TileFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, float, bool,
+                        float*, int64_t, int64_t);
+constexpr TileFn kTiles[kRows + 1] = {nullptr,  &Tile<1>, &Tile<2>, &Tile<3>,
+                                      &Tile<4>, &Tile<5>, &Tile<6>};
+
+// Per-thread packing buffer, aligned for packet loads.
+float* PanelBuffer(int64_t floats) {
+  thread_local std::vector<float, Eigen::aligned_allocator<float>> buffer;
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(floats);
+  return buffer.data();
+}
+
+}  // namespace
+
+void SmallGemmFloat(bool trans_a,
+                    bool trans_b,
+                    int64_t m,
+                    int64_t n,
+                    int64_t k,
+                    float alpha,
+                    const float* a,
+                    int64_t lda,
+                    const float* b,
+                    int64_t ldb,
+                    float* c,
+                    int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+  // op(A)[i, kk] = a[i * a_row + kk * a_depth].
+  const int64_t a_row = trans_a ? 1 : lda;
+  const int64_t a_depth = trans_a ? lda : 1;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const int64_t kc_max = std::min(k, kDepthBlock);
+  float* packed = PanelBuffer(panels * kc_max * kPanel);
+  for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
+    const int64_t kc = std::min(kDepthBlock, k - k0);
+    for (int64_t p = 0; p < panels; ++p) {
+      PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, packed + p * kc * kPanel);
+    }
+    const bool accumulate = k0 > 0;
+    const float* a_block = a + k0 * a_depth;
+    // Panels in groups that fit in L1 together, so each group is read from
+    // L1 by every row tile while those rows of A are hot too.
+    const int64_t group = std::max<int64_t>(1, kGroupFloats / (kc * kPanel));
+    for (int64_t p0 = 0; p0 < panels; p0 += group) {
+      const int64_t p1 = std::min(panels, p0 + group);
+      for (int64_t i = 0; i < m; i += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
+        const TileFn tile = kTiles[rows];
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t col = p * kPanel;
+          tile(kc, a_block + i * a_row, a_row, a_depth, packed + p * kc * kPanel, alpha,
+               accumulate, c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace stillpoint::internal
