@@ -314,20 +314,39 @@ Var relu(const Var& x) {
 Var gelu(const Var& x) {
   Tensor out =
       MapVector(x.value(), [](const auto* in, auto* y, int64_t n) { internal::VecGelu(in, y, n); });
-  return RecordOp("gelu", out, {x}, [](const VarList& in, const Var& self, const Var& g) {
+  // A graph whose backward runs more than once (the adjoint iterations of an
+  // implicit layer, one VJP each at the same point) keeps gelu'(x) from the
+  // second call on, so later calls are one multiply instead of a tanh per
+  // entry. A graph used once (explicit backprop) keeps nothing.
+  struct DerivativeCache {
+    int calls = 0;
+    Tensor derivative;
+  };
+  auto cache = std::make_shared<DerivativeCache>();
+  return RecordOp("gelu", out, {x}, [cache](const VarList& in, const Var& self, const Var& g) {
     if (!GradModeEnabled()) {
       const Tensor& xv = in[0].value();
       const Tensor& gv = g.value();
       SP_CHECK(gv.shape() == xv.shape() && gv.dtype() == xv.dtype(), "gelu: gradient ", gv.shape(),
                " for input ", xv.shape());
+      const bool keep = ++cache->calls >= 2;
+      if (keep && !cache->derivative.defined()) {
+        cache->derivative = MapVector(
+            xv, [](const auto* in, auto* y, int64_t n) { internal::VecGeluDerivative(in, y, n); });
+      }
       Tensor dx(xv.shape(), xv.dtype());
       DispatchDType(xv.dtype(), [&](auto zero) {
         using T = decltype(zero);
         const T* gp = gv.data<T>();
         const T* xp = xv.data<T>();
+        const T* dd = keep ? cache->derivative.data<T>() : nullptr;
         T* dp = dx.data<T>();
         internal::ParallelRange(0, xv.numel(), internal::kMinChunk, [&](int64_t lo, int64_t hi) {
-          internal::VecGeluBackward(gp + lo, xp + lo, dp + lo, hi - lo);
+          if (dd) {
+            for (int64_t i = lo; i < hi; ++i) dp[i] = gp[i] * dd[i];
+          } else {
+            internal::VecGeluBackward(gp + lo, xp + lo, dp + lo, hi - lo);
+          }
         });
       });
       return VarList{constant(dx)};

@@ -249,18 +249,18 @@ void LayerNormForwardKernel(const Tensor& x,
     for (int64_t r = begin; r < end; ++r) {
       const T* row = in + r * n;
       T* yr = y + r * n;
-      T mean = 0;
-      for (int64_t i = 0; i < n; ++i) mean += row[i];
-      mean *= inv_n;
-      T var = 0;
-      for (int64_t i = 0; i < n; ++i) var += (row[i] - mean) * (row[i] - mean);
-      var *= inv_n;
+      const T mean = internal::VecSum(row, n) * inv_n;
+      const T var = internal::VecSumSquaredDeviation(row, mean, n) * inv_n;
       const T rstd = T(1) / std::sqrt(var + static_cast<T>(eps));
-      for (int64_t i = 0; i < n; ++i) {
-        T v = (row[i] - mean) * rstd;
-        if (gv) v *= gv[i];
-        if (bv) v += bv[i];
-        yr[i] = v;
+      // One loop per case, so each vectorises without a branch inside.
+      if (gv && bv) {
+        for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd * gv[i] + bv[i];
+      } else if (gv) {
+        for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd * gv[i];
+      } else if (bv) {
+        for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd + bv[i];
+      } else {
+        for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd;
       }
       st[2 * r] = mean;
       st[2 * r + 1] = rstd;
@@ -291,6 +291,9 @@ LayerNormGrads LayerNormBackwardKernel(const Tensor& x,
   T* dx = grads.dx.data<T>();
   const T inv_n = T(1) / static_cast<T>(n);
   ParallelFor(0, blocks, MinChunk(kRowsPerBlock * n), [&](int64_t block_begin, int64_t block_end) {
+    // xhat and dxhat of the current row, so the two row sums are
+    // vectorised reductions over plain arrays.
+    std::vector<T> xhat(n), dxhat(n);
     for (int64_t b = block_begin; b < block_end; ++b) {
       const int64_t row_end = std::min(rl.rows, (b + 1) * kRowsPerBlock);
       for (int64_t r = b * kRowsPerBlock; r < row_end; ++r) {
@@ -300,22 +303,22 @@ LayerNormGrads LayerNormBackwardKernel(const Tensor& x,
         const T mean = st[2 * r];
         const T rstd = st[2 * r + 1];
         // dxhat = g * gain; dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)).
-        T mean_d = 0;
-        T mean_dx = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const T xhat = (row[i] - mean) * rstd;
-          const T dxhat = gv ? gr[i] * gv[i] : gr[i];
-          mean_d += dxhat;
-          mean_dx += dxhat * xhat;
+        for (int64_t i = 0; i < n; ++i) xhat[i] = (row[i] - mean) * rstd;
+        if (gv) {
+          for (int64_t i = 0; i < n; ++i) dxhat[i] = gr[i] * gv[i];
+        } else {
+          std::copy(gr, gr + n, dxhat.begin());
         }
-        mean_d *= inv_n;
-        mean_dx *= inv_n;
-        for (int64_t i = 0; i < n; ++i) {
-          const T xhat = (row[i] - mean) * rstd;
-          const T dxhat = gv ? gr[i] * gv[i] : gr[i];
-          dr[i] = rstd * (dxhat - mean_d - xhat * mean_dx);
-          if (want_gain) gain_partial[b * n + i] += gr[i] * xhat;
-          if (want_bias) bias_partial[b * n + i] += gr[i];
+        const T mean_d = internal::VecSum(dxhat.data(), n) * inv_n;
+        const T mean_dx = internal::VecDot(dxhat.data(), xhat.data(), n) * inv_n;
+        for (int64_t i = 0; i < n; ++i) dr[i] = rstd * (dxhat[i] - mean_d - xhat[i] * mean_dx);
+        if (want_gain) {
+          T* gp = gain_partial.data() + b * n;
+          for (int64_t i = 0; i < n; ++i) gp[i] += gr[i] * xhat[i];
+        }
+        if (want_bias) {
+          T* bp = bias_partial.data() + b * n;
+          for (int64_t i = 0; i < n; ++i) bp[i] += gr[i];
         }
       }
     }

@@ -218,6 +218,14 @@ inline void VecGeluBackward(const double* g, const double* x, double* out, int64
   for (int64_t i = 0; i < n; ++i) out[i] = g[i] * GeluDerivative(x[i]);
 }
 
+// out = gelu'(x).
+inline void VecGeluDerivative(const float* x, float* out, int64_t n) {
+  MapFloatPackets(x, out, n, GeluDerivativePacket);
+}
+inline void VecGeluDerivative(const double* x, double* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = GeluDerivative(x[i]);
+}
+
 // out[i] = exp(x[i] - shift); returns the sum of out. The sum runs in
 // packet lanes (lane l adds the entries l, l + kVecBlock, ...), then adds
 // the lanes and the tail in order: a fixed order for a given n, so the
@@ -247,6 +255,52 @@ inline double VecExpShifted(const double* x, double shift, double* out, int64_t 
     out[i] = std::exp(x[i] - shift);
     s += out[i];
   }
+  return s;
+}
+
+// sum_i x[i]. float: four packet accumulators (a fixed order for a given
+// n); double: in index order.
+inline float VecSum(const float* x, int64_t n) {
+  namespace ei = Eigen::internal;
+  FloatPacket acc[4] = {PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f)};
+  int64_t i = 0;
+  for (; i + 4 * kVecBlock <= n; i += 4 * kVecBlock) {
+    for (int j = 0; j < 4; ++j) acc[j] = ei::padd(acc[j], ei::ploadu<FloatPacket>(x + i + j * kVecBlock));
+  }
+  for (; i + kVecBlock <= n; i += kVecBlock) acc[0] = ei::padd(acc[0], ei::ploadu<FloatPacket>(x + i));
+  float s = ei::predux(ei::padd(ei::padd(acc[0], acc[1]), ei::padd(acc[2], acc[3])));
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+inline double VecSum(const double* x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+// sum_i (x[i] - mean)^2, in the same orders as VecSum.
+inline float VecSumSquaredDeviation(const float* x, float mean, int64_t n) {
+  namespace ei = Eigen::internal;
+  const FloatPacket mp = PacketSet(mean);
+  FloatPacket acc[4] = {PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f)};
+  int64_t i = 0;
+  for (; i + 4 * kVecBlock <= n; i += 4 * kVecBlock) {
+    for (int j = 0; j < 4; ++j) {
+      const FloatPacket d = ei::psub(ei::ploadu<FloatPacket>(x + i + j * kVecBlock), mp);
+      acc[j] = ei::pmadd(d, d, acc[j]);
+    }
+  }
+  for (; i + kVecBlock <= n; i += kVecBlock) {
+    const FloatPacket d = ei::psub(ei::ploadu<FloatPacket>(x + i), mp);
+    acc[0] = ei::pmadd(d, d, acc[0]);
+  }
+  float s = ei::predux(ei::padd(ei::padd(acc[0], acc[1]), ei::padd(acc[2], acc[3])));
+  for (; i < n; ++i) s += (x[i] - mean) * (x[i] - mean);
+  return s;
+}
+inline double VecSumSquaredDeviation(const double* x, double mean, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += (x[i] - mean) * (x[i] - mean);
   return s;
 }
 
