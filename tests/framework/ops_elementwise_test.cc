@@ -469,5 +469,29 @@ TEST(ElementwiseTest, ResultsAreIdenticalForOneAndTwoThreads) {
   EXPECT_EQ(std::memcmp(g1.data<double>(), g2.data<double>(), g1.nbytes()), 0);
 }
 
+// The adjoint iterations of an implicit layer take many VJPs through one
+// retained graph; gelu keeps its derivative from the second call on. Every
+// call must still give g * gelu'(x), bitwise equal to a fresh graph's VJP.
+TEST(ElementwiseOpsTest, GeluRepeatedVjpsThroughOneGraphMatchAFreshGraph) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    const Var x(Uniform(Shape{7, 33}, -4.0, 4.0, 11, dtype).value(), true);
+    const Var y = gelu(x);
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      const Var g = Normal(Shape{7, 33}, seed, dtype);
+      const Var repeated = grad({y}, {x}, {g}, {.retain_graph = true})[0];
+      const Var x_fresh(x.value(), true);
+      const Var fresh = grad({gelu(x_fresh)}, {x_fresh}, {g})[0];
+      for (int64_t i = 0; i < fresh.numel(); ++i) {
+        ASSERT_EQ(repeated.value().at(i), fresh.value().at(i)) << ToString(dtype) << ", call "
+                                                               << seed << ", entry " << i;
+      }
+      const double x0 = x.value().at(5);
+      const double expected =
+          g.value().at(5) * (GeluFormula(x0 + 1e-6) - GeluFormula(x0 - 1e-6)) / 2e-6;
+      EXPECT_NEAR(repeated.value().at(5), expected, 1e-4 * (1.0 + std::abs(expected)));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace stillpoint
