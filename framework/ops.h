@@ -110,6 +110,11 @@ Var log_softmax(const Var& x);
 // -> [m, n]. Batched: a [..., m, k] with b [..., k, n] of the same leading
 // extents, or b of rank 2 shared by every batch entry -> [..., m, n].
 Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_b = false);
+// x: [m, k], weight: [k, n], bias: [n] or undefined -> x weight + bias,
+// [m, n]. The same values as add(matmul(x, weight), bias), with the bias
+// added to each block of the product while it is in cache (one pass and
+// one tensor fewer).
+Var linear(const Var& x, const Var& weight, const Var& bias);
 
 // ------------------------------------------------------- shape and index
 

@@ -135,14 +135,15 @@ void AttentionForwardKernel(
   });
 }
 
-// The fused VJP: given P and dO, writes dq, dk, dv (each null when not
-// wanted) for every (b, h).
+// The fused VJP: given P, the output O and dO, writes dq, dk, dv (each
+// null when not wanted) for every (b, h).
 template <typename T>
 void AttentionBackwardKernel(const AttentionGeometry& geo,
                              const T* q,
                              const T* k,
                              const T* v,
                              const T* probs,
+                             const T* out,
                              const T* g,
                              T* dq,
                              T* dk,
@@ -164,15 +165,18 @@ void AttentionBackwardKernel(const AttentionGeometry& geo,
                           dv + k_offset, geo.dim);
       }
       if (!dq && !dk) continue;
-      // dS = P o (dP - rowsum(dP o P)) with dP = dO_h V_h^T, in place.
+      // dS = P o (dP - D) with dP = dO_h V_h^T, in place. The row sums
+      // D_i = sum_j dP_ij P_ij equal dO_i . O_i (as O_i = sum_j P_ij V_j): a
+      // dot of length dh instead of a pass over the [Tq, Tk] block.
       T* ds = Scratch<T>(block);
       internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + k_offset,
                         geo.dim, ds, geo.tk);
+      const T* oh = out + q_offset;
       for (int64_t i = 0; i < geo.tq; ++i) {
         T* row = ds + i * geo.tk;
         const T* prow = p + i * geo.tk;
-        const T acc = internal::VecDot(row, prow, geo.tk);
-        for (int64_t j = 0; j < geo.tk; ++j) row[j] = prow[j] * (row[j] - acc);
+        const T d = internal::VecDot(gh + i * geo.dim, oh + i * geo.dim, geo.dh);
+        for (int64_t j = 0; j < geo.tk; ++j) row[j] = prow[j] * (row[j] - d);
       }
       if (dq) {
         // dQ_h = scale dS K_h.
@@ -228,7 +232,7 @@ Var multi_head_attention(
   auto probs = std::make_shared<Tensor>();
   return RecordOp(
       "multi_head_attention", out, {q, k, v},
-      [geo, probs](const VarList& in, const Var&, const Var& g) {
+      [geo, probs](const VarList& in, const Var& self, const Var& g) {
         const bool want_q = WantsInputGrad(in, 0);
         const bool want_k = WantsInputGrad(in, 1);
         const bool want_v = WantsInputGrad(in, 2);
@@ -259,7 +263,8 @@ Var multi_head_attention(
           using T = decltype(zero);
           AttentionBackwardKernel<T>(
               geo, in[0].value().data<T>(), in[1].value().data<T>(), in[2].value().data<T>(),
-              probs->data<T>(), g.value().data<T>(), want_q ? dq.data<T>() : nullptr,
+              probs->data<T>(), self.value().data<T>(), g.value().data<T>(),
+              want_q ? dq.data<T>() : nullptr,
               want_k ? dk.data<T>() : nullptr, want_v ? dv.data<T>() : nullptr);
         });
         return VarList{want_q ? Var(dq) : Var(), want_k ? Var(dk) : Var(),

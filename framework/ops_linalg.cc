@@ -102,12 +102,14 @@ void GemmBlock(const T* a,
                     c + row_begin * n + col_begin, n);
 }
 
-// The forward kernel: a tensor-only product (no graph).
+// The forward kernel: a tensor-only product (no graph). When bias is given
+// (a [n] vector; rank-2 products only) it is added to each output row.
 Tensor MatmulValue(const Tensor& a,
                    const Tensor& b,
                    const MatmulGeometry& geo,
                    bool transpose_a,
-                   bool transpose_b) {
+                   bool transpose_b,
+                   const Tensor* bias = nullptr) {
   Tensor out(geo.out_shape, a.dtype());
   if (out.numel() == 0) return out;
   // A shared B with an untransposed A is one tall product: fold the batch
@@ -136,6 +138,7 @@ Tensor MatmulValue(const Tensor& a,
     const int64_t a_stride = geo.m * geo.k;
     const int64_t b_stride = geo.b_shared ? 0 : geo.k * geo.n;
     const int64_t c_stride = geo.m * geo.n;
+    const T* bias_data = bias ? bias->data<T>() : nullptr;
     ParallelFor(0, units, min_chunk, [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit) {
         const int64_t entry = unit / units_per_entry;
@@ -144,9 +147,15 @@ Tensor MatmulValue(const Tensor& a,
         const int64_t row_end = std::min(m, row_begin + kRowsPerUnit);
         const int64_t col_begin = (block % col_units) * cols_per_unit;
         const int64_t col_end = std::min(geo.n, col_begin + cols_per_unit);
-        GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride,
-                     c_data + entry * c_stride, m, geo.k, geo.n, transpose_a, transpose_b,
-                     row_begin, row_end, col_begin, col_end);
+        T* c_entry = c_data + entry * c_stride;
+        GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k,
+                     geo.n, transpose_a, transpose_b, row_begin, row_end, col_begin, col_end);
+        if (bias_data) {
+          for (int64_t r = row_begin; r < row_end; ++r) {
+            T* row = c_entry + r * geo.n;
+            for (int64_t j = col_begin; j < col_end; ++j) row[j] += bias_data[j];
+          }
+        }
       }
     });
   });
@@ -200,6 +209,30 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
                       }
                     }
                     return VarList{da, db};
+                  });
+}
+
+Var linear(const Var& x, const Var& weight, const Var& bias) {
+  SP_CHECK(x.defined() && weight.defined(), "linear: an input is undefined");
+  SP_CHECK(x.rank() == 2 && weight.rank() == 2 && x.dim(1) == weight.dim(0), "linear: x ",
+           x.shape(), " must be [m, k] and weight ", weight.shape(), " [k, n]");
+  if (bias.defined()) {
+    SP_CHECK(bias.shape() == Shape{weight.dim(1)}, "linear: bias ", bias.shape(), " must be [",
+             weight.dim(1), "] for weight ", weight.shape());
+    SP_CHECK(bias.dtype() == weight.dtype(), "linear: bias is ", ToString(bias.dtype()),
+             " but weight is ", ToString(weight.dtype()));
+  }
+  const MatmulGeometry geo = ResolveMatmul(x, weight, false, false);
+  const Tensor bias_value = bias.defined() ? bias.value() : Tensor();
+  Tensor out = MatmulValue(x.value(), weight.value(), geo, false, false,
+                           bias.defined() ? &bias_value : nullptr);
+  return RecordOp("linear", out, {x, weight, bias},
+                  [](const VarList& in, const Var&, const Var& g) {
+                    Var dx, dw, db;
+                    if (WantsInputGrad(in, 0)) dx = matmul(g, in[1], false, true);
+                    if (WantsInputGrad(in, 1)) dw = matmul(in[0], g, true, false);
+                    if (WantsInputGrad(in, 2)) db = sum(g, 0);
+                    return VarList{dx, dw, db};
                   });
 }
 

@@ -37,8 +37,7 @@ Var Linear::Forward(const Var& x) const {
            " but the weight is ", stillpoint::ToString(weight_.dtype()));
   // Fold the leading axes into rows: one GEMM instead of a batch of small ones.
   const int64_t rows = shape.numel() / in_features_;
-  Var y = matmul(reshape(x, Shape{rows, in_features_}), weight_);
-  if (bias_.defined()) y = add(y, bias_);
+  const Var y = linear(reshape(x, Shape{rows, in_features_}), weight_, bias_);
   std::vector<int64_t> dims = shape.dims();
   dims.back() = out_features_;
   return reshape(y, Shape(dims));

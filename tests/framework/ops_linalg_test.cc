@@ -1,7 +1,7 @@
 // matmul: values against a naive triple loop, first and second order
 // gradients for every layout (2-D with all transposes, batched 3-D and 4-D,
 // batched with a shared rank-2 operand), float32, errors, and independence
-// from the thread count.
+// from the thread count. linear: the fused bias against matmul + add.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -216,6 +216,41 @@ TEST(MatmulTest, EmptyInnerExtentGivesZeros) {
   Var c = matmul(a, b);
   ASSERT_EQ(c.shape(), (Shape{2, 3}));
   EXPECT_EQ(MaxAbsDiff(c.value(), Tensor::Zeros(Shape{2, 3}, DType::kFloat64)), 0.0);
+}
+
+TEST(LinearTest, EqualsMatmulPlusBiasBitwise) {
+  // 600 rows: several row blocks of the product, each getting the bias.
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    const Var x = Random(Shape{600, 24}, 30, dtype);
+    const Var w = Random(Shape{24, 40}, 31, dtype);
+    const Var b = Random(Shape{40}, 32, dtype);
+    EXPECT_EQ(MaxAbsDiff(linear(x, w, b).value(), add(matmul(x, w), b).value()), 0.0)
+        << ToString(dtype);
+    EXPECT_EQ(MaxAbsDiff(linear(x, w, Var()).value(), matmul(x, w).value()), 0.0)
+        << ToString(dtype);
+  }
+}
+
+TEST(LinearTest, FirstAndSecondOrderGradients) {
+  const auto fn = [](const VarList& in) { return square(linear(in[0], in[1], in[2])); };
+  const VarList inputs{Random(Shape{5, 4}, 33), Random(Shape{4, 3}, 34), Random(Shape{3}, 35)};
+  auto first = CheckGradients(fn, inputs);
+  EXPECT_TRUE(first) << first;
+  auto second = CheckSecondOrderGradients(fn, inputs);
+  EXPECT_TRUE(second) << second;
+  auto no_bias = CheckGradients([](const VarList& in) { return linear(in[0], in[1], Var()); },
+                                {Random(Shape{5, 4}, 36), Random(Shape{4, 3}, 37)});
+  EXPECT_TRUE(no_bias) << no_bias;
+}
+
+TEST(LinearTest, ErrorsNameTheOpAndShapes) {
+  const Var x = Random(Shape{5, 4}, 38);
+  const Var w = Random(Shape{4, 3}, 39);
+  const std::string inner = ErrorOf([&] { linear(x, Random(Shape{5, 3}, 40), Var()); });
+  EXPECT_NE(inner.find("linear"), std::string::npos) << inner;
+  EXPECT_NE(inner.find("[5, 4]"), std::string::npos) << inner;
+  const std::string bias = ErrorOf([&] { linear(x, w, Random(Shape{4}, 41)); });
+  EXPECT_NE(bias.find("linear: bias [4]"), std::string::npos) << bias;
 }
 
 }  // namespace
