@@ -145,8 +145,10 @@ Var masked_fill(const Var& x, const Tensor& mask, double value);
 // -> [B, Tq, D]. Head h uses columns [h dh, (h + 1) dh) of all three:
 //   out_h = softmax(scale q_h k_h^T + M) v_h,
 // where M hides key j from query i (weight exactly 0) when causal and
-// j > i + Tk - Tq. A query that sees no key gets NaN. scale > 0. Keeps the
-// [B, heads, Tq, Tk] probabilities for backward when recording.
+// j > i + Tk - Tq. A query that sees no key gets NaN. scale > 0. When
+// recording, the [B, heads, Tq, Tk] probabilities are kept from the forward
+// pass if they are no larger than q, k and v together, else recomputed by
+// the first backward call (and kept for later calls through the node).
 Var multi_head_attention(
     const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal = false);
 // The same computation with unfused differentiable ops (permutes, matmul,

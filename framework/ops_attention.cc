@@ -9,8 +9,9 @@
 // over batch x heads, and every output entry is written by exactly one task:
 // results are bitwise identical for any thread count.
 //
-// The forward pass keeps the probabilities P [B, heads, Tq, Tk] for the
-// backward pass only when a graph is being recorded. The fused VJP is used
+// A recorded forward pass keeps the probabilities P [B, heads, Tq, Tk] for
+// the backward pass when they are no larger than q, k and v together;
+// otherwise the first backward call recomputes them. The fused VJP is used
 // without create_graph; with create_graph the VJP differentiates the same
 // attention written with differentiable ops (multi_head_attention_reference),
 // so second derivatives work.
@@ -217,19 +218,26 @@ Var multi_head_attention_reference(
 Var multi_head_attention(
     const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal) {
   const AttentionGeometry geo = ResolveAttention(q, k, v, heads, scale, causal);
+  // The probabilities [B, heads, Tq, Tk] are the largest activation of a
+  // transformer once Tk exceeds a few head widths. When they are no larger
+  // than q, k and v together (short sequences) a recorded forward pass
+  // keeps them. Otherwise it does not: the first backward call recomputes
+  // them (one extra Q K^T and softmax) and keeps them for later calls
+  // through the same node, as the adjoint iterations of an implicit layer
+  // make; a graph used once, like an explicit stack's, so holds one layer's
+  // probabilities at a time instead of all of them.
+  const bool recording =
+      GradModeEnabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  const int64_t probs_numel = geo.batch * geo.heads * geo.tq * geo.tk;
+  const bool keep_probs = recording && probs_numel <= q.numel() + k.numel() + v.numel();
+  auto probs = std::make_shared<Tensor>();
+  if (keep_probs) *probs = Tensor(Shape{geo.batch, geo.heads, geo.tq, geo.tk}, q.dtype());
   Tensor out(q.shape(), q.dtype());
   DispatchDType(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     AttentionForwardKernel<T>(geo, q.value().data<T>(), k.value().data<T>(), v.value().data<T>(),
-                              out.data<T>(), nullptr);
+                              out.data<T>(), keep_probs ? probs->data<T>() : nullptr);
   });
-  // The probabilities [B, heads, Tq, Tk] are not kept by the forward pass
-  // (they are the largest activation of a transformer): the first backward
-  // call recomputes them (one extra Q K^T and softmax) and keeps them for
-  // later calls through the same node, as the adjoint iterations of an
-  // implicit layer make. A graph used once, like an explicit stack's, so
-  // holds one layer's probabilities at a time instead of all of them.
-  auto probs = std::make_shared<Tensor>();
   return RecordOp(
       "multi_head_attention", out, {q, k, v},
       [geo, probs](const VarList& in, const Var& self, const Var& g) {

@@ -65,7 +65,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes,
                                            Case{2, 5, 5, 2, 3, true},
                                            Case{1, 3, 6, 3, 2, false},  // cross-attention
                                            Case{1, 6, 4, 1, 4, true},   // Tq > Tk, causal
-                                           Case{3, 9, 9, 4, 8, false}));
+                                           Case{3, 9, 9, 4, 8, false},
+                                           // Probabilities larger than q, k, v: not kept by
+                                           // the forward pass, recomputed in backward.
+                                           Case{2, 24, 24, 2, 2, false},
+                                           Case{1, 20, 20, 2, 2, true}));
 
 TEST(MultiHeadAttentionTest, GradCheck) {
   const VarFunction f = [](const VarList& in) {
