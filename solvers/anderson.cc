@@ -3,6 +3,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "framework/parallel.h"
@@ -19,6 +20,60 @@ using SmallMatrix = Eigen::Matrix<double,
                                   AndersonSolver::kMaxMemory>;
 using SmallVector =
     Eigen::Matrix<double, Eigen::Dynamic, 1, Eigen::ColMajor, AndersonSolver::kMaxMemory, 1>;
+
+// The newest difference pair: dg = (f - z) - pg and dz = z - pz, or, with
+// fold_beta, dz = (z - pz) + beta dg; then pz = z and pg = f - z. The arrays
+// must not overlap.
+template <typename T>
+void AppendDifference(const T* __restrict z,
+                      const T* __restrict f,
+                      T* __restrict pz,
+                      T* __restrict pg,
+                      T* __restrict dz,
+                      T* __restrict dg,
+                      bool fold_beta,
+                      T beta,
+                      int64_t n) {
+  if (fold_beta) {
+    for (int64_t i = 0; i < n; ++i) {
+      const T g = f[i] - z[i];
+      const T dgi = g - pg[i];
+      dz[i] = (z[i] - pz[i]) + beta * dgi;
+      dg[i] = dgi;
+      pz[i] = z[i];
+      pg[i] = g;
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const T g = f[i] - z[i];
+      dz[i] = z[i] - pz[i];
+      dg[i] = g - pg[i];
+      pz[i] = z[i];
+      pg[i] = g;
+    }
+  }
+}
+
+// Elements of the new iterate built per block: the block stays in L1 while
+// every history column is subtracted from it.
+constexpr int64_t kUpdateBlock = 256;
+
+// z[i] -= coefficient u[i] for i < len.
+template <typename T>
+void SubtractColumn(T* __restrict z, const T* __restrict u, T coefficient, int64_t len) {
+  for (int64_t i = 0; i < len; ++i) z[i] -= coefficient * u[i];
+}
+
+// z[i] -= coefficient (dz[i] + beta dg[i]) for i < len.
+template <typename T>
+void SubtractColumns(T* __restrict z,
+                     const T* __restrict dz,
+                     const T* __restrict dg,
+                     T coefficient,
+                     T beta,
+                     int64_t len) {
+  for (int64_t i = 0; i < len; ++i) z[i] -= coefficient * (dz[i] + beta * dg[i]);
+}
 
 }  // namespace
 
@@ -81,48 +136,53 @@ bool AndersonSolver::ProposeStep(int64_t sample) {
   T* dg = dg_.data<T>() + sample * m * n;
   double* gg = gram_gg_.data() + sample * m * m;
 
-  // 1. Append the newest difference pair to the ring and update the Gram
-  //    rows and columns of its slot (the other entries stay valid).
-  if (has_prev_[sample]) {
-    const int slot = head_[sample];
-    T* dz_new = dz + slot * n;
-    T* dg_new = dg + slot * n;
+  if (!has_prev_[sample]) {
     for (int64_t i = 0; i < n; ++i) {
-      const T g = f[i] - z[i];
-      dz_new[i] = z[i] - pz[i];
-      dg_new[i] = g - pg[i];
+      pz[i] = z[i];
+      pg[i] = f[i] - z[i];
     }
-    count_[sample] = std::min(count_[sample] + 1, m);
-    head_[sample] = (slot + 1) % m;
-    for (int j = 0; j < count_[sample]; ++j) {
-      const double value = Dot(dg_new, dg + j * n, n);
-      gg[slot * m + j] = value;
-      gg[j * m + slot] = value;
-    }
-    if (type_one) {
-      double* zg = gram_zg_.data() + sample * m * m;
-      for (int j = 0; j < count_[sample]; ++j) {
-        zg[slot * m + j] = Dot(dz_new, dg + j * n, n);
-        zg[j * m + slot] = Dot(dz + j * n, dg_new, n);
-      }
-      norm_zz_[sample * m + slot] = Dot(dz_new, dz_new, n);
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    pz[i] = z[i];
-    pg[i] = f[i] - z[i];
-  }
-  has_prev_[sample] = 1;
-
-  const int mk = count_[sample];
-  if (mk == 0) {
+    has_prev_[sample] = 1;
     PlainStep<T>(sample);
     return false;
   }
 
-  // 2. The small regularised system, in float64.
-  SmallMatrix h(mk, mk);
+  // 1. Append the newest difference pair to the ring (type II keeps
+  //    dz + beta dg in place of dz: the step needs nothing else of dz);
+  //    prev_z / prev_g become z_k and g_k.
+  const int slot = head_[sample];
+  T* dz_new = dz + slot * n;
+  T* dg_new = dg + slot * n;
+  const T beta = static_cast<T>(options().anderson_beta);
+  AppendDifference(z, f, pz, pg, dz_new, dg_new, !type_one, beta, n);
+  const int mk = std::min(count_[sample] + 1, m);
+  count_[sample] = mk;
+  head_[sample] = (slot + 1) % m;
+
+  // 2. The Gram rows and columns of the new slot (the other entries stay
+  //    valid) and the right-hand side, with both products of a history column
+  //    taken from one read of it.
   SmallVector rhs(mk);
+  if (type_one) {
+    double* zg = gram_zg_.data() + sample * m * m;
+    for (int j = 0; j < mk; ++j) {
+      double value = 0.0;
+      Dot2(dg + j * n, dg_new, dz_new, n, &value, &zg[slot * m + j]);
+      gg[slot * m + j] = value;
+      gg[j * m + slot] = value;
+      Dot2(dz + j * n, dg_new, pg, n, &zg[j * m + slot], &rhs(j));
+    }
+    norm_zz_[sample * m + slot] = Dot(dz_new, dz_new, n);
+  } else {
+    for (int j = 0; j < mk; ++j) {
+      double value = 0.0;
+      Dot2(dg + j * n, dg_new, pg, n, &value, &rhs(j));
+      gg[slot * m + j] = value;
+      gg[j * m + slot] = value;
+    }
+  }
+
+  // 3. The small regularised system, in float64.
+  SmallMatrix h(mk, mk);
   double trace_gg = 0.0;
   for (int i = 0; i < mk; ++i) trace_gg += gg[i * m + i];
   double reg = 0.0;
@@ -132,13 +192,11 @@ bool AndersonSolver::ProposeStep(int64_t sample) {
     for (int i = 0; i < mk; ++i) {
       trace_zz += norm_zz_[sample * m + i];
       for (int j = 0; j < mk; ++j) h(i, j) = zg[i * m + j];
-      rhs(i) = Dot(dz + i * n, pg, n);
     }
     reg = options().anderson_lambda * std::sqrt(trace_zz * trace_gg) / mk;
   } else {
     for (int i = 0; i < mk; ++i) {
       for (int j = 0; j < mk; ++j) h(i, j) = gg[i * m + j];
-      rhs(i) = Dot(dg + i * n, pg, n);
     }
     reg = options().anderson_lambda * trace_gg / mk;
   }
@@ -153,14 +211,23 @@ bool AndersonSolver::ProposeStep(int64_t sample) {
     return false;
   }
 
-  // 3. z_{k+1} = z_k + beta g_k - sum_j gamma_j (dz_j + beta dg_j).
-  const T beta = static_cast<T>(options().anderson_beta);
-  for (int64_t i = 0; i < n; ++i) z[i] = pz[i] + beta * pg[i];
-  for (int j = 0; j < mk; ++j) {
-    const T coefficient = static_cast<T>(gamma(j));
-    const T* dzj = dz + j * n;
-    const T* dgj = dg + j * n;
-    for (int64_t i = 0; i < n; ++i) z[i] -= coefficient * (dzj[i] + beta * dgj[i]);
+  // 4. z_{k+1} = z_k + beta g_k - sum_j gamma_j (dz_j + beta dg_j), one
+  //    block of elements at a time.
+  T coefficients[kMaxMemory];
+  for (int j = 0; j < mk; ++j) coefficients[j] = static_cast<T>(gamma(j));
+  for (int64_t begin = 0; begin < n; begin += kUpdateBlock) {
+    const int64_t len = std::min(kUpdateBlock, n - begin);
+    T* zb = z + begin;
+    const T* pzb = pz + begin;
+    const T* pgb = pg + begin;
+    for (int64_t i = 0; i < len; ++i) zb[i] = pzb[i] + beta * pgb[i];
+    for (int j = 0; j < mk; ++j) {
+      if (type_one) {
+        SubtractColumns(zb, dz + j * n + begin, dg + j * n + begin, coefficients[j], beta, len);
+      } else {
+        SubtractColumn(zb, dz + j * n + begin, coefficients[j], len);
+      }
+    }
   }
   return true;
 }
@@ -203,12 +270,10 @@ void AndersonSolver::StepSolver() {
         if (!accelerated_[b]) continue;
         const T* z = state().template data<T>() + b * n;
         const T* f = map_value().template data<T>() + b * n;
-        double sq = 0.0;
-        for (int64_t j = 0; j < n; ++j) {
-          const double d = static_cast<double>(f[j]) - static_cast<double>(z[j]);
-          sq += d * d;
-        }
-        const double residual = std::sqrt(sq);
+        double residual_sq = 0.0;
+        double map_sq = 0.0;
+        SquaredNorms(z, f, n, &residual_sq, &map_sq);
+        const double residual = std::sqrt(residual_sq);
         const bool bad =
             !std::isfinite(residual) || (factor > 0 && residual > factor * previous_abs_[b]);
         rejected_flag_[b] = bad ? 1 : 0;

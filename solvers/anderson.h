@@ -52,7 +52,7 @@ class AndersonSolver : public FixedPointSolver {
   void RestartHistory(int64_t sample);
 
   int memory_ = 0;
-  Tensor dz_;                    // [B, m, n]
+  Tensor dz_;                    // [B, m, n] dZ (type II: dZ + beta dG)
   Tensor dg_;                    // [B, m, n]
   Tensor prev_z_;                // [B, n] z_k of the last step
   Tensor prev_g_;                // [B, n] g_k of the last step

@@ -125,6 +125,13 @@ class FixedPointSolver {
     for (; i < n; ++i) s0 += static_cast<double>(a[i]) * static_cast<double>(b[i]);
     return (s0 + s1) + (s2 + s3);
   }
+  // a . c and b . c accumulated in float64 with SIMD lanes, reading c once.
+  // The order depends only on n, so results do not depend on threads.
+  template <typename T>
+  static void Dot2(const T* c, const T* a, const T* b, int64_t n, double* ac, double* bc);
+  // sum_i (f_i - z_i)^2 and sum_i f_i^2, accumulated in float64 like Dot2.
+  template <typename T>
+  static void SquaredNorms(const T* z, const T* f, int64_t n, double* residual_sq, double* map_sq);
 
   const FixedPointProblem& problem() const { return problem_; }
   DType dtype() const { return state_.dtype(); }
