@@ -77,7 +77,10 @@ void Tile(int64_t kc,
           float* c,
           int64_t ldc,
           int64_t width) {
+  // Every loop over the tile's rows is unrolled, so the accumulators live
+  // in registers from the first multiply-add to the store.
   Packet acc[kTileRows][2];
+#pragma GCC unroll 8
   for (int r = 0; r < kTileRows; ++r) {
     acc[r][0] = ei::pset1<Packet>(0.0f);
     acc[r][1] = ei::pset1<Packet>(0.0f);
@@ -86,6 +89,7 @@ void Tile(int64_t kc,
     const Packet b0 = ei::pload<Packet>(panel + kk * kPanel);
     const Packet b1 = ei::pload<Packet>(panel + kk * kPanel + kLanes);
     const float* a_k = a + kk * a_depth;
+#pragma GCC unroll 8
     for (int r = 0; r < kTileRows; ++r) {
       const Packet ar = ei::pset1<Packet>(a_k[r * a_row]);
       acc[r][0] = ei::pmadd(ar, b0, acc[r][0]);
@@ -93,23 +97,32 @@ void Tile(int64_t kc,
     }
   }
   const Packet scale = ei::pset1<Packet>(alpha);
+  if (width == kPanel && !accumulate) {
+#pragma GCC unroll 8
+    for (int r = 0; r < kTileRows; ++r) {
+      ei::pstoreu(c + r * ldc, ei::pmul(scale, acc[r][0]));
+      ei::pstoreu(c + r * ldc + kLanes, ei::pmul(scale, acc[r][1]));
+    }
+    return;
+  }
+  if (width == kPanel) {
+#pragma GCC unroll 8
+    for (int r = 0; r < kTileRows; ++r) {
+      float* c_row = c + r * ldc;
+      ei::pstoreu(c_row, ei::padd(ei::pmul(scale, acc[r][0]), ei::ploadu<Packet>(c_row)));
+      ei::pstoreu(c_row + kLanes,
+                  ei::padd(ei::pmul(scale, acc[r][1]), ei::ploadu<Packet>(c_row + kLanes)));
+    }
+    return;
+  }
+  // A partial panel (the last columns of C): through a small buffer.
+#pragma GCC unroll 8
   for (int r = 0; r < kTileRows; ++r) {
     float* c_row = c + r * ldc;
-    Packet v0 = ei::pmul(scale, acc[r][0]);
-    Packet v1 = ei::pmul(scale, acc[r][1]);
-    if (width == kPanel) {
-      if (accumulate) {
-        v0 = ei::padd(v0, ei::ploadu<Packet>(c_row));
-        v1 = ei::padd(v1, ei::ploadu<Packet>(c_row + kLanes));
-      }
-      ei::pstoreu(c_row, v0);
-      ei::pstoreu(c_row + kLanes, v1);
-    } else {
-      alignas(64) float tmp[kPanel];
-      ei::pstore(tmp, v0);
-      ei::pstore(tmp + kLanes, v1);
-      for (int64_t j = 0; j < width; ++j) c_row[j] = accumulate ? c_row[j] + tmp[j] : tmp[j];
-    }
+    alignas(64) float tmp[kPanel];
+    ei::pstore(tmp, ei::pmul(scale, acc[r][0]));
+    ei::pstore(tmp + kLanes, ei::pmul(scale, acc[r][1]));
+    for (int64_t j = 0; j < width; ++j) c_row[j] = accumulate ? c_row[j] + tmp[j] : tmp[j];
   }
 }
 

@@ -83,6 +83,38 @@ inline FloatPacket ExpPacket(const FloatPacket& x) {
   return ei::pandnot(ei::pexp(x), ei::pcmp_lt(x, PacketSet(kExpFloatLowest)));
 }
 
+// ln of the smallest normal float.
+inline constexpr float kExpFloatNormalLowest = -87.3365447505531f;
+
+// exp(x) for x <= 88 with results below the smallest normal float flushed
+// to exactly 0 (x < kExpFloatNormalLowest); NaN stays NaN. The same
+// polynomial as ExpPacket, but 2^m is built directly in the exponent bits
+// (m is in [-126, 127] after the clamp), which saves about a third of the
+// instructions. For softmax, whose shifted scores are <= 0 and whose
+// entries below 1e-38 of the largest cannot matter.
+inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
+  namespace ei = Eigen::internal;
+  using IntPacket = ei::unpacket_traits<FloatPacket>::integer_packet;
+  const FloatPacket x =
+      ei::pmin(ei::pmax(x_in, PacketSet(kExpFloatNormalLowest)), PacketSet(88.0f));
+  const FloatPacket m =
+      ei::pfloor(ei::pmadd(x, PacketSet(1.44269504088896341f), PacketSet(0.5f)));
+  FloatPacket r = ei::pmadd(m, PacketSet(-0.693359375f), x);
+  r = ei::pmadd(m, PacketSet(2.12194440e-4f), r);
+  const FloatPacket r2 = ei::pmul(r, r);
+  const FloatPacket r3 = ei::pmul(r2, r);
+  FloatPacket y = ei::pmadd(PacketSet(1.9875691500E-4f), r, PacketSet(1.3981999507E-3f));
+  FloatPacket y1 = ei::pmadd(PacketSet(4.1665795894E-2f), r, PacketSet(1.6666665459E-1f));
+  const FloatPacket y2 = ei::padd(r, PacketSet(1.0f));
+  y = ei::pmadd(y, r, PacketSet(8.3334519073E-3f));
+  y1 = ei::pmadd(y1, r, PacketSet(5.0000001201E-1f));
+  y = ei::pmadd(y, r3, y1);
+  y = ei::pmadd(y, r2, y2);
+  const IntPacket biased = ei::padd(ei::pcast<FloatPacket, IntPacket>(m), ei::pset1<IntPacket>(127));
+  const FloatPacket two_m = ei::preinterpret<FloatPacket>(ei::plogical_shift_left<23>(biased));
+  return ei::pandnot(ei::pmul(y, two_m), ei::pcmp_lt(x_in, PacketSet(kExpFloatNormalLowest)));
+}
+
 inline FloatPacket TanhPacket(const FloatPacket& x) { return Eigen::internal::ptanh(x); }
 
 // 1 / (1 + exp(-x)) without overflow: e = exp(-|x|) lies in [0, 1].
@@ -226,7 +258,8 @@ inline void VecGeluDerivative(const double* x, double* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = GeluDerivative(x[i]);
 }
 
-// out[i] = exp(x[i] - shift); returns the sum of out. The sum runs in
+// out[i] = exp(x[i] - shift) for x[i] - shift <= 88 (ExpFlushPacket: 0
+// where that is below 1e-38); returns the sum of out. The sum runs in
 // packet lanes (lane l adds the entries l, l + kVecBlock, ...), then adds
 // the lanes and the tail in order: a fixed order for a given n, so the
 // result does not depend on threads either.
@@ -236,14 +269,14 @@ inline float VecExpShifted(const float* x, float shift, float* out, int64_t n) {
   FloatPacket acc = ei::pzero(shift_packet);
   int64_t i = 0;
   for (; i + kVecBlock <= n; i += kVecBlock) {
-    const FloatPacket e = ExpPacket(ei::psub(ei::ploadu<FloatPacket>(x + i), shift_packet));
+    const FloatPacket e = ExpFlushPacket(ei::psub(ei::ploadu<FloatPacket>(x + i), shift_packet));
     ei::pstoreu(out + i, e);
     acc = ei::padd(acc, e);
   }
   float s = ei::predux(acc);
   if (i < n) {
     MapFloatPackets(x + i, out + i, n - i, [&shift_packet](const FloatPacket& xp) {
-      return ExpPacket(ei::psub(xp, shift_packet));
+      return ExpFlushPacket(ei::psub(xp, shift_packet));
     });
     for (; i < n; ++i) s += out[i];
   }

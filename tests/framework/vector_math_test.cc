@@ -120,6 +120,36 @@ TEST(VectorMathTest, ExpShiftedReturnsTheSum) {
   EXPECT_EQ(y.back(), 1.0f);
 }
 
+TEST(VectorMathTest, ExpFlushIsAccurateAndFlushesBelowTheNormalRange) {
+  namespace ei = Eigen::internal;
+  const std::vector<float> x = Grid(kExpFloatNormalLowest, 88.0f, 4001);
+  for (std::size_t i = 0; i + kVecBlock <= x.size(); i += kVecBlock) {
+    float y[kVecBlock];
+    ei::pstoreu(y, ExpFlushPacket(ei::ploadu<FloatPacket>(x.data() + i)));
+    for (int64_t l = 0; l < kVecBlock; ++l) {
+      const double exact = std::exp(static_cast<double>(x[i + l]));
+      ASSERT_NEAR(y[l], exact, 3e-7 * exact) << "x = " << x[i + l];
+    }
+  }
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  float special[8] = {-inf, -100.0f, -87.4f, nan, 0.0f, -1e-30f, -87.3f, 1.0f};
+  float y[8];
+  for (int i = 0; i < 8; i += static_cast<int>(kVecBlock)) {
+    ei::pstoreu(y + i, ExpFlushPacket(ei::ploadu<FloatPacket>(special + i)));
+  }
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_TRUE(std::isnan(y[3]));
+  EXPECT_EQ(y[4], 1.0f);
+  EXPECT_EQ(y[5], 1.0f);
+  for (int i : {6, 7}) {
+    const double exact = std::exp(static_cast<double>(special[i]));
+    EXPECT_NEAR(y[i], exact, 3e-7 * exact) << special[i];
+  }
+}
+
 TEST(VectorMathTest, MaxOverPacketsAndTail) {
   for (int n : {1, 7, 8, 9, 23, 64}) {
     std::vector<float> x = Grid(-5.0f, 3.0f, std::max(n, 2));
