@@ -94,7 +94,12 @@ inline constexpr float kExpFloatNormalLowest = -87.3365447505531f;
 // entries below 1e-38 of the largest cannot matter.
 inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
   namespace ei = Eigen::internal;
+  // (The packet types carry vector attributes that a template argument
+  // drops; harmless here, as only the member typedef is used.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
   using IntPacket = ei::unpacket_traits<FloatPacket>::integer_packet;
+#pragma GCC diagnostic pop
   const FloatPacket x =
       ei::pmin(ei::pmax(x_in, PacketSet(kExpFloatNormalLowest)), PacketSet(88.0f));
   const FloatPacket m =
