@@ -53,14 +53,37 @@ void PackPanel(bool trans_b,
   if (!trans_b) {
     for (int64_t kk = 0; kk < kc; ++kk) {
       const float* src = b + (k0 + kk) * ldb + col;
-      std::copy(src, src + width, out + kk * kPanel);
+      float* dst = out + kk * kPanel;
+      if (width == kPanel) {
+        ei::pstore(dst, ei::ploadu<Packet>(src));
+        ei::pstore(dst + kLanes, ei::ploadu<Packet>(src + kLanes));
+      } else {
+        std::copy(src, src + width, dst);
+      }
     }
-  } else {
-    // Column j of the panel is row col + j of B: read it contiguously.
-    for (int64_t j = 0; j < width; ++j) {
-      const float* src = b + (col + j) * ldb + k0;
-      for (int64_t kk = 0; kk < kc; ++kk) out[kk * kPanel + j] = src[kk];
+    return;
+  }
+  // op(B) = B^T: column j of the panel is row col + j of B. Square blocks
+  // of kLanes rows by kLanes depths are transposed in registers; the rest
+  // (a partial panel, a depth tail) element by element.
+  int64_t kk0 = 0;
+  if (width == kPanel) {
+    for (; kk0 + kLanes <= kc; kk0 += kLanes) {
+      for (int half = 0; half < 2; ++half) {
+        ei::PacketBlock<Packet, kLanes> block;
+        for (int l = 0; l < kLanes; ++l) {
+          block.packet[l] = ei::ploadu<Packet>(b + (col + half * kLanes + l) * ldb + k0 + kk0);
+        }
+        ei::ptranspose(block);
+        for (int l = 0; l < kLanes; ++l) {
+          ei::pstore(out + (kk0 + l) * kPanel + half * kLanes, block.packet[l]);
+        }
+      }
     }
+  }
+  for (int64_t j = 0; j < width; ++j) {
+    const float* src = b + (col + j) * ldb + k0;
+    for (int64_t kk = kk0; kk < kc; ++kk) out[kk * kPanel + j] = src[kk];
   }
 }
 
