@@ -150,7 +150,9 @@ inline GeluParts GeluPartsOf(const FloatPacket& x) {
   const FloatPacket ck = PacketSet(float(kGeluScale * kGeluCubic));
   // 2u = 2 c x + 2 c k x^3.
   const FloatPacket two_u = ei::pmul(PacketSet(2.0f), ei::pmul(x, ei::pmadd(ck, x2, c)));
-  const FloatPacket e = ExpPacket(ei::pnegate(ei::pabs(two_u)));
+  // Where e would be below 1e-38 (|x| > 10) it is taken as 0: s is then 1
+  // or 0 to within far less than an ulp of gelu(x) ~ x or ~ 0.
+  const FloatPacket e = ExpFlushPacket(ei::pnegate(ei::pabs(two_u)));
   const FloatPacket r = ei::pdiv(one, ei::padd(one, e));
   const FloatPacket er = ei::pmul(e, r);
   GeluParts parts;
