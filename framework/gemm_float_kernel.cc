@@ -29,6 +29,13 @@ namespace {
 namespace ei = Eigen::internal;
 using Packet = ei::packet_traits<float>::type;
 constexpr int kLanes = ei::packet_traits<float>::size;
+// Eight (or four) packets transposed in registers. (The packet type's vector
+// attributes are dropped as a template argument; harmless, the block only
+// holds them.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+using PacketBlock = ei::PacketBlock<Packet, kLanes>;
+#pragma GCC diagnostic pop
 
 // A tile is kRows x (2 packets): 12 accumulators with AVX2 (6 x 16), which
 // with the two B packets and one broadcast fills 15 of the 16 registers.
@@ -70,7 +77,7 @@ void PackPanel(bool trans_b,
   if (width == kPanel) {
     for (; kk0 + kLanes <= kc; kk0 += kLanes) {
       for (int half = 0; half < 2; ++half) {
-        ei::PacketBlock<Packet, kLanes> block;
+        PacketBlock block;
         for (int l = 0; l < kLanes; ++l) {
           block.packet[l] = ei::ploadu<Packet>(b + (col + half * kLanes + l) * ldb + k0 + kk0);
         }

@@ -69,10 +69,12 @@ TEST_P(ImplicitGradTest, EveryBackwardModeAgainstFiniteDifferences) {
   ForwardSolverOptions forward = TightForward(forward_type);
   ForwardSolverOptions reference = forward;
   if (forward_type == ForwardSolverType::kCeresLbfgs) {
-    // Ceres' line search ends near 1e-10, too coarse for differences with
-    // step 1e-5: polish its result with Anderson for the reference solve,
-    // and differentiate at the plain Ceres solution.
-    forward.absolute_tolerance = 1e-9;
+    // Ceres' line search ends between about 1e-10 and 2e-8 (where the
+    // energy's rounding error stops it; the floor moves with the build's
+    // floating-point contraction), too coarse for differences with step
+    // 1e-5: polish its result with Anderson for the reference solve, and
+    // differentiate at the plain Ceres solution.
+    forward.absolute_tolerance = 5e-8;
     reference.fallback_chain = {ForwardSolverType::kAnderson};
     reference.fallback_residual_threshold = 1e-13;
   }
