@@ -10,11 +10,10 @@
 // stride ldb ([n, k] if trans_b), C is [m, n] with row stride ldc; C is
 // overwritten (its previous contents are ignored, also when k = 0).
 //
-// float32 products that are shallow (k <= 256) or narrow (n <= 64, A not
-// transposed) run the packed-B kernel below (SmallGemmFloat). The others,
-// and all float64 products, are one single-threaded sgemm/dgemm call when
-// the build found OpenBLAS (CMake option STILLPOINT_USE_OPENBLAS), else
-// Eigen's GEMM.
+// float32 products with min(m, n) < 512 run the packed-B kernel below
+// (SmallGemmFloat). The others, and all float64 products, are one
+// single-threaded sgemm/dgemm call when the build found OpenBLAS (CMake
+// option STILLPOINT_USE_OPENBLAS), else Eigen's GEMM.
 // Either way a call runs on the calling thread only (OpenBLAS is limited to
 // one thread); parallelism comes from ParallelFor around independent calls,
 // so results do not depend on the thread count.

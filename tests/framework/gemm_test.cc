@@ -76,9 +76,12 @@ TEST(GemmTest, MatchesNaiveProductForAllLayouts) {
   }
 }
 
-TEST(GemmTest, LargeProductAboveTheBlasThreshold) {
+TEST(GemmTest, ProductsOnBothSidesOfTheKernelThreshold) {
   CheckCase<float>(false, false, 130, 96, 100, 0, 1e-5);
   CheckCase<float>(true, false, 64, 64, 300, 0, 1e-5);
+  // min(m, n) >= 512: the BLAS (or Eigen) path.
+  CheckCase<float>(false, true, 520, 512, 24, 0, 1e-5);
+  CheckCase<float>(true, false, 512, 515, 17, 1, 1e-5);
 }
 
 TEST(GemmTest, PackedFloatKernelHandlesPartialTilesAndDepthBlocks) {
