@@ -147,8 +147,9 @@ Var masked_fill(const Var& x, const Tensor& mask, double value);
 // where M hides key j from query i (weight exactly 0) when causal and
 // j > i + Tk - Tq. A query that sees no key gets NaN. scale > 0. When
 // recording, the [B, heads, Tq, Tk] probabilities are kept from the forward
-// pass if they are no larger than q, k and v together, else recomputed by
-// the first backward call (and kept for later calls through the node).
+// pass if they are no larger than q, k and v together, else recomputed in
+// backward (per (b, h) block in scratch by the first call; kept by the
+// second call through the node for all later ones).
 Var multi_head_attention(
     const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal = false);
 // The same computation with unfused differentiable ops (permutes, matmul,

@@ -11,7 +11,8 @@
 //
 // A recorded forward pass keeps the probabilities P [B, heads, Tq, Tk] for
 // the backward pass when they are no larger than q, k and v together;
-// otherwise the first backward call recomputes them. The fused VJP is used
+// otherwise backward recomputes them, block by block in the first call and
+// kept from the second call on. The fused VJP is used
 // without create_graph; with create_graph the VJP differentiates the same
 // attention written with differentiable ops (multi_head_attention_reference),
 // so second derivatives work.
@@ -83,6 +84,51 @@ T* Scratch(int64_t n) {
   return buffer.data();
 }
 
+// Offsets of head h of batch entry b in q/out ([B, Tq, D]) and k/v
+// ([B, Tk, D]) for unit = b heads + h.
+struct UnitOffsets {
+  int64_t q = 0;
+  int64_t k = 0;
+};
+UnitOffsets OffsetsOf(const AttentionGeometry& geo, int64_t unit) {
+  const int64_t b = unit / geo.heads;
+  const int64_t h = unit % geo.heads;
+  return {b * geo.tq * geo.dim + h * geo.dh, b * geo.tk * geo.dim + h * geo.dh};
+}
+
+// One unit's [Tq, Tk] block p = exp(scale q_h k_h^T - row max), masked;
+// row_scale[i] = 1 / (row i's sum). With normalize the rows of p are
+// divided by their sums (the probabilities).
+template <typename T>
+void UnitExponentials(const AttentionGeometry& geo,
+                      const T* q,
+                      const T* k,
+                      int64_t unit,
+                      bool normalize,
+                      T* p,
+                      T* row_scale) {
+  const UnitOffsets at = OffsetsOf(geo, unit);
+  internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, static_cast<T>(geo.scale), q + at.q,
+                    geo.dim, k + at.k, geo.dim, p, geo.tk);
+  for (int64_t i = 0; i < geo.tq; ++i) {
+    T* row = p + i * geo.tk;
+    const int64_t visible = geo.VisibleKeys(i);
+    if (visible == 0) {
+      // Every key hidden: softmax of all -inf, as the unfused ops give.
+      std::fill_n(row, geo.tk, std::numeric_limits<T>::quiet_NaN());
+      row_scale[i] = std::numeric_limits<T>::quiet_NaN();
+      continue;
+    }
+    const T m = internal::VecMax(row, visible);
+    const T sum = internal::VecExpShifted(row, m, row, visible);
+    row_scale[i] = T(1) / sum;
+    std::fill(row + visible, row + geo.tk, T(0));
+    if (normalize) {
+      for (int64_t j = 0; j < visible; ++j) row[j] *= row_scale[i];
+    }
+  }
+}
+
 // Writes out = softmax(scale q k^T, masked) v for every (b, h); when probs
 // is not null it also keeps the probabilities there ([B, heads, Tq, Tk]).
 // out may be null when only the probabilities are wanted.
@@ -93,42 +139,21 @@ void AttentionForwardKernel(
   const int64_t block = geo.tq * geo.tk;
   ParallelFor(0, units, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t b = unit / geo.heads;
-      const int64_t h = unit % geo.heads;
-      const int64_t q_offset = b * geo.tq * geo.dim + h * geo.dh;
-      const int64_t k_offset = b * geo.tk * geo.dim + h * geo.dh;
-      T* p_data = probs ? probs + unit * block : Scratch<T>(block + geo.tq);
-      T* row_scale = probs ? Scratch<T>(geo.tq) : p_data + block;
-      // P = scale Q_h K_h^T, then softmax in place row by row.
-      internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, static_cast<T>(geo.scale),
-                        q + q_offset, geo.dim, k + k_offset, geo.dim, p_data, geo.tk);
-      for (int64_t i = 0; i < geo.tq; ++i) {
-        T* row = p_data + i * geo.tk;
-        const int64_t visible = geo.VisibleKeys(i);
-        if (visible == 0) {
-          // Every key hidden: softmax of all -inf, as the unfused ops give.
-          std::fill_n(row, geo.tk, std::numeric_limits<T>::quiet_NaN());
-          continue;
-        }
-        const T m = internal::VecMax(row, visible);
-        const T sum = internal::VecExpShifted(row, m, row, visible);
-        row_scale[i] = T(1) / sum;
-        std::fill(row + visible, row + geo.tk, T(0));
-        // Kept probabilities are normalised here; for the output alone the
-        // normalisation is applied to the [Tq, dh] rows of O instead of the
-        // [Tq, Tk] rows of P (dh << Tk).
-        if (probs) {
-          for (int64_t j = 0; j < visible; ++j) row[j] *= row_scale[i];
-        }
-      }
-      // O_h = P V_h, written into the head's columns of out.
+      const UnitOffsets at = OffsetsOf(geo, unit);
+      T* scratch = Scratch<T>(block + geo.tq);
+      T* p = probs ? probs + unit * block : scratch;
+      T* row_scale = scratch + block;
+      // Kept probabilities are normalised; for the output alone the
+      // normalisation is applied to the [Tq, dh] rows of O instead of the
+      // [Tq, Tk] rows of P (dh << Tk).
+      UnitExponentials(geo, q, k, unit, probs != nullptr, p, row_scale);
       if (out == nullptr) continue;
-      T* o = out + q_offset;
-      internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p_data, geo.tk, v + k_offset,
-                        geo.dim, o, geo.dim);
+      // O_h = P V_h, written into the head's columns of out.
+      T* o = out + at.q;
+      internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k, geo.dim,
+                        o, geo.dim);
       if (probs) continue;
       for (int64_t i = 0; i < geo.tq; ++i) {
-        if (geo.VisibleKeys(i) == 0) continue;  // NaN row, as the unfused ops give
         T* o_row = o + i * geo.dim;
         for (int64_t j = 0; j < geo.dh; ++j) o_row[j] *= row_scale[i];
       }
@@ -136,8 +161,9 @@ void AttentionForwardKernel(
   });
 }
 
-// The fused VJP: given P, the output O and dO, writes dq, dk, dv (each
-// null when not wanted) for every (b, h).
+// The fused VJP: given P (or null: each unit recomputes its block into
+// scratch, so no [B, heads, Tq, Tk] tensor is made), the output O and dO,
+// writes dq, dk, dv (each null when not wanted) for every (b, h).
 template <typename T>
 void AttentionBackwardKernel(const AttentionGeometry& geo,
                              const T* q,
@@ -154,25 +180,27 @@ void AttentionBackwardKernel(const AttentionGeometry& geo,
   const T scale = static_cast<T>(geo.scale);
   ParallelFor(0, units, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t b = unit / geo.heads;
-      const int64_t h = unit % geo.heads;
-      const int64_t q_offset = b * geo.tq * geo.dim + h * geo.dh;
-      const int64_t k_offset = b * geo.tk * geo.dim + h * geo.dh;
+      const UnitOffsets at = OffsetsOf(geo, unit);
+      T* scratch = Scratch<T>(2 * block + geo.tq);
+      T* ds = scratch;
       const T* p = probs + unit * block;
-      const T* gh = g + q_offset;
+      if (probs == nullptr) {
+        UnitExponentials(geo, q, k, unit, true, scratch + block, scratch + 2 * block);
+        p = scratch + block;
+      }
+      const T* gh = g + at.q;
       if (dv) {
         // dV_h = P^T dO_h.
         internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, T(1), p, geo.tk, gh, geo.dim,
-                          dv + k_offset, geo.dim);
+                          dv + at.k, geo.dim);
       }
       if (!dq && !dk) continue;
       // dS = P o (dP - D) with dP = dO_h V_h^T, in place. The row sums
       // D_i = sum_j dP_ij P_ij equal dO_i . O_i (as O_i = sum_j P_ij V_j): a
       // dot of length dh instead of a pass over the [Tq, Tk] block.
-      T* ds = Scratch<T>(block);
-      internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + k_offset,
+      internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + at.k,
                         geo.dim, ds, geo.tk);
-      const T* oh = out + q_offset;
+      const T* oh = out + at.q;
       for (int64_t i = 0; i < geo.tq; ++i) {
         T* row = ds + i * geo.tk;
         const T* prow = p + i * geo.tk;
@@ -181,13 +209,13 @@ void AttentionBackwardKernel(const AttentionGeometry& geo,
       }
       if (dq) {
         // dQ_h = scale dS K_h.
-        internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, scale, ds, geo.tk, k + k_offset,
-                          geo.dim, dq + q_offset, geo.dim);
+        internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, scale, ds, geo.tk, k + at.k,
+                          geo.dim, dq + at.q, geo.dim);
       }
       if (dk) {
         // dK_h = scale dS^T Q_h.
-        internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, scale, ds, geo.tk, q + q_offset,
-                          geo.dim, dk + k_offset, geo.dim);
+        internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, scale, ds, geo.tk, q + at.q,
+                          geo.dim, dk + at.k, geo.dim);
       }
     }
   });
@@ -221,26 +249,32 @@ Var multi_head_attention(
   // The probabilities [B, heads, Tq, Tk] are the largest activation of a
   // transformer once Tk exceeds a few head widths. When they are no larger
   // than q, k and v together (short sequences) a recorded forward pass
-  // keeps them. Otherwise it does not: the first backward call recomputes
-  // them (one extra Q K^T and softmax) and keeps them for later calls
-  // through the same node, as the adjoint iterations of an implicit layer
-  // make; a graph used once, like an explicit stack's, so holds one layer's
-  // probabilities at a time instead of all of them.
+  // keeps them. Otherwise it does not, and the backward pass recomputes
+  // them (one extra Q K^T and softmax per call): the first call block by
+  // block in scratch memory, within the fused VJP, so a graph used once
+  // (an explicit stack) never holds them; a second call through the same
+  // node (the adjoint iterations of an implicit layer) computes them once
+  // more and keeps them for every later call.
+  struct Saved {
+    Tensor probs;
+    int backward_calls = 0;
+  };
   const bool recording =
       GradModeEnabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   const int64_t probs_numel = geo.batch * geo.heads * geo.tq * geo.tk;
   const bool keep_probs = recording && probs_numel <= q.numel() + k.numel() + v.numel();
-  auto probs = std::make_shared<Tensor>();
-  if (keep_probs) *probs = Tensor(Shape{geo.batch, geo.heads, geo.tq, geo.tk}, q.dtype());
+  auto saved = std::make_shared<Saved>();
+  Tensor& probs_now = saved->probs;
+  if (keep_probs) probs_now = Tensor(Shape{geo.batch, geo.heads, geo.tq, geo.tk}, q.dtype());
   Tensor out(q.shape(), q.dtype());
   DispatchDType(q.dtype(), [&](auto zero) {
     using T = decltype(zero);
     AttentionForwardKernel<T>(geo, q.value().data<T>(), k.value().data<T>(), v.value().data<T>(),
-                              out.data<T>(), keep_probs ? probs->data<T>() : nullptr);
+                              out.data<T>(), keep_probs ? probs_now.data<T>() : nullptr);
   });
   return RecordOp(
       "multi_head_attention", out, {q, k, v},
-      [geo, probs](const VarList& in, const Var& self, const Var& g) {
+      [geo, saved](const VarList& in, const Var& self, const Var& g) {
         const bool want_q = WantsInputGrad(in, 0);
         const bool want_k = WantsInputGrad(in, 1);
         const bool want_v = WantsInputGrad(in, 2);
@@ -255,12 +289,13 @@ Var multi_head_attention(
           if (!want_v) grads[2] = Var();
           return grads;
         }
-        if (!probs->defined()) {
-          *probs = Tensor(Shape{geo.batch, geo.heads, geo.tq, geo.tk}, in[0].dtype());
+        Tensor& probs = saved->probs;
+        if (++saved->backward_calls >= 2 && !probs.defined()) {
+          probs = Tensor(Shape{geo.batch, geo.heads, geo.tq, geo.tk}, in[0].dtype());
           DispatchDType(in[0].dtype(), [&](auto zero) {
             using T = decltype(zero);
             AttentionForwardKernel<T>(geo, in[0].value().data<T>(), in[1].value().data<T>(),
-                                      in[2].value().data<T>(), nullptr, probs->data<T>());
+                                      in[2].value().data<T>(), nullptr, probs.data<T>());
           });
         }
         Tensor dq, dk, dv;
@@ -271,7 +306,8 @@ Var multi_head_attention(
           using T = decltype(zero);
           AttentionBackwardKernel<T>(
               geo, in[0].value().data<T>(), in[1].value().data<T>(), in[2].value().data<T>(),
-              probs->data<T>(), self.value().data<T>(), g.value().data<T>(),
+              probs.defined() ? probs.data<T>() : nullptr, self.value().data<T>(),
+              g.value().data<T>(),
               want_q ? dq.data<T>() : nullptr,
               want_k ? dk.data<T>() : nullptr, want_v ? dv.data<T>() : nullptr);
         });

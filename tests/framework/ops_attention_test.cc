@@ -128,6 +128,34 @@ TEST(MultiHeadAttentionTest, SkipsUnneededGradientsWithoutChangingOthers) {
   EXPECT_EQ(LargestDifference(only_q[0].value(), all[0].value()), 0.0);
 }
 
+// The adjoint iterations of an implicit layer take many VJPs through one
+// node: the first call recomputes the probabilities block by block, the
+// second keeps them, later calls reuse them. All must agree bitwise.
+TEST(MultiHeadAttentionTest, RepeatedVjpsThroughOneGraphAgreeBitwise) {
+  // [B, T, heads * dh]: probabilities larger than q, k, v (recomputed in
+  // backward), and smaller (kept by the forward pass).
+  for (const Shape& shape : {Shape{2, 24, 4}, Shape{2, 6, 16}}) {
+    const Var q = Random(shape, 40, DType::kFloat32, true);
+    const Var k = Random(shape, 41, DType::kFloat32, true);
+    const Var v = Random(shape, 42, DType::kFloat32, true);
+    const Var g = Random(shape, 43, DType::kFloat32);
+    const Var out = multi_head_attention(q, k, v, 2, 0.6, false);
+    const VarList first = grad({out}, {q, k, v}, {g}, {.retain_graph = true});
+    for (int call = 2; call <= 4; ++call) {
+      const VarList again = grad({out}, {q, k, v}, {g}, {.retain_graph = true});
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(LargestDifference(again[i].value(), first[i].value()), 0.0)
+            << shape << ", call " << call << ", input " << i;
+      }
+    }
+    const VarList reference = grad({multi_head_attention_reference(q, k, v, 2, 0.6, false)},
+                                   {q, k, v}, {g});
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LT(LargestDifference(first[i].value(), reference[i].value()), 1e-5) << shape;
+    }
+  }
+}
+
 TEST(MultiHeadAttentionTest, BitwiseIndependentOfThreadCount) {
   const Var q = Random(Shape{3, 20, 16}, 24, DType::kFloat32, true);
   const Var k = Random(Shape{3, 20, 16}, 25, DType::kFloat32, true);
