@@ -30,7 +30,8 @@
 # Workload keys: w1i w1e w2i w2e (W1/W2 implicit/explicit), w3 (peer iterates
 # the whole batch), w3a (peer with per-query exit). Extras (stillpoint only
 # unless noted): W1 implicit with 64 iterations (memory), W2 implicit and explicit with 1
-# thread (scaling), float32 GEMM throughput of torch (tuned).
+# thread next to W2 with --threads (scaling, paired per repetition), float32 GEMM
+# throughput of torch (tuned).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -161,11 +162,16 @@ for rep in $(seq 1 "$REPS"); do
     # shellcheck disable=SC2086
     run w1i-k16 stillpoint "$rep" "$SP" bench w1 --model implicit --iters 16 $SHORT
     if [[ $THREADS != 1 ]]; then
+      # Scaling: each 1-thread run next to a $THREADS-thread run of the same
+      # workload, so both see the same machine (its speed drifts by minutes).
       ONE="--steps $STEPS --warmup $WARMUP --threads 1"
-      # shellcheck disable=SC2086
-      run w2i-t1 stillpoint "$rep" "$SP" bench w2 --model implicit $ONE
-      # shellcheck disable=SC2086
-      run w2e-t1 stillpoint "$rep" "$SP" bench w2 --model explicit $ONE
+      for model in implicit explicit; do
+        key=w2${model:0:1}
+        # shellcheck disable=SC2086
+        run "$key-t1" stillpoint "$rep" "$SP" bench w2 --model $model $ONE
+        # shellcheck disable=SC2086
+        run "$key-tN" stillpoint "$rep" "$SP" bench w2 --model $model $COMMON
+      done
     fi
   fi
 done
@@ -274,9 +280,18 @@ if k64 and k16:
     print(f"W1 implicit peak RSS: 64 iterations {k64:.1f} MiB vs 16 iterations {k16:.1f} MiB "
           f"({100 * (k64 / k16 - 1):+.1f}%)")
 for key in ("w2i", "w2e"):
-    t1, t2 = med(key + "-t1", "stillpoint"), med(key, "stillpoint")
-    if t1 and t2:
-        print(f"{key}: 1 thread {t1:.1f} ms, 2 threads {t2:.1f} ms: {t1 / t2:.2f}x")
+    # Per repetition, the 1-thread run over the multi-thread run made right
+    # after it; the median of those ratios.
+    t1 = {r["rep"]: r["result"]["median_ms"] for r in by.get((key + "-t1", "stillpoint"), [])}
+    tn = {r["rep"]: (r["result"]["median_ms"], r["result"]["threads"])
+          for r in by.get((key + "-tN", "stillpoint"), [])}
+    pairs = [(t1[k], tn[k][0], tn[k][1]) for k in t1 if k in tn]
+    if pairs:
+        ratios = [a / b for a, b, _ in pairs]
+        print(f"{key}: 1 thread {statistics.median([p[0] for p in pairs]):.1f} ms, "
+              f"{pairs[0][2]} threads {statistics.median([p[1] for p in pairs]):.1f} ms "
+              f"(adjacent runs): {statistics.median(ratios):.2f}x "
+              f"({min(ratios):.2f}-{max(ratios):.2f})")
 for key in ("w1i", "w1e", "w2i", "w2e"):
     g = med(key, "stillpoint", "gflops_per_s")
     gt = med(key, "torch-tuned", "gflops_per_s")
