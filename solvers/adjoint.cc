@@ -268,6 +268,15 @@ void SolveWithFixedPointSolver(const BackwardOptions& options,
   forward.max_iterations = options.max_iterations;
   forward.stop_mode = StopMode::kAbsolute;
   forward.absolute_tolerance = options.tolerance;
+  // A fixed budget of plain iterations (tolerance 0: the DEQ literature's
+  // adjoint) makes exactly max_iterations VJPs, as K iterations
+  // u_{k+1} = g + J^T u_k do: the solver takes K - 1 judged steps, and the
+  // map value it computed to judge its last iterate is the K-th iterate.
+  // (Otherwise a last VJP would only measure the returned iterate's
+  // residual.)
+  const bool plain_budget = options.solver == AdjointSolverType::kFixedPoint &&
+                            options.tolerance == 0.0 && options.max_iterations >= 1;
+  if (plain_budget) forward.max_iterations = options.max_iterations - 1;
 
   RowMatrix g_unit(batch, n);
   RowMatrix u0(batch, n);
@@ -286,14 +295,21 @@ void SolveWithFixedPointSolver(const BackwardOptions& options,
   FixedPointProblem problem;
   problem.batch_size = batch;
   problem.state_size = n;
+  // The last whole-batch map input and output (views of the solver's own
+  // buffers, which hold the last iterate and its map value at the end).
+  Tensor last_input, last_output;
   problem.map = [&](const Tensor& u, const std::vector<int64_t>& ids, Tensor* out) {
     if (IsWholeBatch(ids, batch)) {
       // Every sample at once (each iteration of a fixed budget): the VJP
       // reads u and writes out as they are, with no float64 round trip.
       op.ApplyTransposedJacobianInPlace(u, out);
       AddInPlace(g_unit_tensor, out);
+      last_input = u;
+      last_output = *out;
       return true;
     }
+    last_input = Tensor();
+    last_output = Tensor();
     // Rows of other samples stay zero: samples are independent, so they add
     // nothing to the rows asked for.
     full_in.setZero();
@@ -311,6 +327,20 @@ void SolveWithFixedPointSolver(const BackwardOptions& options,
   SolverSummary forward_summary = SolveFixedPoint(forward, problem, &u);
 
   TensorToMatrix(u, w);
+  if (plain_budget && last_input.defined()) {
+    // The K-th iterate of each sample whose returned iterate is the last
+    // one the solver evaluated (a sample whose residual grew keeps its best
+    // earlier iterate).
+    RowMatrix last_in(batch, n), last_out(batch, n);
+    TensorToMatrix(last_input, &last_in);
+    TensorToMatrix(last_output, &last_out);
+    for (int64_t b = 0; b < batch; ++b) {
+      if (w->row(b) == last_in.row(b) && last_out.row(b).allFinite()) {
+        w->row(b) = last_out.row(b);
+        ++forward_summary.sample_iterations[b];
+      }
+    }
+  }
   for (int64_t b = 0; b < batch; ++b) w->row(b) *= samples.g_norm[b];
 
   summary->sample_iterations = forward_summary.sample_iterations;
@@ -324,6 +354,15 @@ void SolveWithFixedPointSolver(const BackwardOptions& options,
   summary->vjp_evaluations = op.calls();
   summary->history_bytes = forward_summary.history_bytes;
   summary->option_usage = forward_summary.option_usage;
+  if (plain_budget) {
+    summary->message = "plain fixed-point iteration on the adjoint equation, a fixed budget of " +
+                       std::to_string(options.max_iterations) + " iterations (" +
+                       std::to_string(op.calls()) +
+                       " VJPs); the residuals are those of the last iterate before the final "
+                       "one, which the final VJP produced (measuring the final one would cost "
+                       "one VJP more)";
+    return;
+  }
   summary->message = "the " + std::string(ToString(forward.type)) +
                      " forward solver on the adjoint equation: " + forward_summary.message;
 }

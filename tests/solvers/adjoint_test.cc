@@ -361,6 +361,36 @@ TEST(BackwardOptions, EnumsRoundTrip) {
   EXPECT_EQ(type, AdjointSolverType::kConjugateGradient);
 }
 
+// A fixed budget of K plain iterations is exactly K VJPs, as
+// w_{k+1} = g + J^T w_k from w_0 = g makes, and returns w_K.
+TEST(AdjointFixedPoint, FixedBudgetMakesExactlyOneVjpPerIteration) {
+  for (int budget : {1, 2, 16}) {
+    LinearAdjoint linear = MakeLinear(3, 7, 0.6, false, 40 + budget);
+    const Tensor g = RandomRhs(3, 7, 50 + budget);
+    BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 0.0);
+    options.max_iterations = budget;
+    Tensor w;
+    const AdjointSummary summary = SolveAdjoint(options, linear.Vjp(), g, &w);
+    EXPECT_EQ(summary.vjp_evaluations, budget);
+    EXPECT_EQ(linear.vjp_calls, budget);
+    for (int64_t b = 0; b < 3; ++b) {
+      Eigen::VectorXd gb(7), wb(7);
+      for (int64_t i = 0; i < 7; ++i) gb(i) = g.at(b * 7 + i);
+      wb = gb;
+      for (int k = 0; k < budget; ++k) wb = gb + linear.jacobians[b].transpose() * wb;
+      for (int64_t i = 0; i < 7; ++i) {
+        EXPECT_NEAR(w.at(b * 7 + i), wb(i), 1e-12 * (1.0 + std::abs(wb(i))))
+            << "budget " << budget << ", sample " << b;
+      }
+      EXPECT_EQ(summary.sample_iterations[b], budget) << b;
+      EXPECT_EQ(summary.sample_termination[b], TerminationType::kMaxIterations) << b;
+    }
+    EXPECT_NE(summary.FullReport().find("fixed budget of " + std::to_string(budget)),
+              std::string::npos)
+        << summary.FullReport();
+  }
+}
+
 TEST(AdjointSummary, ReportsSayWhatHappened) {
   LinearAdjoint linear = MakeLinear(2, 4, 0.5, false, 29);
   const Tensor g = RandomRhs(2, 4, 30);
