@@ -15,11 +15,10 @@
 // same sequence of fused multiply-adds whatever the thread count, so
 // results are bitwise reproducible.
 
+#include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
 #include <vector>
-
-#include <Eigen/Core>
 
 #include "framework/gemm.h"
 
@@ -156,8 +155,8 @@ void Tile(int64_t kc,
   }
 }
 
-using TileFn = void (*)(int64_t, const float*, int64_t, int64_t, const float*, float, bool,
-                        float*, int64_t, int64_t);
+using TileFn = void (*)(
+    int64_t, const float*, int64_t, int64_t, const float*, float, bool, float*, int64_t, int64_t);
 constexpr TileFn kTiles[kRows + 1] = {nullptr,  &Tile<1>, &Tile<2>, &Tile<3>,
                                       &Tile<4>, &Tile<5>, &Tile<6>};
 
@@ -210,8 +209,8 @@ void SmallGemmFloat(bool trans_a,
         const TileFn tile = kTiles[rows];
         for (int64_t p = p0; p < p1; ++p) {
           const int64_t col = p * kPanel;
-          tile(kc, a_block + i * a_row, a_row, a_depth, packed + p * kc * kPanel, alpha,
-               accumulate, c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col));
+          tile(kc, a_block + i * a_row, a_row, a_depth, packed + p * kc * kPanel, alpha, accumulate,
+               c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col));
         }
       }
     }

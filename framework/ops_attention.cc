@@ -150,8 +150,8 @@ void AttentionForwardKernel(
       if (out == nullptr) continue;
       // O_h = P V_h, written into the head's columns of out.
       T* o = out + at.q;
-      internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k, geo.dim,
-                        o, geo.dim);
+      internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k, geo.dim, o,
+                        geo.dim);
       if (probs) continue;
       for (int64_t i = 0; i < geo.tq; ++i) {
         T* o_row = o + i * geo.dim;
@@ -198,8 +198,8 @@ void AttentionBackwardKernel(const AttentionGeometry& geo,
       // dS = P o (dP - D) with dP = dO_h V_h^T, in place. The row sums
       // D_i = sum_j dP_ij P_ij equal dO_i . O_i (as O_i = sum_j P_ij V_j): a
       // dot of length dh instead of a pass over the [Tq, Tk] block.
-      internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + at.k,
-                        geo.dim, ds, geo.tk);
+      internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + at.k, geo.dim,
+                        ds, geo.tk);
       const T* oh = out + at.q;
       for (int64_t i = 0; i < geo.tq; ++i) {
         T* row = ds + i * geo.tk;
@@ -214,8 +214,8 @@ void AttentionBackwardKernel(const AttentionGeometry& geo,
       }
       if (dk) {
         // dK_h = scale dS^T Q_h.
-        internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, scale, ds, geo.tk, q + at.q,
-                          geo.dim, dk + at.k, geo.dim);
+        internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, scale, ds, geo.tk, q + at.q, geo.dim,
+                          dk + at.k, geo.dim);
       }
     }
   });
@@ -307,9 +307,8 @@ Var multi_head_attention(
           AttentionBackwardKernel<T>(
               geo, in[0].value().data<T>(), in[1].value().data<T>(), in[2].value().data<T>(),
               probs.defined() ? probs.data<T>() : nullptr, self.value().data<T>(),
-              g.value().data<T>(),
-              want_q ? dq.data<T>() : nullptr,
-              want_k ? dk.data<T>() : nullptr, want_v ? dv.data<T>() : nullptr);
+              g.value().data<T>(), want_q ? dq.data<T>() : nullptr, want_k ? dk.data<T>() : nullptr,
+              want_v ? dv.data<T>() : nullptr);
         });
         return VarList{want_q ? Var(dq) : Var(), want_k ? Var(dk) : Var(),
                        want_v ? Var(dv) : Var()};

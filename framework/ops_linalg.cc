@@ -148,8 +148,8 @@ Tensor MatmulValue(const Tensor& a,
         const int64_t col_begin = (block % col_units) * cols_per_unit;
         const int64_t col_end = std::min(geo.n, col_begin + cols_per_unit);
         T* c_entry = c_data + entry * c_stride;
-        GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k,
-                     geo.n, transpose_a, transpose_b, row_begin, row_end, col_begin, col_end);
+        GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k, geo.n,
+                     transpose_a, transpose_b, row_begin, row_end, col_begin, col_end);
         if (bias_data) {
           for (int64_t r = row_begin; r < row_end; ++r) {
             T* row = c_entry + r * geo.n;

@@ -102,8 +102,7 @@ inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
 #pragma GCC diagnostic pop
   const FloatPacket x =
       ei::pmin(ei::pmax(x_in, PacketSet(kExpFloatNormalLowest)), PacketSet(88.0f));
-  const FloatPacket m =
-      ei::pfloor(ei::pmadd(x, PacketSet(1.44269504088896341f), PacketSet(0.5f)));
+  const FloatPacket m = ei::pfloor(ei::pmadd(x, PacketSet(1.44269504088896341f), PacketSet(0.5f)));
   FloatPacket r = ei::pmadd(m, PacketSet(-0.693359375f), x);
   r = ei::pmadd(m, PacketSet(2.12194440e-4f), r);
   const FloatPacket r2 = ei::pmul(r, r);
@@ -115,7 +114,8 @@ inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
   y1 = ei::pmadd(y1, r, PacketSet(5.0000001201E-1f));
   y = ei::pmadd(y, r3, y1);
   y = ei::pmadd(y, r2, y2);
-  const IntPacket biased = ei::padd(ei::pcast<FloatPacket, IntPacket>(m), ei::pset1<IntPacket>(127));
+  const IntPacket biased =
+      ei::padd(ei::pcast<FloatPacket, IntPacket>(m), ei::pset1<IntPacket>(127));
   const FloatPacket two_m = ei::preinterpret<FloatPacket>(ei::plogical_shift_left<23>(biased));
   return ei::pandnot(ei::pmul(y, two_m), ei::pcmp_lt(x_in, PacketSet(kExpFloatNormalLowest)));
 }
@@ -305,9 +305,11 @@ inline float VecSum(const float* x, int64_t n) {
   FloatPacket acc[4] = {PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f)};
   int64_t i = 0;
   for (; i + 4 * kVecBlock <= n; i += 4 * kVecBlock) {
-    for (int j = 0; j < 4; ++j) acc[j] = ei::padd(acc[j], ei::ploadu<FloatPacket>(x + i + j * kVecBlock));
+    for (int j = 0; j < 4; ++j)
+      acc[j] = ei::padd(acc[j], ei::ploadu<FloatPacket>(x + i + j * kVecBlock));
   }
-  for (; i + kVecBlock <= n; i += kVecBlock) acc[0] = ei::padd(acc[0], ei::ploadu<FloatPacket>(x + i));
+  for (; i + kVecBlock <= n; i += kVecBlock)
+    acc[0] = ei::padd(acc[0], ei::ploadu<FloatPacket>(x + i));
   float s = ei::predux(ei::padd(ei::padd(acc[0], acc[1]), ei::padd(acc[2], acc[3])));
   for (; i < n; ++i) s += x[i];
   return s;

@@ -1,12 +1,13 @@
 #include "training/metrics.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <sstream>
-#include <yaml-cpp/yaml.h>
 
 #include "framework/check.h"
 
@@ -23,9 +24,7 @@ std::string FormatDouble(double value) {
 
 }  // namespace
 
-std::string JsonNumber(double value) {
-  return std::isfinite(value) ? FormatDouble(value) : "null";
-}
+std::string JsonNumber(double value) { return std::isfinite(value) ? FormatDouble(value) : "null"; }
 
 std::string JsonString(const std::string& text) {
   std::string out = "\"";
@@ -59,8 +58,10 @@ std::string JsonString(const std::string& text) {
   return out + "\"";
 }
 
-MetricsWriter::MetricsWriter(const std::string& directory, std::vector<std::string> columns,
-                             bool append, const std::vector<std::string>& formats)
+MetricsWriter::MetricsWriter(const std::string& directory,
+                             std::vector<std::string> columns,
+                             bool append,
+                             const std::vector<std::string>& formats)
     : columns_(std::move(columns)) {
   SP_CHECK(!formats.empty(), "metrics: no file format given (log.formats: csv, jsonl)");
   for (const std::string& format : formats) {
@@ -73,8 +74,8 @@ MetricsWriter::MetricsWriter(const std::string& directory, std::vector<std::stri
   std::filesystem::create_directories(directory);
   csv_path_ = (std::filesystem::path(directory) / "metrics.csv").string();
   jsonl_path_ = (std::filesystem::path(directory) / "metrics.jsonl").string();
-  const bool write_header = !append || !std::filesystem::exists(csv_path_) ||
-                            std::filesystem::file_size(csv_path_) == 0;
+  const bool write_header =
+      !append || !std::filesystem::exists(csv_path_) || std::filesystem::file_size(csv_path_) == 0;
   const auto mode = append ? std::ios::app : std::ios::trunc;
   if (wanted("jsonl")) {
     jsonl_.open(jsonl_path_, std::ios::out | mode);
@@ -91,8 +92,8 @@ MetricsWriter::MetricsWriter(const std::string& directory, std::vector<std::stri
 
 void MetricsWriter::Write(const std::map<std::string, double>& row) {
   for (const auto& [key, value] : row) {
-    SP_CHECK(std::find(columns_.begin(), columns_.end(), key) != columns_.end(),
-             "MetricsWriter: '", key, "' is not a declared column");
+    SP_CHECK(std::find(columns_.begin(), columns_.end(), key) != columns_.end(), "MetricsWriter: '",
+             key, "' is not a declared column");
   }
   std::string csv_line, json = "{";
   bool first_json = true;
@@ -101,10 +102,17 @@ void MetricsWriter::Write(const std::map<std::string, double>& row) {
     if (i) csv_line += ",";
     if (it == row.end()) continue;
     csv_line += FormatDouble(it->second);
-    json += (first_json ? "" : ",") + JsonString(columns_[i]) + ":" + JsonNumber(it->second);
+    // Appended piece by piece (also sidesteps a false -Wrestrict of g++ 12
+    // at -O3 on "literal" + std::string temporaries).
+    if (!first_json) json += ',';
+    json += JsonString(columns_[i]);
+    json += ':';
+    json += JsonNumber(it->second);
     if (!std::isfinite(it->second)) {
-      json += "," + JsonString(columns_[i] + "_nonfinite") + ":" +
-              JsonString(FormatDouble(it->second));
+      json += ',';
+      json += JsonString(columns_[i] + "_nonfinite");
+      json += ':';
+      json += JsonString(FormatDouble(it->second));
     }
     first_json = false;
   }

@@ -29,8 +29,8 @@ T At(const std::vector<T>& x, int64_t ld, bool trans, int64_t r, int64_t c) {
 }
 
 template <typename T>
-using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*,
-                        int64_t, T*, int64_t);
+using GemmFn = void (*)(
+    bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T*, int64_t);
 
 template <typename T>
 void CheckCase(bool ta,

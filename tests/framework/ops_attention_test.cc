@@ -148,8 +148,8 @@ TEST(MultiHeadAttentionTest, RepeatedVjpsThroughOneGraphAgreeBitwise) {
             << shape << ", call " << call << ", input " << i;
       }
     }
-    const VarList reference = grad({multi_head_attention_reference(q, k, v, 2, 0.6, false)},
-                                   {q, k, v}, {g});
+    const VarList reference =
+        grad({multi_head_attention_reference(q, k, v, 2, 0.6, false)}, {q, k, v}, {g});
     for (int i = 0; i < 3; ++i) {
       EXPECT_LT(LargestDifference(first[i].value(), reference[i].value()), 1e-5) << shape;
     }

@@ -482,8 +482,8 @@ TEST(ElementwiseOpsTest, GeluRepeatedVjpsThroughOneGraphMatchAFreshGraph) {
       const Var x_fresh(x.value(), true);
       const Var fresh = grad({gelu(x_fresh)}, {x_fresh}, {g})[0];
       for (int64_t i = 0; i < fresh.numel(); ++i) {
-        ASSERT_EQ(repeated.value().at(i), fresh.value().at(i)) << ToString(dtype) << ", call "
-                                                               << seed << ", entry " << i;
+        ASSERT_EQ(repeated.value().at(i), fresh.value().at(i))
+            << ToString(dtype) << ", call " << seed << ", entry " << i;
       }
       const double x0 = x.value().at(5);
       const double expected =

@@ -13,10 +13,10 @@
 #include "framework/buffer_pool.h"
 #include "framework/ops.h"
 #include "training/checkpoint.h"
-#include "training/optimizer.h"
 #include "training/cli_commands.h"
 #include "training/config_schema.h"
 #include "training/metrics.h"
+#include "training/optimizer.h"
 #include "training/progress.h"
 
 namespace stillpoint {
@@ -85,9 +85,9 @@ TEST_F(TrainerTest, ResumingGivesBitwiseIdenticalParameters) {
   const std::string path = WriteConfig("resume", "");
   auto params_after = [&](const std::vector<int64_t>& chunks, const std::string& run) {
     for (std::size_t k = 0; k < chunks.size(); ++k) {
-      Config config = Config::FromFile(StillpointSchema(), path,
-                                       {"model.kind=implicit", "train.steps=12",
-                                        "log.dir=" + (dir_ / run).string()});
+      Config config = Config::FromFile(
+          StillpointSchema(), path,
+          {"model.kind=implicit", "train.steps=12", "log.dir=" + (dir_ / run).string()});
       Experiment e = BuildExperiment(config, path);
       TrainOptions options;
       options.resume = k > 0;
@@ -109,14 +109,14 @@ TEST_F(TrainerTest, ResumingGivesBitwiseIdenticalParameters) {
 
 TEST_F(TrainerTest, NonFiniteLossStopsTheRunAndKeepsTheLastGoodCheckpoint) {
   // An absurd learning rate drives the parameters to overflow within a few steps.
-  const std::string path = WriteConfig(
-      "nan", "");
+  const std::string path = WriteConfig("nan", "");
   std::ostringstream out, err;
   TrainArgs args;
   args.config_path = path;
-  args.overrides = {"model.kind=explicit", "train.optimizer.lr=1e30", "train.clip_norm=0",
-                    "train.schedule.warmup_steps=0", "train.on_nonfinite=stop",
-                    "train.checkpoint_every=1", "train.optimizer.type=sgd"};
+  args.overrides = {"model.kind=explicit",     "train.optimizer.lr=1e30",
+                    "train.clip_norm=0",       "train.schedule.warmup_steps=0",
+                    "train.on_nonfinite=stop", "train.checkpoint_every=1",
+                    "train.optimizer.type=sgd"};
   const int code = RunTrain(args, out, err);
   EXPECT_EQ(code, 1);
   const std::string text = out.str() + err.str();
@@ -182,8 +182,9 @@ TEST_F(TrainerTest, EvalOfATrainedRunMatchesTheTrainingSummary) {
 
 TEST_F(TrainerTest, CompareWritesAReportWithEveryVariant) {
   CompareArgs args;
-  args.config_path = WriteConfig("compare", "compare: {variants: [explicit, implicit_jfb]}\n"
-                                            "eval: {iterations_sweep: [1, 4], lengths: [5, 7]}\n");
+  args.config_path = WriteConfig("compare",
+                                 "compare: {variants: [explicit, implicit_jfb]}\n"
+                                 "eval: {iterations_sweep: [1, 4], lengths: [5, 7]}\n");
   args.overrides = {"train.steps=10"};
   std::ostringstream out, err;
   ASSERT_EQ(RunCompare(args, out, err), 0) << err.str();
@@ -251,8 +252,8 @@ TEST_F(TrainerTest, SteadyStateTrainingStepsTakeTensorMemoryOnlyFromThePool) {
   const std::string path = WriteConfig("pool");
   Config config = Config::FromFile(StillpointSchema(), path, {"model.kind=implicit"});
   Experiment e = BuildExperiment(config, path);
-  auto optimizer = Optimizer::Create(OptimizerOptionsFromConfig(config),
-                                     e.model->named_parameters());
+  auto optimizer =
+      Optimizer::Create(OptimizerOptionsFromConfig(config), e.model->named_parameters());
   Batcher batcher(*e.train, 16, 1, DType::kFloat32);
   auto step = [&] {
     const Batch batch = batcher.Next();
@@ -286,7 +287,8 @@ TEST_F(TrainerTest, PretrainingStepsAreTheTiedUnrollThenTheSolveTakesOver) {
   std::vector<std::string> tied = common;
   tied.insert(tied.end(), {"model.kind=tied", "log.dir=" + (dir_ / "run_tied").string()});
 
-  Experiment e_implicit = BuildExperiment(Config::FromFile(StillpointSchema(), path, implicit), path);
+  Experiment e_implicit =
+      BuildExperiment(Config::FromFile(StillpointSchema(), path, implicit), path);
   Experiment e_tied = BuildExperiment(Config::FromFile(StillpointSchema(), path, tied), path);
   const TrainSummary s_implicit = Train(e_implicit);
   const TrainSummary s_tied = Train(e_tied);
@@ -324,7 +326,7 @@ TEST(ProgressTest, BarLinesAndNone) {
   EXPECT_NE(bar.find("\r[" + std::string(24, '#') + "] step 4/4  loss 0.2500  acc 100.0%"),
             std::string::npos)
       << bar;
-  EXPECT_NE(bar.find("[" + std::string(6, '#') + std::string(18, '.') + "] step 1/4"),
+  EXPECT_NE(bar.find(std::string("[") + std::string(6, '#') + std::string(18, '.') + "] step 1/4"),
             std::string::npos)
       << bar;
   EXPECT_NE(bar.find("fwd iters 7.5  ETA 0:00"), std::string::npos) << bar;
