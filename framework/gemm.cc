@@ -97,35 +97,25 @@ void LimitBlasToOneThread() {
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the same
 // buffers with the operands swapped.
+template <typename T>
 void BlasGemm(char ta,
               char tb,
               int m,
               int n,
               int k,
-              float alpha,
-              const float* a,
+              T alpha,
+              const T* a,
               int lda,
-              const float* b,
+              const T* b,
               int ldb,
-              float* c,
+              T* c,
               int ldc) {
-  const float beta = 0.0f;
-  sgemm_(&tb, &ta, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
-}
-void BlasGemm(char ta,
-              char tb,
-              int m,
-              int n,
-              int k,
-              double alpha,
-              const double* a,
-              int lda,
-              const double* b,
-              int ldb,
-              double* c,
-              int ldc) {
-  const double beta = 0.0;
-  dgemm_(&tb, &ta, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  const T beta = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    sgemm_(&tb, &ta, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  } else {
+    dgemm_(&tb, &ta, &n, &m, &k, &alpha, b, &ldb, a, &lda, &beta, c, &ldc);
+  }
 }
 #endif
 

@@ -291,7 +291,7 @@ LayerNormGrads LayerNormBackwardKernel(const Tensor& x,
   T* dx = grads.dx.data<T>();
   const T inv_n = T(1) / static_cast<T>(n);
   ParallelFor(0, blocks, MinChunk(kRowsPerBlock * n), [&](int64_t block_begin, int64_t block_end) {
-    // xhat and dxhat of the current row, so the two row sums are
+    // xhat (and dxhat = g gain, with a gain) of the current row, so the two row sums are
     // vectorised reductions over plain arrays.
     std::vector<T> xhat(n), dxhat(n);
     for (int64_t b = block_begin; b < block_end; ++b) {
@@ -304,14 +304,15 @@ LayerNormGrads LayerNormBackwardKernel(const Tensor& x,
         const T rstd = st[2 * r + 1];
         // dxhat = g * gain; dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)).
         for (int64_t i = 0; i < n; ++i) xhat[i] = (row[i] - mean) * rstd;
+        // Without a gain, dxhat is the row of g itself.
+        const T* dxh = gr;
         if (gv) {
           for (int64_t i = 0; i < n; ++i) dxhat[i] = gr[i] * gv[i];
-        } else {
-          std::copy(gr, gr + n, dxhat.begin());
+          dxh = dxhat.data();
         }
-        const T mean_d = internal::VecSum(dxhat.data(), n) * inv_n;
-        const T mean_dx = internal::VecDot(dxhat.data(), xhat.data(), n) * inv_n;
-        for (int64_t i = 0; i < n; ++i) dr[i] = rstd * (dxhat[i] - mean_d - xhat[i] * mean_dx);
+        const T mean_d = internal::VecSum(dxh, n) * inv_n;
+        const T mean_dx = internal::VecDot(dxh, xhat.data(), n) * inv_n;
+        for (int64_t i = 0; i < n; ++i) dr[i] = rstd * (dxh[i] - mean_d - xhat[i] * mean_dx);
         if (want_gain) {
           T* gp = gain_partial.data() + b * n;
           for (int64_t i = 0; i < n; ++i) gp[i] += gr[i] * xhat[i];

@@ -298,21 +298,34 @@ inline double VecExpShifted(const double* x, double shift, double* out, int64_t 
   return s;
 }
 
-// sum_i x[i]. float: four packet accumulators (a fixed order for a given
-// n); double: in index order.
-inline float VecSum(const float* x, int64_t n) {
+// sum_i term_i for i in [0, n), float, in an order fixed by n alone (so
+// results do not depend on threads): four packet accumulators over blocks
+// of four packets, the first one over the remaining whole packets, their
+// lanes added, then the tail in index order. accumulate(acc, i) returns acc
+// plus the terms of elements [i, i + kVecBlock); term(i) is element i's.
+template <typename Accumulate, typename Term>
+float SumInPacketLanes(int64_t n, Accumulate accumulate, Term term) {
   namespace ei = Eigen::internal;
   FloatPacket acc[4] = {PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f)};
   int64_t i = 0;
   for (; i + 4 * kVecBlock <= n; i += 4 * kVecBlock) {
-    for (int j = 0; j < 4; ++j)
-      acc[j] = ei::padd(acc[j], ei::ploadu<FloatPacket>(x + i + j * kVecBlock));
+    for (int j = 0; j < 4; ++j) acc[j] = accumulate(acc[j], i + j * kVecBlock);
   }
-  for (; i + kVecBlock <= n; i += kVecBlock)
-    acc[0] = ei::padd(acc[0], ei::ploadu<FloatPacket>(x + i));
+  for (; i + kVecBlock <= n; i += kVecBlock) acc[0] = accumulate(acc[0], i);
   float s = ei::predux(ei::padd(ei::padd(acc[0], acc[1]), ei::padd(acc[2], acc[3])));
-  for (; i < n; ++i) s += x[i];
+  for (; i < n; ++i) s += term(i);
   return s;
+}
+
+// sum_i x[i]; double: in index order.
+inline float VecSum(const float* x, int64_t n) {
+  namespace ei = Eigen::internal;
+  return SumInPacketLanes(
+      n,
+      [x](const FloatPacket& acc, int64_t i) {
+        return ei::padd(acc, ei::ploadu<FloatPacket>(x + i));
+      },
+      [x](int64_t i) { return x[i]; });
 }
 inline double VecSum(const double* x, int64_t n) {
   double s = 0.0;
@@ -324,21 +337,13 @@ inline double VecSum(const double* x, int64_t n) {
 inline float VecSumSquaredDeviation(const float* x, float mean, int64_t n) {
   namespace ei = Eigen::internal;
   const FloatPacket mp = PacketSet(mean);
-  FloatPacket acc[4] = {PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f)};
-  int64_t i = 0;
-  for (; i + 4 * kVecBlock <= n; i += 4 * kVecBlock) {
-    for (int j = 0; j < 4; ++j) {
-      const FloatPacket d = ei::psub(ei::ploadu<FloatPacket>(x + i + j * kVecBlock), mp);
-      acc[j] = ei::pmadd(d, d, acc[j]);
-    }
-  }
-  for (; i + kVecBlock <= n; i += kVecBlock) {
-    const FloatPacket d = ei::psub(ei::ploadu<FloatPacket>(x + i), mp);
-    acc[0] = ei::pmadd(d, d, acc[0]);
-  }
-  float s = ei::predux(ei::padd(ei::padd(acc[0], acc[1]), ei::padd(acc[2], acc[3])));
-  for (; i < n; ++i) s += (x[i] - mean) * (x[i] - mean);
-  return s;
+  return SumInPacketLanes(
+      n,
+      [x, mp](const FloatPacket& acc, int64_t i) {
+        const FloatPacket d = ei::psub(ei::ploadu<FloatPacket>(x + i), mp);
+        return ei::pmadd(d, d, acc);
+      },
+      [x, mean](int64_t i) { return (x[i] - mean) * (x[i] - mean); });
 }
 inline double VecSumSquaredDeviation(const double* x, double mean, int64_t n) {
   double s = 0.0;
@@ -346,24 +351,15 @@ inline double VecSumSquaredDeviation(const double* x, double mean, int64_t n) {
   return s;
 }
 
-// sum_i x[i] y[i]. float: four packet accumulators (the summation order
-// is fixed by n alone, so results do not depend on threads).
+// sum_i x[i] y[i], in the same orders as VecSum.
 inline float VecDot(const float* x, const float* y, int64_t n) {
   namespace ei = Eigen::internal;
-  FloatPacket acc[4] = {PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f), PacketSet(0.0f)};
-  int64_t i = 0;
-  for (; i + 4 * kVecBlock <= n; i += 4 * kVecBlock) {
-    for (int j = 0; j < 4; ++j) {
-      acc[j] = ei::pmadd(ei::ploadu<FloatPacket>(x + i + j * kVecBlock),
-                         ei::ploadu<FloatPacket>(y + i + j * kVecBlock), acc[j]);
-    }
-  }
-  for (; i + kVecBlock <= n; i += kVecBlock) {
-    acc[0] = ei::pmadd(ei::ploadu<FloatPacket>(x + i), ei::ploadu<FloatPacket>(y + i), acc[0]);
-  }
-  float s = ei::predux(ei::padd(ei::padd(acc[0], acc[1]), ei::padd(acc[2], acc[3])));
-  for (; i < n; ++i) s += x[i] * y[i];
-  return s;
+  return SumInPacketLanes(
+      n,
+      [x, y](const FloatPacket& acc, int64_t i) {
+        return ei::pmadd(ei::ploadu<FloatPacket>(x + i), ei::ploadu<FloatPacket>(y + i), acc);
+      },
+      [x, y](int64_t i) { return x[i] * y[i]; });
 }
 inline double VecDot(const double* x, const double* y, int64_t n) {
   double s = 0.0;

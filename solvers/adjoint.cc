@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "framework/check.h"
+#include "framework/elementwise_kernels.h"
 #include "framework/parallel.h"
 #include "solvers/enum_names.h"
 #include "solvers/fixed_point_solver.h"
@@ -59,11 +60,8 @@ bool IsWholeBatch(const std::vector<int64_t>& ids, int64_t batch) {
 void AddInPlace(const Tensor& addend, Tensor* out) {
   DispatchDType(out->dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const T* a = addend.data<T>();
     T* o = out->data<T>();
-    ParallelFor(0, out->numel(), 1 << 14, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) o[i] += a[i];
-    });
+    internal::BinaryLoop(o, addend.data<T>(), o, out->numel(), [](T x, T y) { return x + y; });
   });
 }
 

@@ -166,13 +166,7 @@ EnergySolveOptions FixedPoint() {
   return solve;
 }
 
-GradCheckOptions SolveTolerances() {
-  GradCheckOptions options;
-  options.step = 1e-5;
-  options.relative_tolerance = 1e-5;
-  options.absolute_tolerance = 1e-7;
-  return options;
-}
+GradCheckOptions SolveTolerances() { return testing_energy::SolveGradCheckOptions(1e-7); }
 
 // Each layer's forward in fixed-point mode: the implicit gradient w.r.t. its
 // inputs matches finite differences of the converged solve.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "framework/autograd.h"
+#include "framework/gradcheck.h"
 #include "framework/module.h"
 #include "framework/ops.h"
 #include "framework/random.h"
@@ -35,6 +36,16 @@ inline ImplicitOptions TightImplicitOptions(
   options.backward.solver = adjoint;
   options.backward.max_iterations = 200;
   options.backward.tolerance = 1e-12;
+  return options;
+}
+
+// Gradient-check settings for functions that contain a converged solve:
+// step 1e-5 and relative tolerance 1e-5, absolute tolerance as given.
+inline GradCheckOptions SolveGradCheckOptions(double absolute_tolerance) {
+  GradCheckOptions options;
+  options.step = 1e-5;
+  options.relative_tolerance = 1e-5;
+  options.absolute_tolerance = absolute_tolerance;
   return options;
 }
 

@@ -27,13 +27,7 @@ ImplicitOptions TightOptions(ForwardSolverType forward = ForwardSolverType::kAnd
   return testing_energy::TightImplicitOptions(forward);
 }
 
-GradCheckOptions SolveTolerances() {
-  GradCheckOptions options;
-  options.step = 1e-5;
-  options.relative_tolerance = 1e-5;
-  options.absolute_tolerance = 1e-8;
-  return options;
-}
+GradCheckOptions SolveTolerances() { return testing_energy::SolveGradCheckOptions(1e-8); }
 
 // A layer written as an energy only: per sample z [d] with keys K [S, d],
 //   E(z) = a/2 |z|^2 - lse(K z) - b.z,
