@@ -1,7 +1,6 @@
 #include "framework/serialize.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -13,6 +12,7 @@
 #include <vector>
 
 #include "framework/random.h"
+#include "tests/scratch_path.h"
 
 namespace stillpoint {
 namespace {
@@ -40,10 +40,7 @@ std::string ErrorMessage(Fn&& statement) {
 class SerializeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("stillpoint_serialize_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
+    dir_ = testing_support::ScratchPathForThisTest("serialize");
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }

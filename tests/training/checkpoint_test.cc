@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "framework/serialize.h"
+#include "tests/scratch_path.h"
 
 namespace stillpoint {
 namespace {
@@ -26,11 +27,7 @@ CheckpointState SampleState() {
 class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("stillpoint_ckpt_" + std::string(::testing::UnitTest::GetInstance()
-                                                   ->current_test_info()
-                                                   ->name()));
-    std::filesystem::remove_all(dir_);
+    dir_ = testing_support::ScratchPathForThisTest("ckpt");
     std::filesystem::create_directories(dir_);
     path_ = (dir_ / "last.ckpt").string();
   }

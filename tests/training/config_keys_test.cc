@@ -32,6 +32,7 @@
 #include "framework/parallel.h"
 #include "framework/serialize.h"
 #include "layers/registry.h"
+#include "tests/scratch_path.h"
 #include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
@@ -57,10 +58,7 @@ struct KeyProbe {
 class ConfigKeysTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("stillpoint_config_keys_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
+    dir_ = testing_support::ScratchPathForThisTest("config_keys");
     fs::create_directories(dir_);
     // Two token CSVs (2 ids then 2 per-token classes, all in 0..3), so the
     // csv keys can point at different files, and the same columns also read
@@ -100,7 +98,9 @@ class ConfigKeysTest : public ::testing::Test {
            "train:\n  steps: 4\n  batch_size: 8\n  eval_every: 2\n  log_every: 1\n"
            "  checkpoint_every: 2\n  optimizer: {lr: 0.01}\n  schedule: {warmup_steps: 1}\n"
            "eval: {batch_size: 16}\n"
-           "log: {dir: " + Path("run") + ", progress: lines}\n"
+           "log: {dir: " +
+           Path("run") +
+           ", progress: lines}\n"
            "compare: {variants: [explicit, implicit_jfb]}\n";
   }
 
@@ -175,8 +175,10 @@ class ConfigKeysTest : public ::testing::Test {
 // The keys that need a setting to act in, or a specific value.
 std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
   auto path = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
-  const std::vector<std::string> csv = {"task.kind=csv",           "task.length=2",
-                                        "task.vocab_size=4",       "task.num_classes=4",
+  const std::vector<std::string> csv = {"task.kind=csv",
+                                        "task.length=2",
+                                        "task.vocab_size=4",
+                                        "task.num_classes=4",
                                         "task.path=" + path("train_a.csv"),
                                         "task.test_path=" + path("test.csv")};
   const std::vector<std::string> digits = {"task.kind=digits", "model.max_length=16"};
@@ -225,8 +227,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {fw + "broyden_memory", {{fw + "type=broyden"}, "2"}},
       {fw + "broyden_variant", {{fw + "type=broyden"}, "bad"}},
       {fw + "broyden_line_search",
-       {{fw + "type=broyden", fw + "relative_tolerance=1e-12", fw + "max_iterations=40"},
-        "true"}},
+       {{fw + "type=broyden", fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}, "true"}},
       {fw + "gmres_restart", {{fw + "type=newton_krylov"}, "2"}},
       {fw + "newton_forcing", {{fw + "type=newton_krylov"}, "0.9"}},
       {fw + "fallback_chain", {unconverged, "[picard]"}},
@@ -262,8 +263,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"train.schedule.type", {{}, "constant"}},
       {"train.schedule.step_size",
        {{"train.schedule.type=step", "train.schedule.warmup_steps=0"}, "2"}},
-      {"train.schedule.gamma",
-       {{"train.schedule.type=step", "train.schedule.step_size=2"}, "0.5"}},
+      {"train.schedule.gamma", {{"train.schedule.type=step", "train.schedule.step_size=2"}, "0.5"}},
       {"train.schedule.min_ratio", {{}, "0.5"}},
       {"train.clip_norm", {{}, "0.001"}},
       {"train.pretrain_steps", {{}, "2"}},
@@ -325,10 +325,10 @@ std::string AutomaticAlternative(const ConfigKey& key, const Config& config) {
 class TanhCell : public Cell {
  public:
   TanhCell(const CellOptions& options, Rng& rng) {
-    weight_ = RegisterParameter(
-        "weight", RandomNormal(Shape{options.dim, options.dim}, 0.0,
-                               0.3 / std::sqrt(static_cast<double>(options.dim)), options.dtype,
-                               rng));
+    weight_ =
+        RegisterParameter("weight", RandomNormal(Shape{options.dim, options.dim}, 0.0,
+                                                 0.3 / std::sqrt(static_cast<double>(options.dim)),
+                                                 options.dtype, rng));
   }
   std::string Name() const override { return "TanhCell"; }
   Var Forward(const Var& z, const Var& u, const std::vector<int64_t>&) const override {
@@ -368,8 +368,7 @@ TEST_F(ConfigKeysTest, EveryKeyChangesBehaviour) {
     KeyProbe probe;
     if (auto it = table.find(key.path); it != table.end()) probe = it->second;
     const Config base = Config::FromFile(StillpointSchema(), config_path_, probe.context);
-    const std::string value =
-        probe.value.empty() ? AutomaticAlternative(key, base) : probe.value;
+    const std::string value = probe.value.empty() ? AutomaticAlternative(key, base) : probe.value;
     ASSERT_FALSE(value.empty()) << key.path << " needs an entry in ProbeTable";
     std::vector<std::string> changed = probe.context;
     changed.push_back(key.path + "=" + value);

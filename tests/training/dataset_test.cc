@@ -8,6 +8,8 @@
 #include <functional>
 #include <set>
 
+#include "tests/scratch_path.h"
+
 namespace stillpoint {
 namespace {
 
@@ -119,7 +121,7 @@ TEST(BatcherTest, CoversEveryExampleOncePerEpochAndRestoresItsPosition) {
 class FileTest : public ::testing::Test {
  protected:
   std::string Write(const std::string& name, const std::string& text) {
-    dir_ = std::filesystem::temp_directory_path() / ("stillpoint_dataset_test_" + name);
+    dir_ = testing_support::ScratchPathForThisTest("dataset_" + name);
     std::filesystem::create_directories(dir_);
     const std::string path = (dir_ / "data.csv").string();
     std::ofstream(path) << text;

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "framework/check.h"
+#include "tests/scratch_path.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {
@@ -18,11 +19,7 @@ class MetricsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // One directory per test: ctest runs test cases in parallel processes.
-    dir_ = (std::filesystem::temp_directory_path() /
-            ("stillpoint_metrics_" +
-             std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
-               .string();
-    std::filesystem::remove_all(dir_);
+    dir_ = testing_support::ScratchPathForThisTest("metrics").string();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string dir_;
@@ -32,8 +29,8 @@ TEST_F(MetricsTest, CsvAndJsonLinesHoldTheSameRows) {
   {
     MetricsWriter writer(dir_, {"step", "loss", "test_accuracy"});
     writer.Write({{"step", 1}, {"loss", 2.5}});
-    writer.Write({{"step", 2}, {"loss", std::numeric_limits<double>::quiet_NaN()},
-                  {"test_accuracy", 0.75}});
+    writer.Write(
+        {{"step", 2}, {"loss", std::numeric_limits<double>::quiet_NaN()}, {"test_accuracy", 0.75}});
   }
   auto columns = ReadMetricsCsv(dir_ + "/metrics.csv");
   ASSERT_EQ(columns["step"].size(), 2u);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "framework/random.h"
+#include "tests/scratch_path.h"
 #include "training/cli_commands.h"
 
 namespace stillpoint {
@@ -71,10 +72,7 @@ class RetrieveCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // One directory per test: ctest runs test cases in parallel processes.
-    dir_ = fs::temp_directory_path() /
-           ("stillpoint_retrieve_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
+    dir_ = testing_support::ScratchPathForThisTest("retrieve");
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }

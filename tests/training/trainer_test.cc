@@ -12,6 +12,7 @@
 
 #include "framework/buffer_pool.h"
 #include "framework/ops.h"
+#include "tests/scratch_path.h"
 #include "training/checkpoint.h"
 #include "training/cli_commands.h"
 #include "training/config_schema.h"
@@ -27,10 +28,7 @@ namespace fs = std::filesystem;
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("stillpoint_trainer_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
+    dir_ = testing_support::ScratchPathForThisTest("trainer");
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
