@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace stillpoint::internal {
 
@@ -51,6 +52,41 @@ void SmallGemmFloat(bool trans_a,
                     int64_t ldb,
                     float* c,
                     int64_t ldc);
+
+// op(B) of a float32 product packed once for many products with it: the
+// row blocks of a longer op(A) processed apart (a fused attention's query
+// blocks). Multiply gives bitwise the result SmallGemmFloat gives for the
+// same rows.
+class PackedFloatB {
+ public:
+  PackedFloatB() = default;
+  // panels_ points into storage_, which a move keeps and a copy would not.
+  PackedFloatB(const PackedFloatB&) = delete;
+  PackedFloatB& operator=(const PackedFloatB&) = delete;
+  PackedFloatB(PackedFloatB&&) = default;
+  PackedFloatB& operator=(PackedFloatB&&) = default;
+
+  // Packs op(B) [k, n]: B is [k, n] with row stride ldb ([n, k] if
+  // trans_b). The storage is kept and reused by later calls.
+  void Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb);
+  // C[m, n] = alpha op(A) op(B); A is [m, k] with row stride lda ([k, m] if
+  // trans_a), C [m, n] with row stride ldc, overwritten.
+  void Multiply(bool trans_a,
+                int64_t m,
+                float alpha,
+                const float* a,
+                int64_t lda,
+                float* c,
+                int64_t ldc) const;
+
+ private:
+  float* Panels(std::size_t floats);
+
+  int64_t k_ = 0;
+  int64_t n_ = 0;
+  std::vector<float> storage_;
+  float* panels_ = nullptr;  // storage_ aligned to 64 bytes
+};
 
 // "openblas" or "eigen": which kernel Gemm uses (printed by benchmarks).
 const char* GemmBackendName();

@@ -18,6 +18,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "framework/gemm.h"
@@ -167,6 +168,40 @@ float* PanelBuffer(int64_t floats) {
   return buffer.data();
 }
 
+int64_t PanelCount(int64_t n) { return (n + kPanel - 1) / kPanel; }
+
+// C[m, n] = (or +=, with accumulate) alpha op(A) x packed for one depth
+// block: kc rows of every panel of op(B), panel p at packed + p kc kPanel.
+// op(A)[i, kk] is a[i * a_row + kk * a_depth].
+void MultiplyDepthBlock(int64_t m,
+                        int64_t n,
+                        int64_t kc,
+                        const float* a,
+                        int64_t a_row,
+                        int64_t a_depth,
+                        const float* packed,
+                        float alpha,
+                        bool accumulate,
+                        float* c,
+                        int64_t ldc) {
+  const int64_t panels = PanelCount(n);
+  // Panels in groups that fit in L1 together, so each group is read from L1
+  // by every row tile while those rows of A are hot too.
+  const int64_t group = std::max<int64_t>(1, kGroupFloats / (kc * kPanel));
+  for (int64_t p0 = 0; p0 < panels; p0 += group) {
+    const int64_t p1 = std::min(panels, p0 + group);
+    for (int64_t i = 0; i < m; i += kRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
+      const TileFn tile = kTiles[rows];
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t col = p * kPanel;
+        tile(kc, a + i * a_row, a_row, a_depth, packed + p * kc * kPanel, alpha, accumulate,
+             c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void SmallGemmFloat(bool trans_a,
@@ -189,31 +224,65 @@ void SmallGemmFloat(bool trans_a,
   // op(A)[i, kk] = a[i * a_row + kk * a_depth].
   const int64_t a_row = trans_a ? 1 : lda;
   const int64_t a_depth = trans_a ? lda : 1;
-  const int64_t panels = (n + kPanel - 1) / kPanel;
-  const int64_t kc_max = std::min(k, kDepthBlock);
-  float* packed = PanelBuffer(panels * kc_max * kPanel);
+  const int64_t panels = PanelCount(n);
+  float* packed = PanelBuffer(panels * std::min(k, kDepthBlock) * kPanel);
+  // One depth block packed at a time, so it is still in L1 when the tiles
+  // read it.
   for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
     const int64_t kc = std::min(kDepthBlock, k - k0);
     for (int64_t p = 0; p < panels; ++p) {
       PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, packed + p * kc * kPanel);
     }
-    const bool accumulate = k0 > 0;
-    const float* a_block = a + k0 * a_depth;
-    // Panels in groups that fit in L1 together, so each group is read from
-    // L1 by every row tile while those rows of A are hot too.
-    const int64_t group = std::max<int64_t>(1, kGroupFloats / (kc * kPanel));
-    for (int64_t p0 = 0; p0 < panels; p0 += group) {
-      const int64_t p1 = std::min(panels, p0 + group);
-      for (int64_t i = 0; i < m; i += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
-        const TileFn tile = kTiles[rows];
-        for (int64_t p = p0; p < p1; ++p) {
-          const int64_t col = p * kPanel;
-          tile(kc, a_block + i * a_row, a_row, a_depth, packed + p * kc * kPanel, alpha, accumulate,
-               c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col));
-        }
-      }
+    MultiplyDepthBlock(m, n, kc, a + k0 * a_depth, a_row, a_depth, packed, alpha, k0 > 0, c, ldc);
+  }
+}
+
+float* PackedFloatB::Panels(std::size_t floats) {
+  constexpr std::size_t kAlignFloats = 64 / sizeof(float);
+  if (storage_.size() < floats + kAlignFloats) {
+    storage_.resize(floats + kAlignFloats);
+    void* start = storage_.data();
+    std::size_t space = storage_.size() * sizeof(float);
+    panels_ = static_cast<float*>(std::align(64, floats * sizeof(float), start, space));
+  }
+  return panels_;
+}
+
+void PackedFloatB::Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb) {
+  k_ = k;
+  n_ = n;
+  const int64_t panels = PanelCount(n);
+  float* storage = Panels(static_cast<std::size_t>(panels * k * kPanel));
+  // Depth blocks one after another, each laid out as SmallGemmFloat packs
+  // it, so both run the same multiply-adds in the same order.
+  for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
+    const int64_t kc = std::min(kDepthBlock, k - k0);
+    float* block = storage + k0 * panels * kPanel;
+    for (int64_t p = 0; p < panels; ++p) {
+      PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, block + p * kc * kPanel);
     }
+  }
+}
+
+void PackedFloatB::Multiply(bool trans_a,
+                            int64_t m,
+                            float alpha,
+                            const float* a,
+                            int64_t lda,
+                            float* c,
+                            int64_t ldc) const {
+  if (m == 0 || n_ == 0) return;
+  if (k_ == 0) {
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n_, 0.0f);
+    return;
+  }
+  const int64_t a_row = trans_a ? 1 : lda;
+  const int64_t a_depth = trans_a ? lda : 1;
+  const int64_t panels = PanelCount(n_);
+  for (int64_t k0 = 0; k0 < k_; k0 += kDepthBlock) {
+    const int64_t kc = std::min(kDepthBlock, k_ - k0);
+    MultiplyDepthBlock(m, n_, kc, a + k0 * a_depth, a_row, a_depth, panels_ + k0 * panels * kPanel,
+                       alpha, k0 > 0, c, ldc);
   }
 }
 

@@ -152,6 +152,12 @@ Var masked_fill(const Var& x, const Tensor& mask, double value);
 // second call through the node for all later ones).
 Var multi_head_attention(
     const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal = false);
+// Self-attention on one packed projection: qkv [B, T, 3 D] holds q, k and v
+// side by side (columns [0, D), [D, 2 D), [2 D, 3 D)) -> [B, T, D]; the same
+// values as multi_head_attention on the three column ranges, with one input
+// (and so one gradient, [B, T, 3 D]) instead of three. One [D, 3 D]
+// projection product replaces three [D, D] ones.
+Var multi_head_self_attention(const Var& qkv, int64_t heads, double scale, bool causal = false);
 // The same computation with unfused differentiable ops (permutes, matmul,
 // masked_fill, softmax): the reference for tests, and what the fused VJP
 // differentiates under create_graph.

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "framework/gemm.h"
@@ -39,6 +40,11 @@ struct AttentionGeometry {
   int64_t heads = 0;
   int64_t dh = 0;
   int64_t dim = 0;  // heads * dh
+  // Row strides: of q (and dq), of k and v (and dk, dv); out and its
+  // gradient are [B, Tq, dim]. Separate tensors have dim; one packed
+  // [B, T, 3 dim] projection has 3 dim.
+  int64_t q_stride = 0;
+  int64_t kv_stride = 0;
   double scale = 1.0;
   bool causal = false;
 
@@ -48,6 +54,29 @@ struct AttentionGeometry {
     return std::clamp<int64_t>(i + (tk - tq) + 1, 0, tk);
   }
 };
+
+// Extents checked by the caller; stride is the row stride of q, k and v.
+AttentionGeometry MakeGeometry(int64_t batch,
+                               int64_t tq,
+                               int64_t tk,
+                               int64_t heads,
+                               int64_t dim,
+                               int64_t stride,
+                               double scale,
+                               bool causal) {
+  AttentionGeometry geo;
+  geo.batch = batch;
+  geo.tq = tq;
+  geo.tk = tk;
+  geo.heads = heads;
+  geo.dim = dim;
+  geo.dh = dim / heads;
+  geo.q_stride = stride;
+  geo.kv_stride = stride;
+  geo.scale = scale;
+  geo.causal = causal;
+  return geo;
+}
 
 AttentionGeometry ResolveAttention(
     const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal) {
@@ -64,16 +93,7 @@ AttentionGeometry ResolveAttention(
            q.shape(), " is not a positive multiple of heads ", heads);
   SP_CHECK(scale > 0.0 && std::isfinite(scale), "multi_head_attention: scale must be > 0, got ",
            scale);
-  AttentionGeometry geo;
-  geo.batch = q.dim(0);
-  geo.tq = q.dim(1);
-  geo.tk = k.dim(1);
-  geo.heads = heads;
-  geo.dim = q.dim(2);
-  geo.dh = geo.dim / heads;
-  geo.scale = scale;
-  geo.causal = causal;
-  return geo;
+  return MakeGeometry(q.dim(0), q.dim(1), k.dim(1), heads, q.dim(2), q.dim(2), scale, causal);
 }
 
 // Per-thread scratch of at least n entries (a [Tq, Tk] block).
@@ -84,16 +104,43 @@ T* Scratch(int64_t n) {
   return buffer.data();
 }
 
-// Offsets of head h of batch entry b in q/out ([B, Tq, D]) and k/v
-// ([B, Tk, D]) for unit = b heads + h.
+// Offsets of head h of batch entry b in q (and dq), in k and v (and dk,
+// dv) and in out (and its gradient) for unit = b heads + h.
 struct UnitOffsets {
   int64_t q = 0;
   int64_t k = 0;
+  int64_t out = 0;
 };
 UnitOffsets OffsetsOf(const AttentionGeometry& geo, int64_t unit) {
   const int64_t b = unit / geo.heads;
-  const int64_t h = unit % geo.heads;
-  return {b * geo.tq * geo.dim + h * geo.dh, b * geo.tk * geo.dim + h * geo.dh};
+  const int64_t col = (unit % geo.heads) * geo.dh;
+  return {b * geo.tq * geo.q_stride + col, b * geo.tk * geo.kv_stride + col,
+          b * geo.tq * geo.dim + col};
+}
+
+// Rows [i0, i0 + rows) of a unit's scores, s (rows x Tk, row stride Tk),
+// become p = exp(s - row max), masked; row_scale[r] = 1 / (row r's sum).
+// With normalize the rows are divided by their sums (the probabilities).
+template <typename T>
+void ExponentiateRows(
+    const AttentionGeometry& geo, int64_t i0, int64_t rows, bool normalize, T* s, T* row_scale) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = s + r * geo.tk;
+    const int64_t visible = geo.VisibleKeys(i0 + r);
+    if (visible == 0) {
+      // Every key hidden: softmax of all -inf, as the unfused ops give.
+      std::fill_n(row, geo.tk, std::numeric_limits<T>::quiet_NaN());
+      row_scale[r] = std::numeric_limits<T>::quiet_NaN();
+      continue;
+    }
+    const T m = internal::VecMax(row, visible);
+    const T sum = internal::VecExpShifted(row, m, row, visible);
+    row_scale[r] = T(1) / sum;
+    std::fill(row + visible, row + geo.tk, T(0));
+    if (normalize) {
+      for (int64_t j = 0; j < visible; ++j) row[j] *= row_scale[r];
+    }
+  }
 }
 
 // One unit's [Tq, Tk] block p = exp(scale q_h k_h^T - row max), masked;
@@ -109,22 +156,41 @@ void UnitExponentials(const AttentionGeometry& geo,
                       T* row_scale) {
   const UnitOffsets at = OffsetsOf(geo, unit);
   internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, static_cast<T>(geo.scale), q + at.q,
-                    geo.dim, k + at.k, geo.dim, p, geo.tk);
-  for (int64_t i = 0; i < geo.tq; ++i) {
-    T* row = p + i * geo.tk;
-    const int64_t visible = geo.VisibleKeys(i);
-    if (visible == 0) {
-      // Every key hidden: softmax of all -inf, as the unfused ops give.
-      std::fill_n(row, geo.tk, std::numeric_limits<T>::quiet_NaN());
-      row_scale[i] = std::numeric_limits<T>::quiet_NaN();
-      continue;
-    }
-    const T m = internal::VecMax(row, visible);
-    const T sum = internal::VecExpShifted(row, m, row, visible);
-    row_scale[i] = T(1) / sum;
-    std::fill(row + visible, row + geo.tk, T(0));
-    if (normalize) {
-      for (int64_t j = 0; j < visible; ++j) row[j] *= row_scale[i];
+                    geo.q_stride, k + at.k, geo.kv_stride, p, geo.tk);
+  ExponentiateRows(geo, 0, geo.tq, normalize, p, row_scale);
+}
+
+// Queries per block of the float32 output-only forward: the block's
+// [rows, Tk] scores stay in L1 from Q K^T through the softmax to P V.
+constexpr int64_t kQueryBlock = 24;
+
+// out_h = softmax(scale q_h k_h^T) v_h for one unit, float32, without a
+// [Tq, Tk] block: K_h^T and V_h are packed once, then each block of queries
+// goes from scores to output while its scores are in L1. Every product runs
+// the multiply-adds SmallGemmFloat would, in the same order.
+void UnitOutputByQueryBlocks(const AttentionGeometry& geo,
+                             const float* q,
+                             const float* k,
+                             const float* v,
+                             int64_t unit,
+                             float* out) {
+  thread_local internal::PackedFloatB keys_t;
+  thread_local internal::PackedFloatB values;
+  const UnitOffsets at = OffsetsOf(geo, unit);
+  keys_t.Pack(true, geo.dh, geo.tk, k + at.k, geo.kv_stride);
+  values.Pack(false, geo.tk, geo.dh, v + at.k, geo.kv_stride);
+  float* scores = Scratch<float>(kQueryBlock * geo.tk);
+  float row_scale[kQueryBlock];
+  for (int64_t i0 = 0; i0 < geo.tq; i0 += kQueryBlock) {
+    const int64_t rows = std::min(kQueryBlock, geo.tq - i0);
+    keys_t.Multiply(false, rows, static_cast<float>(geo.scale), q + at.q + i0 * geo.q_stride,
+                    geo.q_stride, scores, geo.tk);
+    ExponentiateRows(geo, i0, rows, false, scores, row_scale);
+    float* o = out + at.out + i0 * geo.dim;
+    values.Multiply(false, rows, 1.0f, scores, geo.tk, o, geo.dim);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* o_row = o + r * geo.dim;
+      for (int64_t j = 0; j < geo.dh; ++j) o_row[j] *= row_scale[r];
     }
   }
 }
@@ -139,6 +205,12 @@ void AttentionForwardKernel(
   const int64_t block = geo.tq * geo.tk;
   ParallelFor(0, units, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (probs == nullptr && out != nullptr) {
+          UnitOutputByQueryBlocks(geo, q, k, v, unit, out);
+          continue;
+        }
+      }
       const UnitOffsets at = OffsetsOf(geo, unit);
       T* scratch = Scratch<T>(block + geo.tq);
       T* p = probs ? probs + unit * block : scratch;
@@ -149,9 +221,9 @@ void AttentionForwardKernel(
       UnitExponentials(geo, q, k, unit, probs != nullptr, p, row_scale);
       if (out == nullptr) continue;
       // O_h = P V_h, written into the head's columns of out.
-      T* o = out + at.q;
-      internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k, geo.dim, o,
-                        geo.dim);
+      T* o = out + at.out;
+      internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k,
+                        geo.kv_stride, o, geo.dim);
       if (probs) continue;
       for (int64_t i = 0; i < geo.tq; ++i) {
         T* o_row = o + i * geo.dim;
@@ -188,19 +260,19 @@ void AttentionBackwardKernel(const AttentionGeometry& geo,
         UnitExponentials(geo, q, k, unit, true, scratch + block, scratch + 2 * block);
         p = scratch + block;
       }
-      const T* gh = g + at.q;
+      const T* gh = g + at.out;
       if (dv) {
         // dV_h = P^T dO_h.
         internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, T(1), p, geo.tk, gh, geo.dim,
-                          dv + at.k, geo.dim);
+                          dv + at.k, geo.kv_stride);
       }
       if (!dq && !dk) continue;
       // dS = P o (dP - D) with dP = dO_h V_h^T, in place. The row sums
       // D_i = sum_j dP_ij P_ij equal dO_i . O_i (as O_i = sum_j P_ij V_j): a
       // dot of length dh instead of a pass over the [Tq, Tk] block.
-      internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + at.k, geo.dim,
-                        ds, geo.tk);
-      const T* oh = out + at.q;
+      internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + at.k,
+                        geo.kv_stride, ds, geo.tk);
+      const T* oh = out + at.out;
       for (int64_t i = 0; i < geo.tq; ++i) {
         T* row = ds + i * geo.tk;
         const T* prow = p + i * geo.tk;
@@ -210,12 +282,12 @@ void AttentionBackwardKernel(const AttentionGeometry& geo,
       if (dq) {
         // dQ_h = scale dS K_h.
         internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, scale, ds, geo.tk, k + at.k,
-                          geo.dim, dq + at.q, geo.dim);
+                          geo.kv_stride, dq + at.q, geo.q_stride);
       }
       if (dk) {
         // dK_h = scale dS^T Q_h.
-        internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, scale, ds, geo.tk, q + at.q, geo.dim,
-                          dk + at.k, geo.dim);
+        internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, scale, ds, geo.tk, q + at.q,
+                          geo.q_stride, dk + at.k, geo.kv_stride);
       }
     }
   });
@@ -243,9 +315,45 @@ Var multi_head_attention_reference(
   return reshape(permute(heads_out, {0, 2, 1, 3}), Shape{geo.batch, geo.tq, geo.dim});
 }
 
-Var multi_head_attention(
-    const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal) {
-  const AttentionGeometry geo = ResolveAttention(q, k, v, heads, scale, causal);
+namespace {
+
+// q, k and v of a value list: {q, k, v}, or {qkv} with the three side by
+// side in each row.
+template <typename T>
+struct Operands {
+  const T* q;
+  const T* k;
+  const T* v;
+};
+template <typename T>
+Operands<T> OperandsOf(const AttentionGeometry& geo, const std::vector<const Tensor*>& values) {
+  if (values.size() == 1) {
+    const T* qkv = values[0]->data<T>();
+    return {qkv, qkv + geo.dim, qkv + 2 * geo.dim};
+  }
+  return {values[0]->data<T>(), values[1]->data<T>(), values[2]->data<T>()};
+}
+
+std::vector<const Tensor*> ValuesOf(const VarList& inputs) {
+  std::vector<const Tensor*> values;
+  for (const Var& input : inputs) values.push_back(&input.value());
+  return values;
+}
+
+// The unfused form of either op, for create_graph.
+Var ReferenceAttention(const AttentionGeometry& geo, const VarList& in) {
+  if (in.size() == 1) {
+    const Var& qkv = in[0];
+    return multi_head_attention_reference(
+        slice(qkv, 2, 0, geo.dim), slice(qkv, 2, geo.dim, 2 * geo.dim),
+        slice(qkv, 2, 2 * geo.dim, 3 * geo.dim), geo.heads, geo.scale, geo.causal);
+  }
+  return multi_head_attention_reference(in[0], in[1], in[2], geo.heads, geo.scale, geo.causal);
+}
+
+// Runs the fused forward on inputs {q, k, v} or {qkv} and records it with
+// its fused VJP.
+Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
   // The probabilities [B, heads, Tq, Tk] are the largest activation of a
   // transformer once Tk exceeds a few head widths. When they are no larger
   // than q, k and v together (short sequences) a recorded forward pass
@@ -259,60 +367,105 @@ Var multi_head_attention(
     Tensor probs;
     int backward_calls = 0;
   };
-  const bool recording =
-      GradModeEnabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  bool any_requires_grad = false;
+  int64_t inputs_numel = 0;
+  for (const Var& input : inputs) {
+    any_requires_grad = any_requires_grad || input.requires_grad();
+    inputs_numel += input.numel();
+  }
+  const DType dtype = inputs[0].dtype();
+  const bool recording = GradModeEnabled() && any_requires_grad;
   const int64_t probs_numel = geo.batch * geo.heads * geo.tq * geo.tk;
-  const bool keep_probs = recording && probs_numel <= q.numel() + k.numel() + v.numel();
+  const bool keep_probs = recording && probs_numel <= inputs_numel;
+  const Shape probs_shape{geo.batch, geo.heads, geo.tq, geo.tk};
   auto saved = std::make_shared<Saved>();
-  Tensor& probs_now = saved->probs;
-  if (keep_probs) probs_now = Tensor(Shape{geo.batch, geo.heads, geo.tq, geo.tk}, q.dtype());
-  Tensor out(q.shape(), q.dtype());
-  DispatchDType(q.dtype(), [&](auto zero) {
+  if (keep_probs) saved->probs = Tensor(probs_shape, dtype);
+  Tensor out(Shape{geo.batch, geo.tq, geo.dim}, dtype);
+  DispatchDType(dtype, [&](auto zero) {
     using T = decltype(zero);
-    AttentionForwardKernel<T>(geo, q.value().data<T>(), k.value().data<T>(), v.value().data<T>(),
-                              out.data<T>(), keep_probs ? probs_now.data<T>() : nullptr);
+    const Operands<T> x = OperandsOf<T>(geo, ValuesOf(inputs));
+    AttentionForwardKernel<T>(geo, x.q, x.k, x.v, out.data<T>(),
+                              keep_probs ? saved->probs.data<T>() : nullptr);
   });
   return RecordOp(
-      "multi_head_attention", out, {q, k, v},
-      [geo, saved](const VarList& in, const Var& self, const Var& g) {
-        const bool want_q = WantsInputGrad(in, 0);
-        const bool want_k = WantsInputGrad(in, 1);
-        const bool want_v = WantsInputGrad(in, 2);
+      inputs.size() == 1 ? "multi_head_self_attention" : "multi_head_attention", out, inputs,
+      [geo, saved, probs_shape](const VarList& in, const Var& self, const Var& g) {
+        std::vector<bool> wanted;
+        for (size_t i = 0; i < in.size(); ++i) wanted.push_back(WantsInputGrad(in, i));
         if (GradModeEnabled()) {
           // create_graph: differentiate the differentiable form (recorded).
-          const VarList inputs{in[0], in[1], in[2]};
-          const Var out =
-              multi_head_attention_reference(in[0], in[1], in[2], geo.heads, geo.scale, geo.causal);
-          VarList grads = grad({out}, inputs, {g}, {.create_graph = true});
-          if (!want_q) grads[0] = Var();
-          if (!want_k) grads[1] = Var();
-          if (!want_v) grads[2] = Var();
+          VarList grads = grad({ReferenceAttention(geo, in)}, in, {g}, {.create_graph = true});
+          for (size_t i = 0; i < in.size(); ++i) {
+            if (!wanted[i]) grads[i] = Var();
+          }
           return grads;
         }
+        const DType dtype = in[0].dtype();
+        const std::vector<const Tensor*> values = ValuesOf(in);
         Tensor& probs = saved->probs;
         if (++saved->backward_calls >= 2 && !probs.defined()) {
-          probs = Tensor(Shape{geo.batch, geo.heads, geo.tq, geo.tk}, in[0].dtype());
-          DispatchDType(in[0].dtype(), [&](auto zero) {
+          probs = Tensor(probs_shape, dtype);
+          DispatchDType(dtype, [&](auto zero) {
             using T = decltype(zero);
-            AttentionForwardKernel<T>(geo, in[0].value().data<T>(), in[1].value().data<T>(),
-                                      in[2].value().data<T>(), nullptr, probs.data<T>());
+            const Operands<T> x = OperandsOf<T>(geo, values);
+            AttentionForwardKernel<T>(geo, x.q, x.k, x.v, nullptr, probs.data<T>());
           });
         }
-        Tensor dq, dk, dv;
-        if (want_q) dq = Tensor(in[0].shape(), in[0].dtype());
-        if (want_k) dk = Tensor(in[1].shape(), in[1].dtype());
-        if (want_v) dv = Tensor(in[2].shape(), in[2].dtype());
-        DispatchDType(in[0].dtype(), [&](auto zero) {
+        VarList grads(in.size());
+        std::vector<Tensor> grad_values(in.size());
+        for (size_t i = 0; i < in.size(); ++i) {
+          if (wanted[i]) grad_values[i] = Tensor(in[i].shape(), dtype);
+        }
+        DispatchDType(dtype, [&](auto zero) {
           using T = decltype(zero);
-          AttentionBackwardKernel<T>(
-              geo, in[0].value().data<T>(), in[1].value().data<T>(), in[2].value().data<T>(),
-              probs.defined() ? probs.data<T>() : nullptr, self.value().data<T>(),
-              g.value().data<T>(), want_q ? dq.data<T>() : nullptr, want_k ? dk.data<T>() : nullptr,
-              want_v ? dv.data<T>() : nullptr);
+          const Operands<T> x = OperandsOf<T>(geo, values);
+          // Where each gradient goes: one packed [B, T, 3 dim] tensor gets
+          // dq, dk and dv in its three column ranges (every entry written
+          // once), separate inputs get one each.
+          T* dq = nullptr;
+          T* dk = nullptr;
+          T* dv = nullptr;
+          if (in.size() == 1) {
+            if (wanted[0]) {
+              T* dqkv = grad_values[0].data<T>();
+              dq = dqkv;
+              dk = dqkv + geo.dim;
+              dv = dqkv + 2 * geo.dim;
+            }
+          } else {
+            dq = wanted[0] ? grad_values[0].data<T>() : nullptr;
+            dk = wanted[1] ? grad_values[1].data<T>() : nullptr;
+            dv = wanted[2] ? grad_values[2].data<T>() : nullptr;
+          }
+          AttentionBackwardKernel<T>(geo, x.q, x.k, x.v,
+                                     probs.defined() ? probs.data<T>() : nullptr,
+                                     self.value().data<T>(), g.value().data<T>(), dq, dk, dv);
         });
-        return VarList{want_q ? Var(dq) : Var(), want_k ? Var(dk) : Var(),
-                       want_v ? Var(dv) : Var()};
+        for (size_t i = 0; i < in.size(); ++i) {
+          if (wanted[i]) grads[i] = Var(grad_values[i]);
+        }
+        return grads;
       });
+}
+
+}  // namespace
+
+Var multi_head_attention(
+    const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal) {
+  return RecordAttention(ResolveAttention(q, k, v, heads, scale, causal), {q, k, v});
+}
+
+Var multi_head_self_attention(const Var& qkv, int64_t heads, double scale, bool causal) {
+  SP_CHECK(qkv.defined(), "multi_head_self_attention: qkv is undefined");
+  SP_CHECK(qkv.rank() == 3 && qkv.dim(2) % 3 == 0, "multi_head_self_attention: qkv ", qkv.shape(),
+           " must be [B, T, 3 D] (q, k and v side by side)");
+  const int64_t dim = qkv.dim(2) / 3;
+  SP_CHECK(heads > 0 && dim % heads == 0, "multi_head_self_attention: width ", dim, " of q in qkv ",
+           qkv.shape(), " is not a positive multiple of heads ", heads);
+  SP_CHECK(scale > 0.0 && std::isfinite(scale),
+           "multi_head_self_attention: scale must be > 0, got ", scale);
+  return RecordAttention(
+      MakeGeometry(qkv.dim(0), qkv.dim(1), qkv.dim(1), heads, dim, 3 * dim, scale, causal), {qkv});
 }
 
 }  // namespace stillpoint

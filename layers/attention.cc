@@ -58,7 +58,23 @@ Var MultiHeadAttention::MergeHeads(const Var& x) const {
 }
 
 Var MultiHeadAttention::Forward(const Var& x, const AttentionMask& mask) const {
-  return Forward(x, x, mask);
+  if (mask.additive.defined() || mask.key_mask.defined()) return Forward(x, x, mask);
+  SP_CHECK(x.defined(), "MultiHeadAttention: the input is undefined");
+  SP_CHECK(x.rank() == 3 && x.dim(2) == dim_, "MultiHeadAttention(dim ", dim_, "): input ",
+           x.shape(), " must be [B, T, ", dim_, "]");
+  SP_CHECK(x.dtype() == wq_->weight().dtype(), "MultiHeadAttention: input is ",
+           stillpoint::ToString(x.dtype()), " but the weights are ",
+           stillpoint::ToString(wq_->weight().dtype()));
+  // Self-attention: the three projections as one [dim, 3 dim] product (the
+  // weights side by side, a small copy per call), whose output the fused
+  // kernel reads as q, k and v in place.
+  const int64_t rows = x.dim(0) * x.dim(1);
+  Var bias;
+  if (wq_->bias().defined()) bias = concat({wq_->bias(), wk_->bias(), wv_->bias()}, 0);
+  const Var weight = concat({wq_->weight(), wk_->weight(), wv_->weight()}, 1);
+  const Var qkv = reshape(linear(reshape(x, Shape{rows, dim_}), weight, bias),
+                          Shape{x.dim(0), x.dim(1), 3 * dim_});
+  return wo_->Forward(multi_head_self_attention(qkv, heads_, scale_, causal_));
 }
 
 Var MultiHeadAttention::Forward(const Var& x, const Var& context, const AttentionMask& mask) const {

@@ -115,6 +115,32 @@ TEST(GemmTest, PackedFloatKernelRowsDoNotDependOnTheirTile) {
   }
 }
 
+// op(B) packed once and multiplied by row blocks of op(A): bitwise what
+// SmallGemmFloat gives for those rows, for every layout, partial panels and
+// depths across blocks, with the storage reused by a smaller product.
+TEST(GemmTest, PackedOperandMatchesThePackedKernelBitwise) {
+  PackedFloatB packed;
+  for (int64_t k : {300, 16, 0}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        const int64_t m = 29, n = 37, pad = 3;
+        const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+        const std::vector<float> a = Filled<float>(std::max<int64_t>(1, (ta ? k : m) * lda), 5);
+        const std::vector<float> b = Filled<float>(std::max<int64_t>(1, (tb ? n : k) * ldb), 6);
+        std::vector<float> whole(m * ldc, 7.0f), blocks(m * ldc, 7.0f);
+        SmallGemmFloat(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, whole.data(), ldc);
+        packed.Pack(tb, k, n, b.data(), ldb);
+        for (int64_t i0 = 0; i0 < m; i0 += 12) {  // blocks of 12, 12 and 5 rows
+          const float* a_rows = a.data() + (ta ? i0 : i0 * lda);
+          packed.Multiply(ta, std::min<int64_t>(12, m - i0), 0.5f, a_rows, lda,
+                          blocks.data() + i0 * ldc, ldc);
+        }
+        ASSERT_EQ(blocks, whole) << "ta " << ta << " tb " << tb << " k " << k;
+      }
+    }
+  }
+}
+
 TEST(GemmTest, NamesItsBackend) {
   const std::string name = GemmBackendName();
   EXPECT_TRUE(name == "openblas" || name == "eigen") << name;

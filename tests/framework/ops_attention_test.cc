@@ -1,6 +1,7 @@
 // Fused multi-head attention: values against the unfused reference (masks,
-// cross-attention, float32), first and second order gradients, skipped
-// gradients, independence from the thread count, and errors.
+// cross-attention, float32 by query blocks), first and second order
+// gradients, skipped gradients, the packed self-attention form against the
+// three-input one, independence from the thread count, and errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -169,8 +170,95 @@ TEST(MultiHeadAttentionTest, BitwiseIndependentOfThreadCount) {
     auto& r = results[threads - 1];
     r.push_back(out.value().ToVector());
     for (const Var& d : grads) r.push_back(d.value().ToVector());
+    const Var qkv = concat({q, k, v}, 2);
+    const Var packed = multi_head_self_attention(qkv, 4, 0.5, true);
+    r.push_back(packed.value().ToVector());
+    r.push_back(grad({packed}, {qkv}, {g})[0].value().ToVector());
   }
   EXPECT_EQ(results[0], results[1]);
+}
+
+// The float32 forward without kept probabilities works through blocks of
+// 24 queries: more than one block, a partial last block, cross-attention,
+// causal masks and queries that see no key (NaN, as the reference).
+TEST(MultiHeadAttentionTest, Float32OutputByQueryBlocksMatchesFloat64) {
+  for (const Case& c : {Case{2, 53, 53, 2, 8, false}, Case{1, 53, 40, 4, 4, false},
+                        Case{2, 50, 50, 2, 8, true}, Case{1, 30, 20, 2, 8, true}}) {
+    const int64_t dim = c.heads * c.dh;
+    const Var q = Random(Shape{c.batch, c.tq, dim}, 50);
+    const Var k = Random(Shape{c.batch, c.tk, dim}, 51);
+    const Var v = Random(Shape{c.batch, c.tk, dim}, 52);
+    const Var out64 = multi_head_attention_reference(q, k, v, c.heads, 0.4, c.causal);
+    Var out32;
+    {
+      NoGrad no_grad;
+      out32 = multi_head_attention(Var(q.value().To(DType::kFloat32)),
+                                   Var(k.value().To(DType::kFloat32)),
+                                   Var(v.value().To(DType::kFloat32)), c.heads, 0.4, c.causal);
+    }
+    const std::vector<double> got = out32.value().ToVector();
+    const std::vector<double> want = out64.value().ToVector();
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      if (std::isnan(want[i])) {
+        EXPECT_TRUE(std::isnan(got[i])) << "tq " << c.tq << " tk " << c.tk << " at " << i;
+      } else {
+        EXPECT_NEAR(got[i], want[i], 2e-6) << "tq " << c.tq << " tk " << c.tk << " at " << i;
+      }
+    }
+  }
+}
+
+// Self-attention on one packed [B, T, 3 D] projection gives bitwise the
+// values and gradients of the three-input op on its column ranges, with
+// probabilities kept (short) or recomputed (long), in both dtypes.
+TEST(MultiHeadAttentionTest, PackedSelfAttentionMatchesSeparateInputsBitwise) {
+  for (const DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    for (const Case& c : {Case{2, 6, 6, 2, 8, false}, Case{2, 30, 30, 2, 2, true}}) {
+      const int64_t dim = c.heads * c.dh;
+      const Var qkv = Random(Shape{c.batch, c.tq, 3 * dim}, 60, dtype, true);
+      const Var q(slice(qkv, 2, 0, dim).value(), true);
+      const Var k(slice(qkv, 2, dim, 2 * dim).value(), true);
+      const Var v(slice(qkv, 2, 2 * dim, 3 * dim).value(), true);
+      const Var g = Random(Shape{c.batch, c.tq, dim}, 61, dtype);
+      const Var packed = multi_head_self_attention(qkv, c.heads, 0.45, c.causal);
+      const Var separate = multi_head_attention(q, k, v, c.heads, 0.45, c.causal);
+      EXPECT_EQ(packed.value().ToVector(), separate.value().ToVector()) << c.tq;
+      const VarList d_packed = grad({packed}, {qkv}, {g});
+      const VarList d_separate = grad({separate}, {q, k, v}, {g});
+      const Var joined = concat({d_separate[0], d_separate[1], d_separate[2]}, 2);
+      EXPECT_EQ(d_packed[0].value().ToVector(), joined.value().ToVector()) << c.tq;
+    }
+  }
+}
+
+TEST(MultiHeadAttentionTest, PackedSelfAttentionGradChecks) {
+  const VarFunction f = [](const VarList& in) {
+    return multi_head_self_attention(in[0], 2, 0.7, false);
+  };
+  auto r = CheckGradients(f, {Random(Shape{2, 3, 12}, 62)});
+  EXPECT_TRUE(r) << r;
+  const VarFunction causal = [](const VarList& in) {
+    return multi_head_self_attention(in[0], 2, 0.6, true);
+  };
+  r = CheckGradients(causal, {Random(Shape{1, 4, 12}, 63)});
+  EXPECT_TRUE(r) << r;
+  r = CheckSecondOrderGradients(causal, {Random(Shape{1, 3, 12}, 64)});
+  EXPECT_TRUE(r) << r;
+}
+
+TEST(MultiHeadAttentionTest, PackedSelfAttentionErrorsNameTheShape) {
+  try {
+    multi_head_self_attention(Random(Shape{2, 3, 10}, 65), 2, 1.0);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("multi_head_self_attention"), std::string::npos) << message;
+    EXPECT_NE(message.find("[2, 3, 10]"), std::string::npos) << message;
+  }
+  EXPECT_THROW(multi_head_self_attention(Random(Shape{2, 12}, 66), 2, 1.0), Error);
+  EXPECT_THROW(multi_head_self_attention(Random(Shape{2, 3, 12}, 67), 3, 1.0), Error);
+  EXPECT_THROW(multi_head_self_attention(Random(Shape{2, 3, 12}, 68), 2, -1.0), Error);
 }
 
 TEST(MultiHeadAttentionTest, ErrorsNameTheOpAndShapes) {
