@@ -69,15 +69,17 @@ class PackedFloatB {
   // Packs op(B) [k, n]: B is [k, n] with row stride ldb ([n, k] if
   // trans_b). The storage is kept and reused by later calls.
   void Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb);
-  // C[m, n] = alpha op(A) op(B); A is [m, k] with row stride lda ([k, m] if
-  // trans_a), C [m, n] with row stride ldc, overwritten.
+  // C[m, n] = alpha op(A) op(B), or with accumulate C += alpha op(A) op(B);
+  // A is [m, k] with row stride lda ([k, m] if trans_a), C [m, n] with row
+  // stride ldc.
   void Multiply(bool trans_a,
                 int64_t m,
                 float alpha,
                 const float* a,
                 int64_t lda,
                 float* c,
-                int64_t ldc) const;
+                int64_t ldc,
+                bool accumulate = false) const;
 
  private:
   float* Panels(std::size_t floats);

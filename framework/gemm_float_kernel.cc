@@ -270,9 +270,11 @@ void PackedFloatB::Multiply(bool trans_a,
                             const float* a,
                             int64_t lda,
                             float* c,
-                            int64_t ldc) const {
+                            int64_t ldc,
+                            bool accumulate) const {
   if (m == 0 || n_ == 0) return;
   if (k_ == 0) {
+    if (accumulate) return;
     for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n_, 0.0f);
     return;
   }
@@ -282,7 +284,7 @@ void PackedFloatB::Multiply(bool trans_a,
   for (int64_t k0 = 0; k0 < k_; k0 += kDepthBlock) {
     const int64_t kc = std::min(kDepthBlock, k_ - k0);
     MultiplyDepthBlock(m, n_, kc, a + k0 * a_depth, a_row, a_depth, panels_ + k0 * panels * kPanel,
-                       alpha, k0 > 0, c, ldc);
+                       alpha, accumulate || k0 > 0, c, ldc);
   }
 }
 

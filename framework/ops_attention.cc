@@ -1,13 +1,16 @@
 // Fused multi-head scaled dot-product attention (see ops.h).
 //
-// q, k and v stay in the projections' [B, T, heads * dh] layout: head h of
-// batch entry b is the strided [T, dh] block of columns [h dh, (h + 1) dh),
-// read and written in place as a GEMM operand with a row stride, so no
-// permuted copies are made. One task handles one (b, h) pair from scores to
-// output (and, in backward, from the output gradient to the three input
-// gradients), so the [Tq, Tk] score block stays in cache, the work spreads
-// over batch x heads, and every output entry is written by exactly one task:
-// results are bitwise identical for any thread count.
+// q, k and v stay in the projections' layout ([B, T, heads * dh] each, or
+// side by side in one packed [B, T, 3 heads * dh] projection): head h of
+// batch entry b is a strided [T, dh] block of columns, read and written in
+// place as a GEMM operand with a row stride, so no permuted copies are
+// made. One task handles one (b, h) pair from scores to output (and, in
+// backward, from the output gradient to the three input gradients), so the
+// work spreads over batch x heads and every output entry is written by
+// exactly one task: results are bitwise identical for any thread count.
+// In float32 a task goes through blocks of queries, so a block's scores
+// stay in L1 from the first product to the last; float64 works on whole
+// [Tq, Tk] blocks.
 //
 // A recorded forward pass keeps the probabilities P [B, heads, Tq, Tk] for
 // the backward pass when they are no larger than q, k and v together;
@@ -160,34 +163,145 @@ void UnitExponentials(const AttentionGeometry& geo,
   ExponentiateRows(geo, 0, geo.tq, normalize, p, row_scale);
 }
 
-// Queries per block of the float32 output-only forward: the block's
-// [rows, Tk] scores stay in L1 from Q K^T through the softmax to P V.
+// ------------------------------------------------- one unit, any dtype
+
+// One unit's forward on whole [Tq, Tk] blocks: out_h (unless out is null)
+// and, when p_unit is not null, the unit's probabilities there.
+template <typename T>
+void UnitForwardWhole(const AttentionGeometry& geo,
+                      const T* q,
+                      const T* k,
+                      const T* v,
+                      int64_t unit,
+                      T* out,
+                      T* p_unit) {
+  const UnitOffsets at = OffsetsOf(geo, unit);
+  const int64_t block = geo.tq * geo.tk;
+  T* scratch = Scratch<T>(block + geo.tq);
+  T* p = p_unit ? p_unit : scratch;
+  T* row_scale = scratch + block;
+  // Kept probabilities are normalised; for the output alone the
+  // normalisation is applied to the [Tq, dh] rows of O instead of the
+  // [Tq, Tk] rows of P (dh << Tk).
+  UnitExponentials(geo, q, k, unit, p_unit != nullptr, p, row_scale);
+  if (out == nullptr) return;
+  // O_h = P V_h, written into the head's columns of out.
+  T* o = out + at.out;
+  internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k, geo.kv_stride,
+                    o, geo.dim);
+  if (p_unit) return;
+  for (int64_t i = 0; i < geo.tq; ++i) {
+    T* o_row = o + i * geo.dim;
+    for (int64_t j = 0; j < geo.dh; ++j) o_row[j] *= row_scale[i];
+  }
+}
+
+// One unit's VJP on whole [Tq, Tk] blocks, given its probabilities p_unit
+// (or null: recomputed into scratch).
+template <typename T>
+void UnitBackwardWhole(const AttentionGeometry& geo,
+                       const T* q,
+                       const T* k,
+                       const T* v,
+                       const T* p_unit,
+                       const T* out,
+                       const T* g,
+                       int64_t unit,
+                       T* dq,
+                       T* dk,
+                       T* dv) {
+  const UnitOffsets at = OffsetsOf(geo, unit);
+  const int64_t block = geo.tq * geo.tk;
+  const T scale = static_cast<T>(geo.scale);
+  T* scratch = Scratch<T>(2 * block + geo.tq);
+  T* ds = scratch;
+  const T* p = p_unit;
+  if (p == nullptr) {
+    UnitExponentials(geo, q, k, unit, true, scratch + block, scratch + 2 * block);
+    p = scratch + block;
+  }
+  const T* gh = g + at.out;
+  if (dv) {
+    // dV_h = P^T dO_h.
+    internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, T(1), p, geo.tk, gh, geo.dim, dv + at.k,
+                      geo.kv_stride);
+  }
+  if (!dq && !dk) return;
+  // dS = P o (dP - D) with dP = dO_h V_h^T, in place. The row sums
+  // D_i = sum_j dP_ij P_ij equal dO_i . O_i (as O_i = sum_j P_ij V_j): a
+  // dot of length dh instead of a pass over the [Tq, Tk] block.
+  internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + at.k, geo.kv_stride,
+                    ds, geo.tk);
+  const T* oh = out + at.out;
+  for (int64_t i = 0; i < geo.tq; ++i) {
+    T* row = ds + i * geo.tk;
+    const T* prow = p + i * geo.tk;
+    const T d = internal::VecDot(gh + i * geo.dim, oh + i * geo.dim, geo.dh);
+    for (int64_t j = 0; j < geo.tk; ++j) row[j] = prow[j] * (row[j] - d);
+  }
+  if (dq) {
+    // dQ_h = scale dS K_h.
+    internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, scale, ds, geo.tk, k + at.k,
+                      geo.kv_stride, dq + at.q, geo.q_stride);
+  }
+  if (dk) {
+    // dK_h = scale dS^T Q_h.
+    internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, scale, ds, geo.tk, q + at.q,
+                      geo.q_stride, dk + at.k, geo.kv_stride);
+  }
+}
+
+// ------------------------------------------ one unit, float32, by blocks
+
+// Queries per block: a block's [rows, Tk] scores (and, in backward, its
+// score gradients) stay in L1 from the first product to the last, where
+// the whole-block forms above pass [Tq, Tk] blocks through L2 several
+// times. Every product is the packed kernel's, with K_h^T, V_h, V_h^T and
+// K_h packed once per unit; forward rows are bitwise what the whole-block
+// product gives for them.
 constexpr int64_t kQueryBlock = 24;
 
-// out_h = softmax(scale q_h k_h^T) v_h for one unit, float32, without a
-// [Tq, Tk] block: K_h^T and V_h are packed once, then each block of queries
-// goes from scores to output while its scores are in L1. Every product runs
-// the multiply-adds SmallGemmFloat would, in the same order.
-void UnitOutputByQueryBlocks(const AttentionGeometry& geo,
-                             const float* q,
-                             const float* k,
-                             const float* v,
-                             int64_t unit,
-                             float* out) {
+// Scores of queries [i0, i0 + rows) of a unit, exponentiated (see
+// ExponentiateRows), into s.
+void BlockExponentials(const AttentionGeometry& geo,
+                       const internal::PackedFloatB& keys_t,
+                       const float* q_unit,
+                       int64_t i0,
+                       int64_t rows,
+                       bool normalize,
+                       float* s,
+                       float* row_scale) {
+  keys_t.Multiply(false, rows, static_cast<float>(geo.scale), q_unit + i0 * geo.q_stride,
+                  geo.q_stride, s, geo.tk);
+  ExponentiateRows(geo, i0, rows, normalize, s, row_scale);
+}
+
+// The float32 UnitForwardWhole, by blocks of queries. With p_unit each
+// block's probabilities are written there (normalised) and multiply V as
+// they are; without, the block's exponentials stay in scratch and the
+// output rows are normalised instead.
+void UnitForwardByQueryBlocks(const AttentionGeometry& geo,
+                              const float* q,
+                              const float* k,
+                              const float* v,
+                              int64_t unit,
+                              float* out,
+                              float* p_unit) {
   thread_local internal::PackedFloatB keys_t;
   thread_local internal::PackedFloatB values;
   const UnitOffsets at = OffsetsOf(geo, unit);
   keys_t.Pack(true, geo.dh, geo.tk, k + at.k, geo.kv_stride);
-  values.Pack(false, geo.tk, geo.dh, v + at.k, geo.kv_stride);
-  float* scores = Scratch<float>(kQueryBlock * geo.tk);
+  if (out) values.Pack(false, geo.tk, geo.dh, v + at.k, geo.kv_stride);
+  float* scratch = Scratch<float>(kQueryBlock * geo.tk);
   float row_scale[kQueryBlock];
   for (int64_t i0 = 0; i0 < geo.tq; i0 += kQueryBlock) {
     const int64_t rows = std::min(kQueryBlock, geo.tq - i0);
-    keys_t.Multiply(false, rows, static_cast<float>(geo.scale), q + at.q + i0 * geo.q_stride,
-                    geo.q_stride, scores, geo.tk);
-    ExponentiateRows(geo, i0, rows, false, scores, row_scale);
+    float* p = p_unit ? p_unit + i0 * geo.tk : scratch;
+    BlockExponentials(geo, keys_t, q + at.q, i0, rows, p_unit != nullptr, p, row_scale);
+    if (out == nullptr) continue;
     float* o = out + at.out + i0 * geo.dim;
-    values.Multiply(false, rows, 1.0f, scores, geo.tk, o, geo.dim);
+    values.Multiply(false, rows, 1.0f, p, geo.tk, o, geo.dim);
+    if (p_unit) continue;
     for (int64_t r = 0; r < rows; ++r) {
       float* o_row = o + r * geo.dim;
       for (int64_t j = 0; j < geo.dh; ++j) o_row[j] *= row_scale[r];
@@ -195,47 +309,94 @@ void UnitOutputByQueryBlocks(const AttentionGeometry& geo,
   }
 }
 
+// The float32 UnitBackwardWhole, by blocks of queries: each block's
+// probabilities (read from p_unit once, or recomputed) give its share of
+// dV and dK (accumulated over blocks, in block order) and its rows of dQ.
+void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
+                               const float* q,
+                               const float* k,
+                               const float* v,
+                               const float* p_unit,
+                               const float* out,
+                               const float* g,
+                               int64_t unit,
+                               float* dq,
+                               float* dk,
+                               float* dv) {
+  thread_local internal::PackedFloatB keys_t;      // K_h^T, for recomputed scores
+  thread_local internal::PackedFloatB values_t;    // V_h^T, for dP = dO V^T
+  thread_local internal::PackedFloatB keys;        // K_h, for dQ = dS K
+  thread_local internal::PackedFloatB block_rows;  // dO or Q rows of a block
+  const UnitOffsets at = OffsetsOf(geo, unit);
+  const float scale = static_cast<float>(geo.scale);
+  const bool score_grads = dq != nullptr || dk != nullptr;
+  if (p_unit == nullptr) keys_t.Pack(true, geo.dh, geo.tk, k + at.k, geo.kv_stride);
+  if (score_grads) values_t.Pack(true, geo.dh, geo.tk, v + at.k, geo.kv_stride);
+  if (dq) keys.Pack(false, geo.tk, geo.dh, k + at.k, geo.kv_stride);
+  float* scratch = Scratch<float>(2 * kQueryBlock * geo.tk);
+  float* recomputed = scratch;
+  float* ds = scratch + kQueryBlock * geo.tk;
+  float row_scale[kQueryBlock];
+  for (int64_t i0 = 0; i0 < geo.tq; i0 += kQueryBlock) {
+    const int64_t rows = std::min(kQueryBlock, geo.tq - i0);
+    const bool later_block = i0 > 0;
+    const float* p = p_unit ? p_unit + i0 * geo.tk : recomputed;
+    if (p_unit == nullptr) {
+      BlockExponentials(geo, keys_t, q + at.q, i0, rows, true, recomputed, row_scale);
+    }
+    const float* g_rows = g + at.out + i0 * geo.dim;
+    if (dv) {
+      // dV_h += P_block^T dO_block.
+      block_rows.Pack(false, rows, geo.dh, g_rows, geo.dim);
+      block_rows.Multiply(true, geo.tk, 1.0f, p, geo.tk, dv + at.k, geo.kv_stride, later_block);
+    }
+    if (!score_grads) continue;
+    // dS = P o (dP - D) with dP = dO V^T; D_i = dO_i . O_i (see
+    // UnitBackwardWhole).
+    values_t.Multiply(false, rows, 1.0f, g_rows, geo.dim, ds, geo.tk);
+    const float* o_rows = out + at.out + i0 * geo.dim;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = ds + r * geo.tk;
+      const float* p_row = p + r * geo.tk;
+      const float d = internal::VecDot(g_rows + r * geo.dim, o_rows + r * geo.dim, geo.dh);
+      for (int64_t j = 0; j < geo.tk; ++j) row[j] = p_row[j] * (row[j] - d);
+    }
+    if (dq) {
+      // dQ_block = scale dS_block K_h.
+      keys.Multiply(false, rows, scale, ds, geo.tk, dq + at.q + i0 * geo.q_stride, geo.q_stride);
+    }
+    if (dk) {
+      // dK_h += scale dS_block^T Q_block.
+      block_rows.Pack(false, rows, geo.dh, q + at.q + i0 * geo.q_stride, geo.q_stride);
+      block_rows.Multiply(true, geo.tk, scale, ds, geo.tk, dk + at.k, geo.kv_stride, later_block);
+    }
+  }
+}
+
+// ------------------------------------------------------------- kernels
+
 // Writes out = softmax(scale q k^T, masked) v for every (b, h); when probs
 // is not null it also keeps the probabilities there ([B, heads, Tq, Tk]).
 // out may be null when only the probabilities are wanted.
 template <typename T>
 void AttentionForwardKernel(
     const AttentionGeometry& geo, const T* q, const T* k, const T* v, T* out, T* probs) {
-  const int64_t units = geo.batch * geo.heads;
   const int64_t block = geo.tq * geo.tk;
-  ParallelFor(0, units, 1, [&](int64_t begin, int64_t end) {
+  ParallelFor(0, geo.batch * geo.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
+      T* p_unit = probs ? probs + unit * block : nullptr;
       if constexpr (std::is_same_v<T, float>) {
-        if (probs == nullptr && out != nullptr) {
-          UnitOutputByQueryBlocks(geo, q, k, v, unit, out);
-          continue;
-        }
-      }
-      const UnitOffsets at = OffsetsOf(geo, unit);
-      T* scratch = Scratch<T>(block + geo.tq);
-      T* p = probs ? probs + unit * block : scratch;
-      T* row_scale = scratch + block;
-      // Kept probabilities are normalised; for the output alone the
-      // normalisation is applied to the [Tq, dh] rows of O instead of the
-      // [Tq, Tk] rows of P (dh << Tk).
-      UnitExponentials(geo, q, k, unit, probs != nullptr, p, row_scale);
-      if (out == nullptr) continue;
-      // O_h = P V_h, written into the head's columns of out.
-      T* o = out + at.out;
-      internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k,
-                        geo.kv_stride, o, geo.dim);
-      if (probs) continue;
-      for (int64_t i = 0; i < geo.tq; ++i) {
-        T* o_row = o + i * geo.dim;
-        for (int64_t j = 0; j < geo.dh; ++j) o_row[j] *= row_scale[i];
+        UnitForwardByQueryBlocks(geo, q, k, v, unit, out, p_unit);
+      } else {
+        UnitForwardWhole(geo, q, k, v, unit, out, p_unit);
       }
     }
   });
 }
 
-// The fused VJP: given P (or null: each unit recomputes its block into
-// scratch, so no [B, heads, Tq, Tk] tensor is made), the output O and dO,
-// writes dq, dk, dv (each null when not wanted) for every (b, h).
+// The fused VJP: given P (or null: each unit recomputes it, so no
+// [B, heads, Tq, Tk] tensor is made), the output O and dO, writes dq, dk,
+// dv (each null when not wanted) for every (b, h).
 template <typename T>
 void AttentionBackwardKernel(const AttentionGeometry& geo,
                              const T* q,
@@ -247,47 +408,14 @@ void AttentionBackwardKernel(const AttentionGeometry& geo,
                              T* dq,
                              T* dk,
                              T* dv) {
-  const int64_t units = geo.batch * geo.heads;
   const int64_t block = geo.tq * geo.tk;
-  const T scale = static_cast<T>(geo.scale);
-  ParallelFor(0, units, 1, [&](int64_t begin, int64_t end) {
+  ParallelFor(0, geo.batch * geo.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
-      const UnitOffsets at = OffsetsOf(geo, unit);
-      T* scratch = Scratch<T>(2 * block + geo.tq);
-      T* ds = scratch;
-      const T* p = probs + unit * block;
-      if (probs == nullptr) {
-        UnitExponentials(geo, q, k, unit, true, scratch + block, scratch + 2 * block);
-        p = scratch + block;
-      }
-      const T* gh = g + at.out;
-      if (dv) {
-        // dV_h = P^T dO_h.
-        internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, T(1), p, geo.tk, gh, geo.dim,
-                          dv + at.k, geo.kv_stride);
-      }
-      if (!dq && !dk) continue;
-      // dS = P o (dP - D) with dP = dO_h V_h^T, in place. The row sums
-      // D_i = sum_j dP_ij P_ij equal dO_i . O_i (as O_i = sum_j P_ij V_j): a
-      // dot of length dh instead of a pass over the [Tq, Tk] block.
-      internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + at.k,
-                        geo.kv_stride, ds, geo.tk);
-      const T* oh = out + at.out;
-      for (int64_t i = 0; i < geo.tq; ++i) {
-        T* row = ds + i * geo.tk;
-        const T* prow = p + i * geo.tk;
-        const T d = internal::VecDot(gh + i * geo.dim, oh + i * geo.dim, geo.dh);
-        for (int64_t j = 0; j < geo.tk; ++j) row[j] = prow[j] * (row[j] - d);
-      }
-      if (dq) {
-        // dQ_h = scale dS K_h.
-        internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, scale, ds, geo.tk, k + at.k,
-                          geo.kv_stride, dq + at.q, geo.q_stride);
-      }
-      if (dk) {
-        // dK_h = scale dS^T Q_h.
-        internal::Gemm<T>(true, false, geo.tk, geo.dh, geo.tq, scale, ds, geo.tk, q + at.q,
-                          geo.q_stride, dk + at.k, geo.kv_stride);
+      const T* p_unit = probs ? probs + unit * block : nullptr;
+      if constexpr (std::is_same_v<T, float>) {
+        UnitBackwardByQueryBlocks(geo, q, k, v, p_unit, out, g, unit, dq, dk, dv);
+      } else {
+        UnitBackwardWhole(geo, q, k, v, p_unit, out, g, unit, dq, dk, dv);
       }
     }
   });

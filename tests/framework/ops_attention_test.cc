@@ -209,6 +209,30 @@ TEST(MultiHeadAttentionTest, Float32OutputByQueryBlocksMatchesFloat64) {
   }
 }
 
+// The float32 VJP works through blocks of 24 queries too, accumulating dK
+// and dV over the blocks: gradients against the float64 reference, with the
+// probabilities recomputed (long rows) or kept (short rows, wide heads).
+TEST(MultiHeadAttentionTest, Float32GradientsByQueryBlocksMatchFloat64) {
+  for (const Case& c : {Case{2, 53, 53, 2, 8, false}, Case{1, 53, 40, 2, 8, false},
+                        Case{2, 50, 50, 2, 8, true}, Case{1, 30, 30, 1, 64, true}}) {
+    const int64_t dim = c.heads * c.dh;
+    const Var q = Random(Shape{c.batch, c.tq, dim}, 53, DType::kFloat64, true);
+    const Var k = Random(Shape{c.batch, c.tk, dim}, 54, DType::kFloat64, true);
+    const Var v = Random(Shape{c.batch, c.tk, dim}, 55, DType::kFloat64, true);
+    const Var g = Random(Shape{c.batch, c.tq, dim}, 56);
+    const VarList want =
+        grad({multi_head_attention_reference(q, k, v, c.heads, 0.4, c.causal)}, {q, k, v}, {g});
+    const auto to32 = [](const Var& x) { return Var(x.value().To(DType::kFloat32), true); };
+    const Var q32 = to32(q), k32 = to32(k), v32 = to32(v);
+    const VarList got = grad({multi_head_attention(q32, k32, v32, c.heads, 0.4, c.causal)},
+                             {q32, k32, v32}, {Var(g.value().To(DType::kFloat32))});
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LT(LargestDifference(got[i].value().To(DType::kFloat64), want[i].value()), 2e-5)
+          << "tq " << c.tq << " tk " << c.tk << " input " << i;
+    }
+  }
+}
+
 // Self-attention on one packed [B, T, 3 D] projection gives bitwise the
 // values and gradients of the three-input op on its column ranges, with
 // probabilities kept (short) or recomputed (long), in both dtypes.
