@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -361,33 +363,160 @@ TEST(BackwardOptions, EnumsRoundTrip) {
   EXPECT_EQ(type, AdjointSolverType::kConjugateGradient);
 }
 
-// A fixed budget of K plain iterations is exactly K VJPs, as
-// w_{k+1} = g + J^T w_k from w_0 = g makes, and returns w_K.
-TEST(AdjointFixedPoint, FixedBudgetMakesExactlyOneVjpPerIteration) {
-  for (int budget : {1, 2, 16}) {
-    LinearAdjoint linear = MakeLinear(3, 7, 0.6, false, 40 + budget);
-    const Tensor g = RandomRhs(3, 7, 50 + budget);
-    BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 0.0);
-    options.max_iterations = budget;
-    Tensor w;
-    const AdjointSummary summary = SolveAdjoint(options, linear.Vjp(), g, &w);
-    EXPECT_EQ(summary.vjp_evaluations, budget);
-    EXPECT_EQ(linear.vjp_calls, budget);
-    for (int64_t b = 0; b < 3; ++b) {
-      Eigen::VectorXd gb(7), wb(7);
-      for (int64_t i = 0; i < 7; ++i) gb(i) = g.at(b * 7 + i);
-      wb = gb;
-      for (int k = 0; k < budget; ++k) wb = gb + linear.jacobians[b].transpose() * wb;
-      for (int64_t i = 0; i < 7; ++i) {
-        EXPECT_NEAR(w.at(b * 7 + i), wb(i), 1e-12 * (1.0 + std::abs(wb(i))))
-            << "budget " << budget << ", sample " << b;
-      }
-      EXPECT_EQ(summary.sample_iterations[b], budget) << b;
-      EXPECT_EQ(summary.sample_termination[b], TerminationType::kMaxIterations) << b;
+// What the fixed_point, anderson and broyden adjoints iterate: the normalised
+// map f(u) = g_b / ||g_b|| + J^T u from u0 = w0_b / ||g_b||, and w_b =
+// ||g_b|| u_b. Written out here, for Picard steps u <- f(u), in the
+// arithmetic SolveAdjoint has to keep bitwise: ||g_b|| by Eigen on the rows of
+// a float64 row-major matrix, float64 products rounded once to T, and f in T
+// (J^T u + the rounded g_b / ||g_b||) while every sample is iterating, but
+// in float64 from the unrounded g_b / ||g_b||, rounded once, for the calls
+// after the first `whole_batch_calls` (when samples have finished).
+// Sample b takes iterations[b] steps.
+template <typename T>
+Tensor NormalisedRecurrence(const BatchedVjp& vjp,
+                            const Tensor& g,
+                            const Tensor& w0,
+                            const std::vector<int>& iterations,
+                            int whole_batch_calls) {
+  using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const int64_t batch = g.dim(0);
+  const int64_t n = g.dim(1);
+  RowMatrix g64(batch, n);
+  for (int64_t i = 0; i < batch * n; ++i) g64.data()[i] = g.at(i);
+  std::vector<double> norm(batch), inverse(batch);
+  RowMatrix unit64(batch, n);
+  Tensor unit(g.shape(), g.dtype()), u(g.shape(), g.dtype()), jt_u(g.shape(), g.dtype());
+  for (int64_t b = 0; b < batch; ++b) {
+    norm[b] = g64.row(b).norm();
+    inverse[b] = norm[b] > 0 ? 1.0 / norm[b] : 0.0;
+    unit64.row(b) = g64.row(b) * inverse[b];
+    for (int64_t i = b * n; i < (b + 1) * n; ++i) {
+      unit.data<T>()[i] = static_cast<T>(unit64.data()[i]);
+      u.data<T>()[i] = static_cast<T>(w0.at(i) * inverse[b]);
     }
-    EXPECT_NE(summary.FullReport().find("fixed budget of " + std::to_string(budget)),
-              std::string::npos)
-        << summary.FullReport();
+  }
+  const int steps = *std::max_element(iterations.begin(), iterations.end());
+  for (int k = 0; k < steps; ++k) {
+    vjp(u, &jt_u);  // rows are independent: the finished ones change nothing
+    for (int64_t b = 0; b < batch; ++b) {
+      if (k >= iterations[b]) continue;
+      for (int64_t i = b * n; i < (b + 1) * n; ++i) {
+        const T jt = jt_u.data<T>()[i];
+        u.data<T>()[i] = k < whole_batch_calls
+                             ? jt + unit.data<T>()[i]
+                             : static_cast<T>(unit64.data()[i] + static_cast<double>(jt));
+      }
+    }
+  }
+  Tensor w(g.shape(), g.dtype());
+  for (int64_t i = 0; i < batch * n; ++i) {
+    w.data<T>()[i] = static_cast<T>(static_cast<double>(u.data<T>()[i]) * norm[i / n]);
+  }
+  return w;
+}
+
+Tensor NormalisedRecurrence(const BatchedVjp& vjp,
+                            const Tensor& g,
+                            const Tensor& w0,
+                            const std::vector<int>& iterations,
+                            int whole_batch_calls) {
+  return DispatchDType(g.dtype(), [&](auto zero) {
+    return NormalisedRecurrence<decltype(zero)>(vjp, g, w0, iterations, whole_batch_calls);
+  });
+}
+
+// Equal to the last bit (so 0 and -0 differ).
+void ExpectBitwiseEqual(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.dtype(), expected.dtype()) << what;
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  DispatchDType(expected.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* a = actual.data<T>();
+    const T* e = expected.data<T>();
+    for (int64_t i = 0; i < expected.numel(); ++i) {
+      ASSERT_EQ(std::memcmp(a + i, e + i, sizeof(T)), 0)
+          << what << ", element " << i << ": " << a[i] << " instead of " << e[i];
+    }
+  });
+}
+
+// A fixed budget of K plain iterations is exactly K VJPs, as
+// w_{k+1} = g + J^T w_k from w_0 = g (or a warm start) makes, and returns
+// w_K, bitwise as the normalised recurrence gives it (every call is on the
+// whole batch), in float64 and float32.
+TEST(AdjointFixedPoint, FixedBudgetMakesExactlyOneVjpPerIteration) {
+  for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    for (bool warm : {false, true}) {
+      for (int budget : {1, 2, 16}) {
+        const std::string what = std::string(ToString(dtype)) + (warm ? ", warm" : ", cold") +
+                                 ", budget " + std::to_string(budget);
+        LinearAdjoint linear = MakeLinear(3, 7, 0.6, false, 40 + budget);
+        const Tensor g = RandomRhs(3, 7, 50 + budget, dtype);
+        const Tensor w0 = warm ? RandomRhs(3, 7, 60 + budget, dtype) : g;
+        BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 0.0);
+        options.max_iterations = budget;
+        Tensor w = warm ? w0.Clone() : Tensor();
+        const AdjointSummary summary = SolveAdjoint(options, linear.Vjp(), g, &w);
+        EXPECT_EQ(summary.vjp_evaluations, budget) << what;
+        EXPECT_EQ(linear.vjp_calls, budget) << what;
+        const double tolerance = dtype == DType::kFloat64 ? 1e-12 : 1e-5;
+        for (int64_t b = 0; b < 3; ++b) {
+          Eigen::VectorXd gb(7), wb(7);
+          for (int64_t i = 0; i < 7; ++i) {
+            gb(i) = g.at(b * 7 + i);
+            wb(i) = w0.at(b * 7 + i);
+          }
+          for (int k = 0; k < budget; ++k) wb = gb + linear.jacobians[b].transpose() * wb;
+          for (int64_t i = 0; i < 7; ++i) {
+            EXPECT_NEAR(w.at(b * 7 + i), wb(i), tolerance * (1.0 + std::abs(wb(i))))
+                << what << ", sample " << b;
+          }
+          EXPECT_EQ(summary.sample_iterations[b], budget) << what << ", sample " << b;
+          EXPECT_EQ(summary.sample_termination[b], TerminationType::kMaxIterations)
+              << what << ", sample " << b;
+        }
+        ExpectBitwiseEqual(
+            w, NormalisedRecurrence(linear.Vjp(), g, w0, summary.sample_iterations, budget), what);
+        EXPECT_NE(summary.FullReport().find("fixed budget of " + std::to_string(budget)),
+                  std::string::npos)
+            << summary.FullReport();
+      }
+    }
+  }
+}
+
+// Once a sample has converged the map is called on the others only (the VJP
+// still sees the whole batch, the finished rows zero): they iterate on, in
+// the arithmetic of those calls, and the VJP count is the iterations of the
+// slowest sample plus the one at u0.
+TEST(AdjointFixedPoint, CallsOnSomeSamplesIterateTheRemainingOnes) {
+  for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    LinearAdjoint linear = MakeLinear(4, 9, 0.6, false, 70);
+    linear.jacobians[0].setZero();  // f(u0) = u0: sample 0 converges at once
+    const Tensor g = RandomRhs(4, 9, 71, dtype);
+    const BackwardOptions options =
+        Options(AdjointSolverType::kFixedPoint, dtype == DType::kFloat64 ? 1e-10 : 1e-5);
+    // Every call after the one at u0 leaves out sample 0, whose row is zero.
+    int64_t calls = 0;
+    bool finished_row_zero = true;
+    const BatchedVjp vjp = linear.Vjp();
+    const BatchedVjp checked_vjp = [&](const Tensor& v, Tensor* out) {
+      for (int64_t i = 0; i < 9 && calls > 0; ++i) finished_row_zero &= v.at(i) == 0.0;
+      ++calls;
+      vjp(v, out);
+    };
+    Tensor w;
+    const AdjointSummary summary = SolveAdjoint(options, checked_vjp, g, &w);
+    ASSERT_TRUE(summary.IsUsable()) << summary.FullReport();
+    EXPECT_TRUE(finished_row_zero);
+    EXPECT_EQ(summary.sample_iterations[0], 0);
+    for (int64_t b = 1; b < 4; ++b) EXPECT_GT(summary.sample_iterations[b], 2) << b;
+    EXPECT_EQ(summary.vjp_evaluations, summary.iterations + 1);
+    EXPECT_EQ(summary.vjp_evaluations, calls);
+    EXPECT_LT(RelativeDiff(w, linear.Exact(g.To(DType::kFloat64)).To(dtype)),
+              dtype == DType::kFloat64 ? 1e-9 : 1e-4);
+    ExpectBitwiseEqual(w, NormalisedRecurrence(linear.Vjp(), g, g, summary.sample_iterations, 1),
+                       ToString(dtype));
   }
 }
 
