@@ -1,7 +1,6 @@
 #include "training/retrieve.h"
 
 #include <Eigen/Dense>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,6 +10,7 @@
 #include "framework/gemm.h"
 #include "framework/parallel.h"
 #include "framework/serialize.h"
+#include "framework/vector_math.h"
 #include "solvers/fixed_point_solver.h"
 #include "training/dataset.h"
 #include "training/metrics.h"
@@ -24,6 +24,9 @@ using RowMatrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMaj
 // Rows of z per parallel task: large enough that the patterns are packed for
 // the GEMM a few times per evaluation, not once per 32 queries.
 constexpr int64_t kRowsPerTask = 256;
+// Queries per block of the float32 map: a block's [rows, N] scores stay in
+// the core's cache between the two products.
+constexpr int64_t kQueryBlock = 24;
 
 // out = softmax(beta Z X^T) X for the rows of z; parallel over row blocks,
 // each block one pair of GEMMs (the map is GEMM-bound).
@@ -34,8 +37,8 @@ void HopfieldMap(const Tensor& patterns, double beta, const Tensor& z, Tensor* o
   ParallelFor(0, k, kRowsPerTask, [&](int64_t lo, int64_t hi) {
     const int64_t rows = hi - lo;
     RowMatrix<T> scores(rows, n);
-    internal::Gemm<T>(false, true, rows, n, d, static_cast<T>(beta), z.data<T>() + lo * d, d, x,
-                      d, scores.data(), n);
+    internal::Gemm<T>(false, true, rows, n, d, static_cast<T>(beta), z.data<T>() + lo * d, d, x, d,
+                      scores.data(), n);
     for (int64_t r = 0; r < rows; ++r) {
       const T top = scores.row(r).maxCoeff();
       scores.row(r) = (scores.row(r).array() - top).exp();
@@ -43,6 +46,40 @@ void HopfieldMap(const Tensor& patterns, double beta, const Tensor& z, Tensor* o
     }
     internal::Gemm<T>(false, false, rows, d, n, T(1), scores.data(), n, x, d,
                       out->data<T>() + lo * d, d);
+  });
+}
+
+// The float32 map by blocks of queries: X^T and X packed once per task, then
+// each block of queries goes from scores to output while its scores are in
+// cache, and the [rows, d] output rows are normalised instead of the
+// [rows, N] weights.
+template <>
+void HopfieldMap<float>(const Tensor& patterns, double beta, const Tensor& z, Tensor* out) {
+  const int64_t n = patterns.dim(0), d = patterns.dim(1), k = z.dim(0);
+  const float* x = patterns.data<float>();
+  ParallelFor(0, k, kRowsPerTask, [&](int64_t lo, int64_t hi) {
+    thread_local internal::PackedFloatB patterns_t;  // X^T [d, N]
+    thread_local internal::PackedFloatB patterns_n;  // X [N, d]
+    thread_local std::vector<float> scores;
+    patterns_t.Pack(true, d, n, x, d);
+    patterns_n.Pack(false, n, d, x, d);
+    scores.resize(kQueryBlock * n);
+    float inverse_sum[kQueryBlock];
+    for (int64_t i0 = lo; i0 < hi; i0 += kQueryBlock) {
+      const int64_t rows = std::min(kQueryBlock, hi - i0);
+      patterns_t.Multiply(false, rows, static_cast<float>(beta), z.data<float>() + i0 * d, d,
+                          scores.data(), n);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* row = scores.data() + r * n;
+        const float top = internal::VecMax(row, n);
+        inverse_sum[r] = 1.0f / internal::VecExpShifted(row, top, row, n);
+      }
+      float* o = out->data<float>() + i0 * d;
+      patterns_n.Multiply(false, rows, 1.0f, scores.data(), n, o, d);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < d; ++j) o[r * d + j] *= inverse_sum[r];
+      }
+    }
   });
 }
 
@@ -62,8 +99,7 @@ void Diagnose(const Tensor& patterns, double beta, RetrievalResult* result) {
         Eigen::Map<const RowMatrix<T>>(result->fixed_points.data<T>() + lo * d, rows, d)
             .template cast<double>();
     dots.resize(rows, n);
-    internal::Gemm<double>(false, true, rows, n, d, 1.0, xi.data(), d, x.data(), d, dots.data(),
-                           n);
+    internal::Gemm<double>(false, true, rows, n, d, 1.0, xi.data(), d, x.data(), d, dots.data(), n);
     for (int64_t r = 0; r < rows; ++r) {
       Eigen::Index best = 0;
       const double top = dots.row(r).maxCoeff(&best);
@@ -86,12 +122,14 @@ ForwardSolverOptions RetrievalSolverOptions() {
   return options;
 }
 
-RetrievalResult RetrieveHopfield(const Tensor& patterns, const Tensor& queries, double beta,
-                                 const ForwardSolverOptions& options) {
-  SP_CHECK(patterns.rank() == 2 && queries.rank() == 2, "retrieve: patterns ",
-           patterns.shape(), " and queries ", queries.shape(), " must be matrices");
-  SP_CHECK(patterns.dim(1) == queries.dim(1), "retrieve: patterns have dimension ",
-           patterns.dim(1), " but queries have ", queries.dim(1));
+RetrievalResult SolveHopfield(const Tensor& patterns,
+                              const Tensor& queries,
+                              double beta,
+                              const ForwardSolverOptions& options) {
+  SP_CHECK(patterns.rank() == 2 && queries.rank() == 2, "retrieve: patterns ", patterns.shape(),
+           " and queries ", queries.shape(), " must be matrices");
+  SP_CHECK(patterns.dim(1) == queries.dim(1), "retrieve: patterns have dimension ", patterns.dim(1),
+           " but queries have ", queries.dim(1));
   SP_CHECK(patterns.dtype() == queries.dtype(), "retrieve: patterns and queries differ in dtype");
   SP_CHECK(beta > 0 && std::isfinite(beta), "retrieve: beta must be positive, got ", beta);
   const auto start = std::chrono::steady_clock::now();
@@ -99,19 +137,28 @@ RetrievalResult RetrieveHopfield(const Tensor& patterns, const Tensor& queries, 
   problem.batch_size = queries.dim(0);
   problem.state_size = queries.dim(1);
   problem.map = [&](const Tensor& z, const std::vector<int64_t>&, Tensor* out) {
-    DispatchDType(z.dtype(), [&](auto zero) {
-      HopfieldMap<decltype(zero)>(patterns, beta, z, out);
-    });
+    DispatchDType(z.dtype(),
+                  [&](auto zero) { HopfieldMap<decltype(zero)>(patterns, beta, z, out); });
     return true;
   };
   RetrievalResult result;
   result.fixed_points = queries.Clone();
   FixedPointSolver::Create(options)->Solve(problem, &result.fixed_points, &result.summary);
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  DispatchDType(patterns.dtype(), [&](auto zero) {
-    Diagnose<decltype(zero)>(patterns, beta, &result);
-  });
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+void DiagnoseHopfield(const Tensor& patterns, double beta, RetrievalResult* result) {
+  DispatchDType(patterns.dtype(),
+                [&](auto zero) { Diagnose<decltype(zero)>(patterns, beta, result); });
+}
+
+RetrievalResult RetrieveHopfield(const Tensor& patterns,
+                                 const Tensor& queries,
+                                 double beta,
+                                 const ForwardSolverOptions& options) {
+  RetrievalResult result = SolveHopfield(patterns, queries, beta, options);
+  DiagnoseHopfield(patterns, beta, &result);
   return result;
 }
 
@@ -132,7 +179,8 @@ Tensor ReadCsvMatrix(const std::string& path, DType dtype) {
       char* end = nullptr;
       const double value = std::strtod(cell.c_str(), &end);
       const bool rest_blank =
-          end != cell.c_str() && cell.find_first_not_of(" \t\r", end - cell.c_str()) == std::string::npos;
+          end != cell.c_str() &&
+          cell.find_first_not_of(" \t\r", end - cell.c_str()) == std::string::npos;
       SP_CHECK(rest_blank && std::isfinite(value), path, ":", line_number, ": column ", count,
                " is not a finite number: '", cell, "'");
       values.push_back(value);
@@ -164,8 +212,9 @@ void WriteRetrieval(const std::string& directory, const RetrievalResult& result,
                  result.fixed_points);
   const SolverSummary& s = result.summary;
   std::ostringstream json;
-  json << "{\n  \"beta\": " << JsonNumber(beta) << ",\n  \"queries\": "
-       << result.fixed_points.dim(0) << ",\n  \"solver\": " << JsonString(ToString(s.solver_type))
+  json << "{\n  \"beta\": " << JsonNumber(beta)
+       << ",\n  \"queries\": " << result.fixed_points.dim(0)
+       << ",\n  \"solver\": " << JsonString(ToString(s.solver_type))
        << ",\n  \"termination\": " << JsonString(ToString(s.termination_type))
        << ",\n  \"converged\": " << s.CountSamples(TerminationType::kConverged)
        << ",\n  \"function_evaluations\": " << s.function_evaluations

@@ -13,24 +13,36 @@
 #include <string>
 #include <vector>
 
+#include "framework/tensor.h"
 #include "solvers/options.h"
 #include "solvers/summary.h"
-#include "framework/tensor.h"
 
 namespace stillpoint {
 
 struct RetrievalResult {
-  Tensor fixed_points;              // [Q, d]
-  std::vector<int64_t> nearest;     // per query: argmax_j <x_j, xi*>
-  std::vector<double> energy;       // per query: E(xi*)
+  Tensor fixed_points;           // [Q, d]
+  std::vector<int64_t> nearest;  // per query: argmax_j <x_j, xi*>
+  std::vector<double> energy;    // per query: E(xi*)
   SolverSummary summary;
-  double seconds = 0;
+  double seconds = 0;  // the solve's wall time (not the diagnostics)
 };
 
 // patterns [N, d], queries [Q, d] (same dtype). The default solver options
-// for retrieval are RetrievalSolverOptions().
-RetrievalResult RetrieveHopfield(const Tensor& patterns, const Tensor& queries, double beta,
+// for retrieval are RetrievalSolverOptions(). SolveHopfield then
+// DiagnoseHopfield.
+RetrievalResult RetrieveHopfield(const Tensor& patterns,
+                                 const Tensor& queries,
+                                 double beta,
                                  const ForwardSolverOptions& options);
+// The solve alone: fixed_points, summary and seconds (nearest and energy
+// left empty).
+RetrievalResult SolveHopfield(const Tensor& patterns,
+                              const Tensor& queries,
+                              double beta,
+                              const ForwardSolverOptions& options);
+// Fills result->nearest and result->energy from result->fixed_points, in
+// float64.
+void DiagnoseHopfield(const Tensor& patterns, double beta, RetrievalResult* result);
 
 // Picard iteration to a relative residual of 1e-6 within 32 iterations (W3).
 ForwardSolverOptions RetrievalSolverOptions();

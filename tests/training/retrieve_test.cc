@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "framework/parallel.h"
 #include "framework/random.h"
 #include "tests/scratch_path.h"
 #include "training/cli_commands.h"
@@ -66,6 +67,36 @@ TEST(RetrieveTest, EnergyIsLowerAtTheFixedPointThanAtTheQuery) {
   RetrievalResult start = RetrieveHopfield(patterns, queries, 4.0, zero_steps);
   RetrievalResult end = RetrieveHopfield(patterns, queries, 4.0, RetrievalSolverOptions());
   for (int64_t q = 0; q < 16; ++q) EXPECT_LE(end.energy[q], start.energy[q] + 1e-12) << q;
+}
+
+// The float32 map works by blocks of 24 queries within tasks of 256: with
+// 600 queries over 300 patterns (partial blocks and tasks) its fixed points
+// match the float64 solve's, and do not depend on the thread count.
+TEST(RetrieveTest, Float32SolveMatchesFloat64AndIgnoresThreadCount) {
+  Tensor patterns, queries;
+  MakePatterns(300, 40, &patterns, &queries);
+  Tensor more_queries(Shape{600, 40}, DType::kFloat64);  // each query twice
+  for (int64_t i = 0; i < more_queries.numel(); ++i) {
+    more_queries.set(i, queries.at(i % queries.numel()));
+  }
+  const RetrievalResult want =
+      RetrieveHopfield(patterns, more_queries, 8.0, RetrievalSolverOptions());
+  const Tensor patterns32 = patterns.To(DType::kFloat32);
+  const Tensor queries32 = more_queries.To(DType::kFloat32);
+  std::vector<double> by_threads[2];
+  for (int threads : {1, 2}) {
+    ScopedNumThreads scoped(threads);
+    const RetrievalResult got =
+        RetrieveHopfield(patterns32, queries32, 8.0, RetrievalSolverOptions());
+    EXPECT_EQ(got.nearest, want.nearest);
+    const std::vector<double> fixed = got.fixed_points.ToVector();
+    const std::vector<double> reference = want.fixed_points.ToVector();
+    for (std::size_t i = 0; i < fixed.size(); ++i) {
+      ASSERT_NEAR(fixed[i], reference[i], 2e-5) << "entry " << i << ", " << threads << " threads";
+    }
+    by_threads[threads - 1] = fixed;
+  }
+  EXPECT_EQ(by_threads[0], by_threads[1]);
 }
 
 class RetrieveCliTest : public ::testing::Test {
