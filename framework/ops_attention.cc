@@ -258,8 +258,14 @@ void UnitBackwardWhole(const AttentionGeometry& geo,
 // the whole-block forms above pass [Tq, Tk] blocks through L2 several
 // times. Every product is the packed kernel's, with K_h^T, V_h, V_h^T and
 // K_h packed once per unit; forward rows are bitwise what the whole-block
-// product gives for them.
-constexpr int64_t kQueryBlock = 24;
+// product gives for them. Blocks are whole row tiles (6) of about 24 KiB of
+// scores (24 queries for Tk = 256), so short sequences (Tk <= 170) are one
+// block.
+int64_t QueryBlockRows(const AttentionGeometry& geo) {
+  constexpr int64_t kScoreFloats = 6144;
+  constexpr int64_t kTileRows = 6;
+  return std::max(kTileRows, kScoreFloats / std::max<int64_t>(geo.tk, 1) / kTileRows * kTileRows);
+}
 
 // Scores of queries [i0, i0 + rows) of a unit, exponentiated (see
 // ExponentiateRows), into s.
@@ -292,10 +298,11 @@ void UnitForwardByQueryBlocks(const AttentionGeometry& geo,
   const UnitOffsets at = OffsetsOf(geo, unit);
   keys_t.Pack(true, geo.dh, geo.tk, k + at.k, geo.kv_stride);
   if (out) values.Pack(false, geo.tk, geo.dh, v + at.k, geo.kv_stride);
-  float* scratch = Scratch<float>(kQueryBlock * geo.tk);
-  float row_scale[kQueryBlock];
-  for (int64_t i0 = 0; i0 < geo.tq; i0 += kQueryBlock) {
-    const int64_t rows = std::min(kQueryBlock, geo.tq - i0);
+  const int64_t block_rows = QueryBlockRows(geo);
+  float* scratch = Scratch<float>(block_rows * (geo.tk + 1));
+  float* row_scale = scratch + block_rows * geo.tk;
+  for (int64_t i0 = 0; i0 < geo.tq; i0 += block_rows) {
+    const int64_t rows = std::min(block_rows, geo.tq - i0);
     float* p = p_unit ? p_unit + i0 * geo.tk : scratch;
     BlockExponentials(geo, keys_t, q + at.q, i0, rows, p_unit != nullptr, p, row_scale);
     if (out == nullptr) continue;
@@ -323,22 +330,23 @@ void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
                                float* dq,
                                float* dk,
                                float* dv) {
-  thread_local internal::PackedFloatB keys_t;      // K_h^T, for recomputed scores
-  thread_local internal::PackedFloatB values_t;    // V_h^T, for dP = dO V^T
-  thread_local internal::PackedFloatB keys;        // K_h, for dQ = dS K
-  thread_local internal::PackedFloatB block_rows;  // dO or Q rows of a block
+  thread_local internal::PackedFloatB keys_t;         // K_h^T, for recomputed scores
+  thread_local internal::PackedFloatB values_t;       // V_h^T, for dP = dO V^T
+  thread_local internal::PackedFloatB keys;           // K_h, for dQ = dS K
+  thread_local internal::PackedFloatB block_operand;  // dO or Q rows of a block
   const UnitOffsets at = OffsetsOf(geo, unit);
   const float scale = static_cast<float>(geo.scale);
   const bool score_grads = dq != nullptr || dk != nullptr;
   if (p_unit == nullptr) keys_t.Pack(true, geo.dh, geo.tk, k + at.k, geo.kv_stride);
   if (score_grads) values_t.Pack(true, geo.dh, geo.tk, v + at.k, geo.kv_stride);
   if (dq) keys.Pack(false, geo.tk, geo.dh, k + at.k, geo.kv_stride);
-  float* scratch = Scratch<float>(2 * kQueryBlock * geo.tk);
+  const int64_t block_rows = QueryBlockRows(geo);
+  float* scratch = Scratch<float>(block_rows * (2 * geo.tk + 1));
   float* recomputed = scratch;
-  float* ds = scratch + kQueryBlock * geo.tk;
-  float row_scale[kQueryBlock];
-  for (int64_t i0 = 0; i0 < geo.tq; i0 += kQueryBlock) {
-    const int64_t rows = std::min(kQueryBlock, geo.tq - i0);
+  float* ds = scratch + block_rows * geo.tk;
+  float* row_scale = scratch + 2 * block_rows * geo.tk;
+  for (int64_t i0 = 0; i0 < geo.tq; i0 += block_rows) {
+    const int64_t rows = std::min(block_rows, geo.tq - i0);
     const bool later_block = i0 > 0;
     const float* p = p_unit ? p_unit + i0 * geo.tk : recomputed;
     if (p_unit == nullptr) {
@@ -347,8 +355,8 @@ void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
     const float* g_rows = g + at.out + i0 * geo.dim;
     if (dv) {
       // dV_h += P_block^T dO_block.
-      block_rows.Pack(false, rows, geo.dh, g_rows, geo.dim);
-      block_rows.Multiply(true, geo.tk, 1.0f, p, geo.tk, dv + at.k, geo.kv_stride, later_block);
+      block_operand.Pack(false, rows, geo.dh, g_rows, geo.dim);
+      block_operand.Multiply(true, geo.tk, 1.0f, p, geo.tk, dv + at.k, geo.kv_stride, later_block);
     }
     if (!score_grads) continue;
     // dS = P o (dP - D) with dP = dO V^T; D_i = dO_i . O_i (see
@@ -367,8 +375,9 @@ void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
     }
     if (dk) {
       // dK_h += scale dS_block^T Q_block.
-      block_rows.Pack(false, rows, geo.dh, q + at.q + i0 * geo.q_stride, geo.q_stride);
-      block_rows.Multiply(true, geo.tk, scale, ds, geo.tk, dk + at.k, geo.kv_stride, later_block);
+      block_operand.Pack(false, rows, geo.dh, q + at.q + i0 * geo.q_stride, geo.q_stride);
+      block_operand.Multiply(true, geo.tk, scale, ds, geo.tk, dk + at.k, geo.kv_stride,
+                             later_block);
     }
   }
 }
