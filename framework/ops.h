@@ -60,7 +60,9 @@ Var tanh(const Var& x);
 Var sigmoid(const Var& x);
 // max(x, 0); the derivative at 0 is taken as 0.
 Var relu(const Var& x);
-// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). When
+// recording, gelu'(x) is computed in the same pass and kept with the node
+// (one tensor of x's size) so the backward is one multiply.
 Var gelu(const Var& x);
 // log(1 + exp(x)), computed stably.
 Var softplus(const Var& x);
@@ -167,6 +169,14 @@ Var multi_head_attention_reference(
 // Normalises over the last axis: (x - mean) / sqrt(var + eps) * gain + bias,
 // with the biased variance. gain, bias: [D] (either may be undefined).
 Var layer_norm(const Var& x, const Var& gain, const Var& bias, double eps = 1e-5);
+// layer_norm of parts[0] + parts[1] + ... (a residual sum before a norm) in
+// one pass per row: the same values, bitwise, as layer_norm of chained add()s
+// ((p0 + p1) + p2 ...), without a separate pass and tensor per add. Every
+// part gets layer_norm's dx as its gradient. parts: one or more Vars of one
+// shape [..., D] and dtype (no broadcasting); gain, bias as for layer_norm.
+// When recording, the sum is kept for the backward (as layer_norm keeps x);
+// create_graph differentiates the unfused form.
+Var layer_norm_of_sum(const VarList& parts, const Var& gain, const Var& bias, double eps = 1e-5);
 // logits [..., C], targets: one class per row of logits (numel / C entries,
 // each in [0, C), or ignore_index to skip the row) -> mean over the kept rows,
 // shape []. Fused with log_softmax.

@@ -311,42 +311,50 @@ Var relu(const Var& x) {
   });
 }
 
+namespace {
+
+// gelu(x) and, in `derivative`, gelu'(x), computed together in one pass.
+Tensor GeluWithDerivative(const Tensor& x, Tensor* derivative) {
+  Tensor out(x.shape(), x.dtype());
+  *derivative = Tensor(x.shape(), x.dtype());
+  DispatchDType(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* in = x.data<T>();
+    T* y = out.data<T>();
+    T* d = derivative->data<T>();
+    internal::ParallelRange(0, x.numel(), internal::kMinChunk, [&](int64_t lo, int64_t hi) {
+      internal::VecGeluWithDerivative(in + lo, y + lo, d + lo, hi - lo);
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
 Var gelu(const Var& x) {
-  Tensor out =
-      MapVector(x.value(), [](const auto* in, auto* y, int64_t n) { internal::VecGelu(in, y, n); });
-  // A graph whose backward runs more than once (the adjoint iterations of an
-  // implicit layer, one VJP each at the same point) keeps gelu'(x) from the
-  // second call on, so later calls are one multiply instead of a tanh per
-  // entry. A graph used once (explicit backprop) keeps nothing.
-  struct DerivativeCache {
-    int calls = 0;
-    Tensor derivative;
-  };
-  auto cache = std::make_shared<DerivativeCache>();
-  return RecordOp("gelu", out, {x}, [cache](const VarList& in, const Var& self, const Var& g) {
+  // When recording, gelu'(x) is computed with the value (it shares the exp
+  // and the division, so it costs far less than a second pass) and kept
+  // until the graph is released: every backward is then one multiply. The
+  // values are those of VecGeluBackward, bitwise.
+  const bool recording = GradModeEnabled() && x.requires_grad();
+  Tensor derivative;
+  Tensor out = recording ? GeluWithDerivative(x.value(), &derivative)
+                         : MapVector(x.value(), [](const auto* in, auto* y, int64_t n) {
+                             internal::VecGelu(in, y, n);
+                           });
+  return RecordOp("gelu", out, {x}, [derivative](const VarList& in, const Var& self, const Var& g) {
     if (!GradModeEnabled()) {
-      const Tensor& xv = in[0].value();
       const Tensor& gv = g.value();
-      SP_CHECK(gv.shape() == xv.shape() && gv.dtype() == xv.dtype(), "gelu: gradient ", gv.shape(),
-               " for input ", xv.shape());
-      const bool keep = ++cache->calls >= 2;
-      if (keep && !cache->derivative.defined()) {
-        cache->derivative = MapVector(
-            xv, [](const auto* in, auto* y, int64_t n) { internal::VecGeluDerivative(in, y, n); });
-      }
-      Tensor dx(xv.shape(), xv.dtype());
-      DispatchDType(xv.dtype(), [&](auto zero) {
+      SP_CHECK(gv.shape() == derivative.shape() && gv.dtype() == derivative.dtype(),
+               "gelu: gradient ", gv.shape(), " for input ", derivative.shape());
+      Tensor dx(gv.shape(), gv.dtype());
+      DispatchDType(gv.dtype(), [&](auto zero) {
         using T = decltype(zero);
         const T* gp = gv.data<T>();
-        const T* xp = xv.data<T>();
-        const T* dd = keep ? cache->derivative.data<T>() : nullptr;
+        const T* dd = derivative.data<T>();
         T* dp = dx.data<T>();
-        internal::ParallelRange(0, xv.numel(), internal::kMinChunk, [&](int64_t lo, int64_t hi) {
-          if (dd) {
-            for (int64_t i = lo; i < hi; ++i) dp[i] = gp[i] * dd[i];
-          } else {
-            internal::VecGeluBackward(gp + lo, xp + lo, dp + lo, hi - lo);
-          }
+        internal::ParallelRange(0, gv.numel(), internal::kMinChunk, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) dp[i] = gp[i] * dd[i];
         });
       });
       return VarList{constant(dx)};

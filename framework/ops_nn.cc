@@ -1,5 +1,5 @@
 // Fused row kernels over the last axis: logsumexp, softmax, log_softmax,
-// layer_norm and cross_entropy.
+// layer_norm, layer_norm_of_sum and cross_entropy.
 //
 // Every kernel treats its input as [rows, n] and runs ParallelFor over rows;
 // a row is always reduced by one task in index order, so results do not
@@ -229,41 +229,68 @@ struct LayerNormGrads {
   Tensor dx, dgain, dbias;
 };
 
+// One row: mean and rstd of row, then y = (row - mean) rstd gain + bias.
+// yr may equal row (normalising in place reads each entry before writing it).
+template <typename T>
+void NormalizeRow(
+    const T* row, const T* gv, const T* bv, T eps, int64_t n, T* yr, T* mean_out, T* rstd_out) {
+  const T inv_n = T(1) / static_cast<T>(n);
+  const T mean = internal::VecSum(row, n) * inv_n;
+  const T var = internal::VecSumSquaredDeviation(row, mean, n) * inv_n;
+  const T rstd = T(1) / std::sqrt(var + eps);
+  // One loop per case, so each vectorises without a branch inside.
+  if (gv && bv) {
+    for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd * gv[i] + bv[i];
+  } else if (gv) {
+    for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd * gv[i];
+  } else if (bv) {
+    for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd + bv[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd;
+  }
+  *mean_out = mean;
+  *rstd_out = rstd;
+}
+
+// sum[i] = ((parts[0][i] + parts[1][i]) + parts[2][i]) + ... over one row
+// (at least two parts): the order, and so the values, of chained add().
+template <typename T>
+void SumPartsRow(const std::vector<const T*>& parts, int64_t offset, int64_t n, T* sum) {
+  const T* p0 = parts[0] + offset;
+  const T* p1 = parts[1] + offset;
+  for (int64_t i = 0; i < n; ++i) sum[i] = p0[i] + p1[i];
+  for (std::size_t k = 2; k < parts.size(); ++k) {
+    const T* pk = parts[k] + offset;
+    for (int64_t i = 0; i < n; ++i) sum[i] += pk[i];
+  }
+}
+
+// Layer norm of the sum of `parts` (all [rows, n]; one part is plain
+// layer_norm). Each row's sum is formed in sum_out when it is given (the
+// backward needs it) and otherwise in the output row, which is then
+// normalised in place: one pass over the parts, no separate sum tensor.
 // stats holds (mean, rstd) per row.
 template <typename T>
-void LayerNormForwardKernel(const Tensor& x,
-                            const Tensor* gain,
-                            const Tensor* bias,
+void LayerNormForwardKernel(const std::vector<const T*>& parts,
+                            const T* gv,
+                            const T* bv,
                             double eps,
                             const RowLayout& rl,
-                            Tensor* out,
-                            Tensor* stats) {
-  const T* in = x.data<T>();
-  const T* gv = gain ? gain->data<T>() : nullptr;
-  const T* bv = bias ? bias->data<T>() : nullptr;
-  T* y = out->data<T>();
-  T* st = stats->data<T>();
+                            T* y,
+                            T* sum_out,
+                            T* stats) {
   const int64_t n = rl.n;
-  const T inv_n = T(1) / static_cast<T>(n);
+  const T eps_t = static_cast<T>(eps);
   ParallelFor(0, rl.rows, MinChunk(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const T* row = in + r * n;
       T* yr = y + r * n;
-      const T mean = internal::VecSum(row, n) * inv_n;
-      const T var = internal::VecSumSquaredDeviation(row, mean, n) * inv_n;
-      const T rstd = T(1) / std::sqrt(var + static_cast<T>(eps));
-      // One loop per case, so each vectorises without a branch inside.
-      if (gv && bv) {
-        for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd * gv[i] + bv[i];
-      } else if (gv) {
-        for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd * gv[i];
-      } else if (bv) {
-        for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd + bv[i];
-      } else {
-        for (int64_t i = 0; i < n; ++i) yr[i] = (row[i] - mean) * rstd;
+      const T* row = parts[0] + r * n;
+      if (parts.size() > 1) {
+        T* sum_row = sum_out ? sum_out + r * n : yr;
+        SumPartsRow(parts, r * n, n, sum_row);
+        row = sum_row;
       }
-      st[2 * r] = mean;
-      st[2 * r + 1] = rstd;
+      NormalizeRow(row, gv, bv, eps_t, n, yr, &stats[2 * r], &stats[2 * r + 1]);
     }
   });
 }
@@ -337,64 +364,170 @@ LayerNormGrads LayerNormBackwardKernel(const Tensor& x,
   return grads;
 }
 
+// The fused backward as Vars (constants), for a VJP without create_graph.
+VarList FusedLayerNormGrads(const Tensor& x,
+                            const Var& gain,
+                            bool want_gain,
+                            bool want_bias,
+                            const Tensor& stats,
+                            const Var& g,
+                            const RowLayout& rl) {
+  LayerNormGrads grads = DispatchDType(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const Tensor gain_value = gain.defined() ? gain.value() : Tensor();
+    return LayerNormBackwardKernel<T>(x, gain.defined() ? &gain_value : nullptr, want_gain,
+                                      want_bias, stats, g.value(), rl);
+  });
+  return VarList{Var(grads.dx), grads.dgain.defined() ? Var(grads.dgain) : Var(),
+                 grads.dbias.defined() ? Var(grads.dbias) : Var()};
+}
+
+// The same gradients {dx, dgain, dbias} written with differentiable ops (for
+// create_graph), recomputing the statistics from x so they carry their
+// dependence on x.
+VarList RecordedLayerNormGrads(
+    const Var& x, const Var& gain, bool want_gain, bool want_bias, double eps, const Var& g) {
+  const Shape param_shape{x.shape()[-1]};
+  const Var centered = sub(x, mean(x, -1, true));
+  const Var rstd = rsqrt(add_scalar(mean(square(centered), -1, true), eps));
+  const Var xhat = mul(centered, rstd);
+  const Var dxhat = gain.defined() ? mul(g, gain) : g;
+  const Var dx = mul(
+      rstd, sub(sub(dxhat, mean(dxhat, -1, true)), mul(xhat, mean(mul(dxhat, xhat), -1, true))));
+  Var dgain, dbias;
+  if (want_gain) dgain = sum_to(mul(g, xhat), param_shape);
+  if (want_bias) dbias = sum_to(g, param_shape);
+  return VarList{dx, dgain, dbias};
+}
+
+// Checks gain, bias and eps against x (the normalised input, or the first
+// part), naming `op`.
+void CheckLayerNormArguments(const Var& x,
+                             const RowLayout& rl,
+                             const Var& gain,
+                             const Var& bias,
+                             double eps,
+                             const char* op) {
+  const Shape param_shape{rl.n};
+  if (gain.defined()) {
+    SP_CHECK(gain.shape() == param_shape, op, ": gain ", gain.shape(),
+             " must be [D] = ", param_shape, " for x ", x.shape());
+    CheckSameDType(x, gain, op, "gain");
+  }
+  if (bias.defined()) {
+    SP_CHECK(bias.shape() == param_shape, op, ": bias ", bias.shape(),
+             " must be [D] = ", param_shape, " for x ", x.shape());
+    CheckSameDType(x, bias, op, "bias");
+  }
+  SP_CHECK(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
+  SP_CHECK(rl.n > 0, op, ": the last axis of x ", x.shape(), " is empty");
+}
+
+// Every part defined and of part 0's shape and dtype.
+void CheckSumParts(const VarList& parts) {
+  SP_CHECK(!parts.empty(), "layer_norm_of_sum: needs at least one part");
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    SP_CHECK(parts[k].defined(), "layer_norm_of_sum: part ", k, " is undefined");
+  }
+  for (std::size_t k = 1; k < parts.size(); ++k) {
+    SP_CHECK(parts[k].shape() == parts[0].shape(), "layer_norm_of_sum: part ", k, " has shape ",
+             parts[k].shape(), " but part 0 has shape ", parts[0].shape(),
+             " (all parts must share one shape; no broadcasting)");
+    SP_CHECK(parts[k].dtype() == parts[0].dtype(), "layer_norm_of_sum: part ", k, " ",
+             parts[k].shape(), " is ", ToString(parts[k].dtype()), " but part 0 ", parts[0].shape(),
+             " is ", ToString(parts[0].dtype()));
+  }
+}
+
+template <typename T>
+std::vector<const T*> DataPointers(const VarList& parts) {
+  std::vector<const T*> pointers;
+  pointers.reserve(parts.size());
+  for (const Var& part : parts) pointers.push_back(part.value().data<T>());
+  return pointers;
+}
+
 }  // namespace
 
 Var layer_norm(const Var& x, const Var& gain, const Var& bias, double eps) {
   const RowLayout rl = Rows(x, "layer_norm");
-  const Shape param_shape{rl.n};
-  if (gain.defined()) {
-    SP_CHECK(gain.shape() == param_shape, "layer_norm: gain ", gain.shape(),
-             " must be [D] = ", param_shape, " for x ", x.shape());
-    CheckSameDType(x, gain, "layer_norm", "gain");
-  }
-  if (bias.defined()) {
-    SP_CHECK(bias.shape() == param_shape, "layer_norm: bias ", bias.shape(),
-             " must be [D] = ", param_shape, " for x ", x.shape());
-    CheckSameDType(x, bias, "layer_norm", "bias");
-  }
-  SP_CHECK(eps >= 0.0, "layer_norm: eps must be >= 0, got ", eps);
-  SP_CHECK(rl.n > 0, "layer_norm: the last axis of x ", x.shape(), " is empty");
+  CheckLayerNormArguments(x, rl, gain, bias, eps, "layer_norm");
 
   Tensor out(x.shape(), x.dtype());
   Tensor stats(Shape{rl.rows, 2}, x.dtype());
-  const Tensor gain_value = gain.defined() ? gain.value() : Tensor();
-  const Tensor bias_value = bias.defined() ? bias.value() : Tensor();
   DispatchDType(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    LayerNormForwardKernel<T>(x.value(), gain.defined() ? &gain_value : nullptr,
-                              bias.defined() ? &bias_value : nullptr, eps, rl, &out, &stats);
+    LayerNormForwardKernel<T>({x.value().data<T>()},
+                              gain.defined() ? gain.value().data<T>() : nullptr,
+                              bias.defined() ? bias.value().data<T>() : nullptr, eps, rl,
+                              out.data<T>(), /*sum_out=*/nullptr, stats.data<T>());
   });
 
   return RecordOp("layer_norm", out, {x, gain, bias},
                   [rl, eps, stats](const VarList& in, const Var&, const Var& g) {
-                    const Var& x = in[0];
-                    const Var& gain = in[1];
-                    const Shape param_shape{rl.n};
+                    const bool want_gain = WantsInputGrad(in, 1);
+                    const bool want_bias = WantsInputGrad(in, 2);
                     if (!GradModeEnabled()) {
-                      LayerNormGrads grads = DispatchDType(x.dtype(), [&](auto zero) {
-                        using T = decltype(zero);
-                        const Tensor gain_value = gain.defined() ? gain.value() : Tensor();
-                        return LayerNormBackwardKernel<T>(
-                            x.value(), gain.defined() ? &gain_value : nullptr,
-                            WantsInputGrad(in, 1), WantsInputGrad(in, 2), stats, g.value(), rl);
-                      });
-                      return VarList{Var(grads.dx),
-                                     grads.dgain.defined() ? Var(grads.dgain) : Var(),
-                                     grads.dbias.defined() ? Var(grads.dbias) : Var()};
+                      return FusedLayerNormGrads(in[0].value(), in[1], want_gain, want_bias, stats,
+                                                 g, rl);
                     }
-                    // The same formulas with differentiable ops, recomputing the
-                    // statistics from x so they carry their dependence on x.
-                    const Var centered = sub(x, mean(x, -1, true));
-                    const Var rstd = rsqrt(add_scalar(mean(square(centered), -1, true), eps));
-                    const Var xhat = mul(centered, rstd);
-                    const Var dxhat = gain.defined() ? mul(g, gain) : g;
-                    const Var dx = mul(rstd, sub(sub(dxhat, mean(dxhat, -1, true)),
-                                                 mul(xhat, mean(mul(dxhat, xhat), -1, true))));
-                    Var dgain, dbias;
-                    if (WantsInputGrad(in, 1)) dgain = sum_to(mul(g, xhat), param_shape);
-                    if (WantsInputGrad(in, 2)) dbias = sum_to(g, param_shape);
-                    return VarList{dx, dgain, dbias};
+                    return RecordedLayerNormGrads(in[0], in[1], want_gain, want_bias, eps, g);
                   });
+}
+
+Var layer_norm_of_sum(const VarList& parts, const Var& gain, const Var& bias, double eps) {
+  CheckSumParts(parts);
+  if (parts.size() == 1) return layer_norm(parts[0], gain, bias, eps);
+  const Var& first = parts[0];
+  const RowLayout rl = Rows(first, "layer_norm_of_sum");
+  CheckLayerNormArguments(first, rl, gain, bias, eps, "layer_norm_of_sum");
+
+  VarList inputs = parts;
+  inputs.push_back(gain);
+  inputs.push_back(bias);
+  const bool recording =
+      GradModeEnabled() &&
+      std::any_of(inputs.begin(), inputs.end(), [](const Var& v) { return v.requires_grad(); });
+  Tensor out(first.shape(), first.dtype());
+  Tensor stats(Shape{rl.rows, 2}, first.dtype());
+  // The sum is kept only for the fused backward (x of layer_norm's VJP).
+  Tensor saved_sum = recording ? Tensor(first.shape(), first.dtype()) : Tensor();
+  DispatchDType(first.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    LayerNormForwardKernel<T>(
+        DataPointers<T>(parts), gain.defined() ? gain.value().data<T>() : nullptr,
+        bias.defined() ? bias.value().data<T>() : nullptr, eps, rl, out.data<T>(),
+        recording ? saved_sum.data<T>() : nullptr, stats.data<T>());
+  });
+
+  const std::size_t num_parts = parts.size();
+  return RecordOp(
+      "layer_norm_of_sum", out, std::move(inputs),
+      [rl, eps, stats, saved_sum, num_parts](const VarList& in, const Var&, const Var& g) {
+        const Var& gain = in[num_parts];
+        const bool want_gain = WantsInputGrad(in, num_parts);
+        const bool want_bias = WantsInputGrad(in, num_parts + 1);
+        VarList grads;  // {dx, dgain, dbias} of layer_norm at x = the sum
+        if (!GradModeEnabled()) {
+          grads = FusedLayerNormGrads(saved_sum, gain, want_gain, want_bias, stats, g, rl);
+        } else {
+          // create_graph: the unfused form, so the sum carries its
+          // dependence on every part.
+          Var x = add(in[0], in[1]);
+          for (std::size_t k = 2; k < num_parts; ++k) x = add(x, in[k]);
+          grads = RecordedLayerNormGrads(x, gain, want_gain, want_bias, eps, g);
+        }
+        // d(sum)/d(part) is the identity, so every part gets dx itself: one
+        // Var shared by all of them, as add's VJP does (the engine adds
+        // gradients into fresh tensors and never mutates one).
+        VarList result(num_parts + 2);
+        for (std::size_t k = 0; k < num_parts; ++k) {
+          if (WantsInputGrad(in, k)) result[k] = grads[0];
+        }
+        result[num_parts] = grads[1];
+        result[num_parts + 1] = grads[2];
+        return result;
+      });
 }
 
 // ------------------------------------------------------------ cross_entropy

@@ -168,11 +168,14 @@ inline FloatPacket GeluPacket(const FloatPacket& x) {
 }
 
 // d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx = s + 2 x s (1 - s) du/dx.
-inline FloatPacket GeluDerivativePacket(const FloatPacket& x) {
+inline FloatPacket GeluDerivativeFromParts(const FloatPacket& x, const GeluParts& p) {
   namespace ei = Eigen::internal;
-  const GeluParts p = GeluPartsOf(x);
   const FloatPacket two_x = ei::padd(x, x);
   return ei::pmadd(ei::pmul(two_x, p.s_one_minus_s), p.du, p.s);
+}
+
+inline FloatPacket GeluDerivativePacket(const FloatPacket& x) {
+  return GeluDerivativeFromParts(x, GeluPartsOf(x));
 }
 
 // ---- scalar formulas (double, and the reference for tests) ----
@@ -263,6 +266,37 @@ inline void VecGeluDerivative(const float* x, float* out, int64_t n) {
 }
 inline void VecGeluDerivative(const double* x, double* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = GeluDerivative(x[i]);
+}
+
+// out = gelu(x) and derivative = gelu'(x) in one pass, sharing the exp and
+// the division: bitwise the results of VecGelu and VecGeluDerivative (the
+// tail is padded with 0 as in MapFloatPackets).
+inline void VecGeluWithDerivative(const float* x, float* out, float* derivative, int64_t n) {
+  namespace ei = Eigen::internal;
+  auto both = [](const FloatPacket& xp, float* y, float* d) {
+    const GeluParts parts = GeluPartsOf(xp);
+    ei::pstoreu(y, ei::pmul(xp, parts.s));
+    ei::pstoreu(d, GeluDerivativeFromParts(xp, parts));
+  };
+  int64_t i = 0;
+  for (; i + kVecBlock <= n; i += kVecBlock) {
+    both(ei::ploadu<FloatPacket>(x + i), out + i, derivative + i);
+  }
+  if (i < n) {
+    float in_tail[kVecBlock] = {};
+    float out_tail[kVecBlock];
+    float derivative_tail[kVecBlock];
+    std::copy(x + i, x + n, in_tail);
+    both(ei::ploadu<FloatPacket>(in_tail), out_tail, derivative_tail);
+    std::copy(out_tail, out_tail + (n - i), out + i);
+    std::copy(derivative_tail, derivative_tail + (n - i), derivative + i);
+  }
+}
+inline void VecGeluWithDerivative(const double* x, double* out, double* derivative, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = GeluValue(x[i]);
+    derivative[i] = GeluDerivative(x[i]);
+  }
 }
 
 // out[i] = exp(x[i] - shift) for x[i] - shift <= 88 (ExpFlushPacket: 0

@@ -51,12 +51,14 @@ Var DEQCell::Forward(const Var& z, const Var& u, const std::vector<int64_t>& sam
     attended = sample_ids.empty() ? attention_dropout_->Forward(attended)
                                   : attention_dropout_->Forward(attended, sample_ids);
   }
-  const Var h = ln1_->Forward(add(add(z, attended), u));
+  // Residual sums go straight into the fused norms (same values as add then
+  // LayerNorm, without the intermediate tensors).
+  const Var h = ln1_->Forward(VarList{z, attended, u});
   Var ffn = fc2_->Forward(gelu(fc1_->Forward(h)));
   if (ffn_dropout_) {
     ffn = sample_ids.empty() ? ffn_dropout_->Forward(ffn) : ffn_dropout_->Forward(ffn, sample_ids);
   }
-  return ln2_->Forward(add(h, ffn));
+  return ln2_->Forward(VarList{h, ffn});
 }
 
 }  // namespace stillpoint

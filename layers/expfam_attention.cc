@@ -198,8 +198,10 @@ Var ExpFamAttention::EnergyGrad(const Var& eta, const EnergyContext& ctx) const 
 
 Var ExpFamAttention::Update(const Var& eta, const EnergyContext& ctx) const {
   if (options_.update == ExpFamUpdate::kCccp) return LogPartitionGrad(eta, ctx);
-  Var residual = add(eta, LogPartitionGrad(eta, ctx));
-  return norm_ ? norm_->Forward(residual) : residual;
+  const Var step = LogPartitionGrad(eta, ctx);
+  // With the norm, the residual sum goes into the fused norm of a sum (the
+  // same values as add then LayerNorm, without the intermediate tensor).
+  return norm_ ? norm_->Forward(VarList{eta, step}) : add(eta, step);
 }
 
 Var ExpFamAttention::Forward(const Var& x) const {

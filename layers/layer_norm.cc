@@ -21,10 +21,24 @@ std::string LayerNorm::Name() const {
   return out.str();
 }
 
+namespace {
+
+void CheckLastExtent(const Var& x, int64_t dim, const char* what) {
+  SP_CHECK(x.defined() && x.rank() >= 1 && x.dim(-1) == dim, "LayerNorm(", dim, "): ", what, " ",
+           (x.defined() ? x.shape().ToString() : "undefined"), " must have last extent ", dim);
+}
+
+}  // namespace
+
 Var LayerNorm::Forward(const Var& x) const {
-  SP_CHECK(x.defined() && x.rank() >= 1 && x.dim(-1) == dim_, "LayerNorm(", dim_, "): input ",
-           (x.defined() ? x.shape().ToString() : "undefined"), " must have last extent ", dim_);
+  CheckLastExtent(x, dim_, "input");
   return layer_norm(x, gain_, bias_, eps_);
+}
+
+Var LayerNorm::Forward(const VarList& parts) const {
+  SP_CHECK(!parts.empty(), "LayerNorm(", dim_, "): no parts to sum");
+  for (const Var& part : parts) CheckLastExtent(part, dim_, "part");
+  return layer_norm_of_sum(parts, gain_, bias_, eps_);
 }
 
 }  // namespace stillpoint

@@ -4,7 +4,8 @@
 //
 // Shapes: x [..., dim] -> y [..., dim]. Parameters: "gain" [dim] (ones) and
 // "bias" [dim] (zeros); options.elementwise_affine = false leaves both out.
-// The forward and backward are the fused layer_norm op.
+// The forward and backward are the fused layer_norm op; Forward(parts)
+// normalises a residual sum with the fused layer_norm_of_sum op.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +33,10 @@ class LayerNorm : public Module {
 
   // x [..., dim] -> [..., dim].
   Var Forward(const Var& x) const;
+  // The norm of parts[0] + parts[1] + ..., all of one shape [..., dim]:
+  // bitwise the value of Forward(add(add(parts[0], parts[1]), ...)), without
+  // materialising the sum (see layer_norm_of_sum).
+  Var Forward(const VarList& parts) const;
 
   int64_t dim() const { return dim_; }
   double eps() const { return eps_; }

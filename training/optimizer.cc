@@ -8,9 +8,24 @@
 namespace stillpoint {
 namespace {
 
-// Elements per segment of the flat view: large enough to amortise the task,
-// small enough to balance two cores on the W1 model (about 60k parameters).
-constexpr int64_t kSegmentSize = 4096;
+// Fewest parameter elements per task: large enough to amortise the task, so
+// small models update inline; the W1 model splits into a few tasks per core.
+constexpr int64_t kMinElementsPerTask = 4096;
+
+// For every slot s overlapping the flat element range [lo, hi) (slot s
+// holds [offsets[s], offsets[s + 1])), calls fn(s, begin, end) with
+// [begin, end) the overlap in the slot's own element indices.
+template <typename Fn>
+void ForEachSlotPiece(const std::vector<int64_t>& offsets, int64_t lo, int64_t hi, const Fn& fn) {
+  const std::size_t slots = offsets.size() - 1;
+  // The last slot that starts at or before lo, then each one starting before hi.
+  std::size_t s = std::upper_bound(offsets.begin(), offsets.end(), lo) - offsets.begin() - 1;
+  for (; s < slots && offsets[s] < hi; ++s) {
+    const int64_t begin = std::max(lo, offsets[s]) - offsets[s];
+    const int64_t end = std::min(hi, offsets[s + 1]) - offsets[s];
+    if (begin < end) fn(s, begin, end);
+  }
+}
 
 bool EndsWith(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() &&
@@ -80,6 +95,9 @@ class Adam : public Optimizer {
       const T step = static_cast<T>(options_.learning_rate / correction1);
       const T inv_sqrt_c2 = static_cast<T>(1.0 / std::sqrt(correction2));
       const T eps = static_cast<T>(options_.epsilon);
+      // Vectorises (std::sqrt included: this file is compiled with
+      // -fno-math-errno, see training/CMakeLists.txt); each element goes
+      // through the same operations either way.
       for (int64_t i = begin; i < end; ++i) {
         T gi = g[i];
         if (decoupled) {
@@ -160,11 +178,9 @@ Optimizer::Optimizer(const OptimizerOptions& options, const NamedVars& parameter
     }
     slots_.push_back(std::move(slot));
   }
-  for (int s = 0; s < static_cast<int>(slots_.size()); ++s) {
-    const int64_t n = slots_[s].parameter.numel();
-    for (int64_t begin = 0; begin < n; begin += kSegmentSize) {
-      segments_.push_back({s, begin, std::min(n, begin + kSegmentSize)});
-    }
+  slot_offsets_.push_back(0);
+  for (const Slot& slot : slots_) {
+    slot_offsets_.push_back(slot_offsets_.back() + slot.parameter.numel());
   }
 }
 
@@ -180,12 +196,14 @@ void Optimizer::Step() {
       grads[s] = g.value();
     }
   }
-  ParallelFor(0, static_cast<int64_t>(segments_.size()), 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t k = lo; k < hi; ++k) {
-      const Segment& segment = segments_[k];
-      if (!grads[segment.slot].defined()) continue;
-      UpdateSegment(slots_[segment.slot], grads[segment.slot], segment.begin, segment.end);
-    }
+  // Tasks split the flat element range of all parameters, so every task gets
+  // about the same number of elements whatever the parameter sizes. Each
+  // element is updated by one task with the same arithmetic, so the result
+  // does not depend on the split.
+  ParallelFor(0, slot_offsets_.back(), kMinElementsPerTask, [&](int64_t lo, int64_t hi) {
+    ForEachSlotPiece(slot_offsets_, lo, hi, [&](std::size_t s, int64_t begin, int64_t end) {
+      if (grads[s].defined()) UpdateSegment(slots_[s], grads[s], begin, end);
+    });
   });
 }
 
@@ -227,8 +245,7 @@ void Optimizer::LoadState(const NamedTensors& state) {
           std::pair<std::string, Tensor*>{".v", &slot.second_moment}}) {
       if (!tensor->defined()) continue;
       const Tensor* source = find(slot.name + suffix);
-      SP_CHECK(source != nullptr, "Optimizer::LoadState: missing entry '", slot.name + suffix,
-               "'");
+      SP_CHECK(source != nullptr, "Optimizer::LoadState: missing entry '", slot.name + suffix, "'");
       SP_CHECK(source->shape() == tensor->shape(), "Optimizer::LoadState: entry '",
                slot.name + suffix, "' has shape ", source->shape(), " but the parameter needs ",
                tensor->shape());

@@ -2,10 +2,12 @@
 //
 // Hyperparameters (OptimizerOptions) are kept apart from state (moment
 // buffers). The update of every parameter runs as ONE parallel loop over a
-// flat view of all parameters: the parameters are cut into fixed segments
-// (never straddling two tensors), and ParallelFor walks the segments, so a
-// step costs one pass over memory and is bitwise identical for a given
-// thread count.
+// flat view of all parameters' elements: ParallelFor splits that range into
+// tasks of about equal element counts (a task's range is cut at tensor
+// boundaries into one update call per tensor), so a step costs one pass over
+// memory and balances the threads whatever the parameter sizes. Every
+// element gets the same arithmetic whichever task updates it, so the result
+// is bitwise identical for any thread count.
 //
 //   auto optimizer = Optimizer::Create(options, model.named_parameters());
 //   loss = ...; optimizer->ZeroGrad(); backward(loss); optimizer->Step();
@@ -85,11 +87,9 @@ class Optimizer {
   int64_t step_count_ = 0;
 
  private:
-  struct Segment {
-    int slot;
-    int64_t begin, end;
-  };
-  std::vector<Segment> segments_;
+  // All parameters' elements seen as one flat range: slot s holds
+  // [slot_offsets_[s], slot_offsets_[s + 1]).
+  std::vector<int64_t> slot_offsets_;
 };
 
 // Scales all gradients so their global L2 norm is at most max_norm; returns

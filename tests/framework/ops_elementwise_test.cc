@@ -15,6 +15,7 @@
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "framework/random.h"
+#include "framework/vector_math.h"
 
 namespace stillpoint {
 namespace {
@@ -470,7 +471,7 @@ TEST(ElementwiseTest, ResultsAreIdenticalForOneAndTwoThreads) {
 }
 
 // The adjoint iterations of an implicit layer take many VJPs through one
-// retained graph; gelu keeps its derivative from the second call on. Every
+// retained graph; gelu keeps the derivative it computed with its value. Every
 // call must still give g * gelu'(x), bitwise equal to a fresh graph's VJP.
 TEST(ElementwiseOpsTest, GeluRepeatedVjpsThroughOneGraphMatchAFreshGraph) {
   for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
@@ -489,6 +490,36 @@ TEST(ElementwiseOpsTest, GeluRepeatedVjpsThroughOneGraphMatchAFreshGraph) {
       const double expected =
           g.value().at(5) * (GeluFormula(x0 + 1e-6) - GeluFormula(x0 - 1e-6)) / 2e-6;
       EXPECT_NEAR(repeated.value().at(5), expected, 1e-4 * (1.0 + std::abs(expected)));
+    }
+  }
+}
+
+// A recorded gelu computes gelu'(x) together with its value; the values and
+// the VJP must be bitwise those of the separate kernels (VecGelu, and
+// VecGeluBackward = g * gelu'(x)), tails shorter than a packet included, for
+// one and two threads.
+TEST(ElementwiseOpsTest, GeluRecordedValueAndVjpMatchTheSeparateKernelsBitwise) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    // 3 x 7001 entries: several tasks, and a tail of 5 after the last packet.
+    const Var x(Uniform(Shape{3, 7001}, -12.0, 12.0, 12, dtype).value(), true);
+    const Var g = Normal(Shape{3, 7001}, 13, dtype);
+    Tensor expected_y(x.shape(), dtype), expected_dx(x.shape(), dtype);
+    DispatchDType(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      internal::VecGelu(x.value().data<T>(), expected_y.data<T>(), x.numel());
+      internal::VecGeluBackward(g.value().data<T>(), x.value().data<T>(), expected_dx.data<T>(),
+                                x.numel());
+    });
+    for (int threads : {1, 2}) {
+      ScopedNumThreads scoped(threads);
+      const Var y = gelu(x);
+      const Var dx = grad({y}, {x}, {g})[0];
+      EXPECT_EQ(MaxAbsDiff(y.value(), expected_y), 0.0)
+          << ToString(dtype) << ", " << threads << " threads";
+      EXPECT_EQ(MaxAbsDiff(dx.value(), expected_dx), 0.0)
+          << ToString(dtype) << ", " << threads << " threads";
+      NoGrad no_grad;
+      EXPECT_EQ(MaxAbsDiff(gelu(x).value(), expected_y), 0.0);
     }
   }
 }

@@ -1,5 +1,5 @@
-// Fused row ops: logsumexp, softmax, log_softmax, layer_norm and
-// cross_entropy. Values, numerical stability, -inf entries, first and second
+// Fused row ops: logsumexp, softmax, log_softmax, layer_norm,
+// layer_norm_of_sum and cross_entropy. Values, numerical stability, -inf entries, first and second
 // order gradients (both the fused and the differentiable VJP), float32,
 // errors and independence from the thread count.
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "framework/gradcheck.h"
 #include "framework/ops.h"
@@ -247,6 +248,218 @@ TEST(LayerNormTest, BadParameterShapeOrDType) {
                       {"layer_norm", "[4]", "[2, 5]"});
   ExpectErrorMentions([&] { layer_norm(x, Var(), Random(Shape{5}, 33, DType::kFloat32)); },
                       {"layer_norm", "float32", "float64"});
+}
+
+// -------------------------------------------------------- layer_norm_of_sum
+
+// The unfused computation layer_norm_of_sum stands for.
+Var AddThenLayerNorm(const VarList& parts, const Var& gain, const Var& bias, double eps = 1e-5) {
+  Var x = parts[0];
+  for (std::size_t k = 1; k < parts.size(); ++k) x = add(x, parts[k]);
+  return layer_norm(x, gain, bias, eps);
+}
+
+Var Leaf(const Shape& shape, uint64_t seed, DType dtype) {
+  return Var(Random(shape, seed, dtype).value(), /*requires_grad=*/true);
+}
+
+TEST(LayerNormOfSumTest, ValuesEqualAddThenLayerNormBitwise) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    // 3 x 37 = 111 rows of 67: rows not a multiple of a packet or of a task.
+    const VarList parts = {Leaf(Shape{3, 37, 67}, 40, dtype), Leaf(Shape{3, 37, 67}, 41, dtype),
+                           Leaf(Shape{3, 37, 67}, 42, dtype)};
+    const Var gain = Leaf(Shape{67}, 43, dtype);
+    const Var bias = Leaf(Shape{67}, 44, dtype);
+    for (std::size_t count : {2, 3}) {
+      const VarList some(parts.begin(), parts.begin() + count);
+      const Tensor expected = AddThenLayerNorm(some, gain, bias).value();
+      // Recording (the sum is kept for backward) and not (normalised in place).
+      EXPECT_EQ(MaxAbsDiff(layer_norm_of_sum(some, gain, bias).value(), expected), 0.0)
+          << ToString(dtype) << ", " << count << " parts";
+      NoGrad no_grad;
+      EXPECT_EQ(MaxAbsDiff(layer_norm_of_sum(some, gain, bias).value(), expected), 0.0)
+          << ToString(dtype) << ", " << count << " parts, no grad";
+      EXPECT_EQ(MaxAbsDiff(layer_norm_of_sum(some, gain, Var()).value(),
+                           AddThenLayerNorm(some, gain, Var()).value()),
+                0.0);
+      EXPECT_EQ(MaxAbsDiff(layer_norm_of_sum(some, Var(), bias).value(),
+                           AddThenLayerNorm(some, Var(), bias).value()),
+                0.0);
+      EXPECT_EQ(MaxAbsDiff(layer_norm_of_sum(some, Var(), Var(), 0.0).value(),
+                           AddThenLayerNorm(some, Var(), Var(), 0.0).value()),
+                0.0);
+    }
+  }
+}
+
+TEST(LayerNormOfSumTest, OnePartIsLayerNorm) {
+  const Var x = Leaf(Shape{4, 6}, 45, DType::kFloat64);
+  const Var gain = Leaf(Shape{6}, 46, DType::kFloat64);
+  EXPECT_EQ(
+      MaxAbsDiff(layer_norm_of_sum({x}, gain, Var()).value(), layer_norm(x, gain, Var()).value()),
+      0.0);
+}
+
+TEST(LayerNormOfSumTest, GradientsEqualAddThenLayerNormBitwise) {
+  // More rows than one reduction block, so the blocked gain/bias sums are used.
+  const DType dtype = DType::kFloat32;
+  const VarList parts = {Leaf(Shape{5, 19, 64}, 47, dtype), Leaf(Shape{5, 19, 64}, 48, dtype),
+                         Leaf(Shape{5, 19, 64}, 49, dtype)};
+  const Var gain = Leaf(Shape{64}, 50, dtype);
+  const Var bias = Leaf(Shape{64}, 51, dtype);
+  const Var probe = Random(Shape{5, 19, 64}, 52, dtype);
+  const VarList inputs = {parts[0], parts[1], parts[2], gain, bias};
+  const VarList fused = grad({sum(mul(layer_norm_of_sum(parts, gain, bias), probe))}, inputs);
+  const VarList unfused = grad({sum(mul(AddThenLayerNorm(parts, gain, bias), probe))}, inputs);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_TRUE(fused[i].defined()) << "input " << i;
+    EXPECT_EQ(MaxAbsDiff(fused[i].value(), unfused[i].value()), 0.0) << "input " << i;
+  }
+}
+
+TEST(LayerNormOfSumTest, GradientsMatchFiniteDifferences) {
+  auto full = [](const VarList& in) {
+    return layer_norm_of_sum({in[0], in[1], in[2]}, in[3], in[4], 1e-5);
+  };
+  auto r = CheckGradients(
+      full, {Random(Shape{2, 3, 5}, 53), Random(Shape{2, 3, 5}, 54), Random(Shape{2, 3, 5}, 55),
+             Random(Shape{5}, 56), Random(Shape{5}, 57)});
+  EXPECT_TRUE(r) << r;
+  auto plain = [](const VarList& in) { return layer_norm_of_sum({in[0], in[1]}, Var(), Var()); };
+  auto r_plain = CheckGradients(plain, {Random(Shape{4, 6}, 58), Random(Shape{4, 6}, 59)});
+  EXPECT_TRUE(r_plain) << r_plain;
+}
+
+TEST(LayerNormOfSumTest, SecondOrderGradients) {
+  auto full = [](const VarList& in) {
+    return layer_norm_of_sum({in[0], in[1], in[2]}, in[3], in[4], 1e-5);
+  };
+  auto r = CheckSecondOrderGradients(
+      full, {Random(Shape{3, 4}, 60), Random(Shape{3, 4}, 61), Random(Shape{3, 4}, 62),
+             Random(Shape{4}, 63), Random(Shape{4}, 64)});
+  EXPECT_TRUE(r) << r;
+  auto plain = [](const VarList& in) { return layer_norm_of_sum({in[0], in[1]}, Var(), Var()); };
+  auto r_plain =
+      CheckSecondOrderGradients(plain, {Random(Shape{2, 2, 5}, 65), Random(Shape{2, 2, 5}, 66)});
+  EXPECT_TRUE(r_plain) << r_plain;
+}
+
+TEST(LayerNormOfSumTest, FusedAndDifferentiableBackwardAgree) {
+  const VarList parts = {Leaf(Shape{70, 8}, 67, DType::kFloat64),
+                         Leaf(Shape{70, 8}, 68, DType::kFloat64)};
+  const Var gain = Leaf(Shape{8}, 69, DType::kFloat64);
+  const Var bias = Leaf(Shape{8}, 70, DType::kFloat64);
+  const Var loss = sum(mul(layer_norm_of_sum(parts, gain, bias), Random(Shape{70, 8}, 71)));
+  const VarList inputs = {parts[0], parts[1], gain, bias};
+  const VarList fused = grad({loss}, inputs, {}, {.retain_graph = true});
+  const VarList composite = grad({loss}, inputs, {}, {.create_graph = true});
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_LT(MaxAbsDiff(fused[i].value(), composite[i].value()), 1e-11) << "input " << i;
+  }
+}
+
+// Every part receives the same gradient Var. That is safe because the engine
+// accumulates into fresh tensors: a later backward into one part leaves the
+// other's gradient alone.
+TEST(LayerNormOfSumTest, SharedPartGradientIsNeverMutated) {
+  Var a = Leaf(Shape{6, 5}, 72, DType::kFloat64);
+  Var b = Leaf(Shape{6, 5}, 73, DType::kFloat64);
+  const Var probe = Random(Shape{6, 5}, 74);
+  backward(sum(mul(layer_norm_of_sum({a, b}, Var(), Var()), probe)));
+  const Tensor dx = a.grad().value().Clone();
+  EXPECT_EQ(MaxAbsDiff(b.grad().value(), dx), 0.0);
+  backward(sum(mul(a, probe)));  // a.grad += probe
+  EXPECT_EQ(MaxAbsDiff(b.grad().value(), dx), 0.0);
+  EXPECT_EQ(MaxAbsDiff(a.grad().value(), add(Var(dx), probe).value()), 0.0);
+  // A part given twice gets both shares, as with add(a, a).
+  const VarList twice = grad({sum(mul(layer_norm_of_sum({a, a}, Var(), Var()), probe))}, {a});
+  const VarList reference = grad({sum(mul(layer_norm(add(a, a), Var(), Var()), probe))}, {a});
+  EXPECT_EQ(MaxAbsDiff(twice[0].value(), reference[0].value()), 0.0);
+  // The differentiable (create_graph) VJP counts a repeated part twice too, not more.
+  const VarList twice_recorded = grad({sum(mul(layer_norm_of_sum({a, a}, Var(), Var()), probe))},
+                                      {a}, {}, {.create_graph = true});
+  EXPECT_LT(MaxAbsDiff(twice_recorded[0].value(), reference[0].value()), 1e-12);
+}
+
+TEST(LayerNormOfSumTest, OnlyRequestedGradientsAreComputed) {
+  Var a = Leaf(Shape{3, 4}, 75, DType::kFloat64);
+  const Var b = Random(Shape{3, 4}, 76);  // a constant
+  Var gain = Leaf(Shape{4}, 77, DType::kFloat64);
+  const VarList g = grad({sum(square(layer_norm_of_sum({a, b}, gain, Var())))}, {a, gain});
+  const VarList reference = grad({sum(square(AddThenLayerNorm({a, b}, gain, Var())))}, {a, gain});
+  EXPECT_EQ(MaxAbsDiff(g[0].value(), reference[0].value()), 0.0);
+  EXPECT_EQ(MaxAbsDiff(g[1].value(), reference[1].value()), 0.0);
+}
+
+TEST(LayerNormOfSumTest, BitwiseIndependentOfThreadCount) {
+  // Enough rows (and reduction blocks) to be split across two threads.
+  const DType dtype = DType::kFloat32;
+  const VarList parts = {Leaf(Shape{1100, 64}, 78, dtype), Leaf(Shape{1100, 64}, 79, dtype),
+                         Leaf(Shape{1100, 64}, 80, dtype)};
+  const Var gain = Leaf(Shape{64}, 81, dtype);
+  const Var bias = Leaf(Shape{64}, 82, dtype);
+  const Var probe = Random(Shape{1100, 64}, 83, dtype);
+  const VarList inputs = {parts[0], parts[1], parts[2], gain, bias};
+  std::vector<Tensor> results[2];
+  for (int threads : {1, 2}) {
+    ScopedNumThreads scoped(threads);
+    const Var y = layer_norm_of_sum(parts, gain, bias);
+    results[threads - 1].push_back(y.value());
+    for (const Var& g : grad({sum(mul(y, probe))}, inputs)) {
+      results[threads - 1].push_back(g.value());
+    }
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (std::size_t k = 0; k < results[0].size(); ++k) {
+    EXPECT_EQ(MaxAbsDiff(results[0][k], results[1][k]), 0.0) << "result " << k;
+  }
+}
+
+TEST(LayerNormOfSumTest, BadPartsOrParameters) {
+  const Var x = Random(Shape{2, 5}, 84);
+  ExpectErrorMentions([&] { layer_norm_of_sum({}, Var(), Var()); },
+                      {"layer_norm_of_sum", "at least one part"});
+  ExpectErrorMentions(
+      [&] {
+        layer_norm_of_sum({x, Random(Shape{2, 4}, 85)}, Var(), Var());
+      },
+      {"layer_norm_of_sum", "part 1", "[2, 4]", "[2, 5]"});
+  ExpectErrorMentions(
+      [&] {
+        layer_norm_of_sum({x, Random(Shape{5}, 86)}, Var(), Var());
+      },
+      {"layer_norm_of_sum", "[5]", "[2, 5]"});
+  ExpectErrorMentions(
+      [&] {
+        layer_norm_of_sum({x, x, Random(Shape{2, 5}, 87, DType::kFloat32)}, Var(), Var());
+      },
+      {"layer_norm_of_sum", "part 2", "float32", "float64"});
+  ExpectErrorMentions(
+      [&] {
+        layer_norm_of_sum({x, Var()}, Var(), Var());
+      },
+      {"layer_norm_of_sum", "part 1", "undefined"});
+  ExpectErrorMentions(
+      [&] {
+        layer_norm_of_sum({x, x}, Random(Shape{4}, 88), Var());
+      },
+      {"layer_norm_of_sum", "gain", "[4]", "[2, 5]"});
+  ExpectErrorMentions(
+      [&] {
+        layer_norm_of_sum({x, x}, Var(), Random(Shape{5}, 89, DType::kFloat32));
+      },
+      {"layer_norm_of_sum", "bias", "float32", "float64"});
+  const Var scalar(Tensor::Scalar(1.0, DType::kFloat64));
+  ExpectErrorMentions(
+      [&] {
+        layer_norm_of_sum({scalar, scalar}, Var(), Var());
+      },
+      {"layer_norm_of_sum", "[]"});
+  ExpectErrorMentions(
+      [&] {
+        layer_norm_of_sum({x, x}, Var(), Var(), -1.0);
+      },
+      {"layer_norm_of_sum", "eps"});
 }
 
 // ------------------------------------------------------------ cross_entropy

@@ -359,6 +359,54 @@ TEST(ReduceTest, ResultsAreIdenticalForOneAndTwoThreads) {
   EXPECT_NEAR(one[1].item(), total, 1e-9);
 }
 
+// x read as [outer, n, inner] -> the sums over n, each accumulated in
+// float64 in ascending order and rounded once to x's dtype: the order the
+// column-sum kernel promises, so its results must match bitwise.
+std::vector<double> ColumnSumsByLoop(const Tensor& x, int64_t outer, int64_t n, int64_t inner) {
+  const std::vector<double> values = x.ToVector();
+  std::vector<double> out(outer * inner);
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      double acc = 0.0;
+      for (int64_t k = 0; k < n; ++k) acc += values[(o * n + k) * inner + i];
+      out[o * inner + i] =
+          x.dtype() == DType::kFloat32 ? static_cast<double>(static_cast<float>(acc)) : acc;
+    }
+  }
+  return out;
+}
+
+// Column sums (inner > 1: bias gradients, sum_to of [B, T, D] to [D]) for
+// widths that are not multiples of the kernel's column blocks, few and many
+// rows, one and two threads.
+TEST(ReduceTest, ColumnSumsMatchASequentialFloat64LoopBitwise) {
+  struct Case {
+    int64_t outer, n, inner;
+  };
+  const std::vector<Case> cases = {{1, 1, 3},     {1, 2, 7},     {1, 5, 13},    {2, 17, 31},
+                                   {1, 6, 100},   {1, 1024, 64}, {3, 1000, 33}, {1, 3000, 45},
+                                   {2, 4099, 67}, {1, 700, 129}};
+  uint64_t seed = 30;
+  for (const Case& c : cases) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+      // Shifted away from 0 so the float64 sums round differently from float ones.
+      const Var x = add_scalar(Normal(Shape{c.outer, c.n, c.inner}, ++seed, dtype), 0.37);
+      const std::vector<double> expected = ColumnSumsByLoop(x.value(), c.outer, c.n, c.inner);
+      for (int threads : {1, 2}) {
+        ScopedNumThreads scoped(threads);
+        const std::vector<double> by_axis = sum(x, 1).value().ToVector();
+        EXPECT_EQ(by_axis, expected) << "[" << c.outer << ", " << c.n << ", " << c.inner << "] "
+                                     << ToString(dtype) << ", " << threads << " threads";
+        if (c.outer == 1) {
+          const std::vector<double> by_sum_to = sum_to(x, Shape{c.inner}).value().ToVector();
+          EXPECT_EQ(by_sum_to, expected) << "sum_to [" << c.n << ", " << c.inner << "] "
+                                         << ToString(dtype) << ", " << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
 TEST(ReduceTest, ReductionGradientsAreIdenticalForOneAndTwoThreads) {
   Var x(Normal(Shape{64, 4099}, 19).value(), true);
   auto run = [&](int threads) {

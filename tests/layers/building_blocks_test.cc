@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "framework/gradcheck.h"
@@ -156,6 +157,26 @@ TEST(LayerNormTest, GradientsAndNormalisation) {
   EXPECT_EQ(named[1].first, "bias");
 }
 
+TEST(LayerNormTest, ForwardOfPartsNormalisesTheirSum) {
+  Rng rng(16);
+  LayerNorm norm(6, {.dtype = kF64});
+  Perturb(norm, rng);
+  const Var a = RandomVar({2, 3, 6}, rng);
+  const Var b = RandomVar({2, 3, 6}, rng);
+  const Var c = RandomVar({2, 3, 6}, rng);
+  EXPECT_EQ(
+      MaxAbsDiff(norm.Forward(VarList{a, b, c}).value(), norm.Forward(add(add(a, b), c)).value()),
+      0.0);
+  auto r = CheckModuleGradients(norm,
+                                [&](const VarList& in) {
+                                  return norm.Forward(VarList{in[0], in[1], in[2]});
+                                },
+                                {a, b, c});
+  EXPECT_TRUE(r) << r;
+  EXPECT_THROW(norm.Forward(VarList{}), Error);
+  EXPECT_THROW(norm.Forward(VarList{a, RandomVar({2, 3, 5}, rng)}), Error);
+}
+
 TEST(MLPTest, GradientsAndNames) {
   Rng rng(8);
   MLP mlp(4, 6, rng, {.dtype = kF64});
@@ -225,6 +246,39 @@ TEST(DEQCellTest, GradientsWrtStateInjectionAndParameters) {
   auto r = CheckModuleGradients(cell, [&](const VarList& in) { return cell.Forward(in[0], in[1]); },
                                 {z, u});
   EXPECT_TRUE(r) << r;
+}
+
+// The cell's fused norms of residual sums give exactly the values and
+// gradients of the written-out formula with add and layer_norm.
+TEST(DEQCellTest, FusedNormsMatchTheUnfusedFormulaBitwise) {
+  Rng rng(17);
+  const CellOptions options{.dim = 16, .heads = 2, .hidden = 24, .dtype = DType::kFloat32};
+  DEQCell cell(options, rng);
+  Perturb(cell, rng);
+  const Var z(RandomNormal({3, 5, 16}, 0.0, 1.0, DType::kFloat32, rng), true);
+  const Var u(RandomNormal({3, 5, 16}, 0.0, 1.0, DType::kFloat32, rng), true);
+  auto p = [&](const std::string& name) { return cell.parameter(name); };
+  auto unfused = [&] {
+    const Var attended = cell.attention().Forward(z);
+    const Var h =
+        layer_norm(add(add(z, attended), u), p("ln1.gain"), p("ln1.bias"), options.ln_eps);
+    const Var hidden =
+        gelu(reshape(linear(reshape(h, {15, 16}), p("fc1.weight"), p("fc1.bias")), {3, 5, 24}));
+    const Var ffn =
+        reshape(linear(reshape(hidden, {15, 24}), p("fc2.weight"), p("fc2.bias")), {3, 5, 16});
+    return layer_norm(add(h, ffn), p("ln2.gain"), p("ln2.bias"), options.ln_eps);
+  };
+  const Var fused_out = cell.Forward(z, u);
+  const Var unfused_out = unfused();
+  EXPECT_EQ(MaxAbsDiff(fused_out.value(), unfused_out.value()), 0.0);
+  VarList inputs = {z, u};
+  for (const Var& parameter : cell.parameters()) inputs.push_back(parameter);
+  const Var probe(RandomNormal({3, 5, 16}, 0.0, 1.0, DType::kFloat32, rng));
+  const VarList fused_grads = grad({sum(mul(fused_out, probe))}, inputs);
+  const VarList unfused_grads = grad({sum(mul(unfused_out, probe))}, inputs);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_EQ(MaxAbsDiff(fused_grads[i].value(), unfused_grads[i].value()), 0.0) << "input " << i;
+  }
 }
 
 TEST(DEQCellTest, ParameterNamesMatchTheReferenceOrder) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "framework/ops.h"
 #include "framework/parallel.h"
@@ -134,6 +136,74 @@ TEST(OptimizerTest, UpdateIsIdenticalWithOneAndTwoThreads) {
     return param.value().ToVector();
   };
   EXPECT_EQ(run(1), run(2));
+}
+
+// The AdamW update of one float32 element as optimizer.cc writes it (the
+// same operations in the same order), run here one element at a time.
+struct ScalarAdamW {
+  OptimizerOptions options;
+  void Step(int t, bool decay, float g, float& w, float& m, float& v) const {
+    const double correction1 = 1.0 - std::pow(options.beta1, t);
+    const double correction2 = 1.0 - std::pow(options.beta2, t);
+    const float b1 = static_cast<float>(options.beta1), b2 = static_cast<float>(options.beta2);
+    const float wd = decay ? static_cast<float>(options.weight_decay) : 0.0f;
+    const float lr = static_cast<float>(options.learning_rate);
+    const float step = static_cast<float>(options.learning_rate / correction1);
+    const float inv_sqrt_c2 = static_cast<float>(1.0 / std::sqrt(correction2));
+    const float eps = static_cast<float>(options.epsilon);
+    w -= lr * wd * w;
+    m = b1 * m + (1.0f - b1) * g;
+    v = b2 * v + (1.0f - b2) * g * g;
+    w -= step * m / (std::sqrt(v) * inv_sqrt_c2 + eps);
+  }
+};
+
+// Parameters of very different sizes (the update splits their flat range
+// across tasks) give exactly the per-element result, with 1 or 2 threads.
+TEST(OptimizerTest, AdamWMatchesTheScalarUpdateBitwiseForAnySplit) {
+  const std::vector<int64_t> sizes = {3, 64, 4101, 1, 9000, 700};
+  // Every other parameter is a ".bias": no weight decay.
+  const std::vector<std::string> names = {"a.weight", "a.bias",   "b.weight",
+                                          "b.bias",   "c.weight", "c.bias"};
+  auto gradient = [](std::size_t p, int64_t i, int t) {
+    return static_cast<float>(std::sin(0.37 * i + p + 0.5 * t) * (1 + p));
+  };
+  OptimizerOptions options;
+  options.learning_rate = 0.01;
+  auto run = [&](int threads) {
+    ScopedNumThreads scoped(threads);
+    NamedVars params;
+    for (std::size_t p = 0; p < sizes.size(); ++p) {
+      Tensor w(Shape{sizes[p]}, DType::kFloat32);
+      for (int64_t i = 0; i < sizes[p]; ++i) w.set(i, std::cos(0.1 * i + p));
+      params.emplace_back(names[p], Var(w, true));
+    }
+    auto optimizer = Optimizer::Create(options, params);
+    for (int t = 1; t <= 3; ++t) {
+      for (std::size_t p = 0; p < sizes.size(); ++p) {
+        Tensor g(Shape{sizes[p]}, DType::kFloat32);
+        for (int64_t i = 0; i < sizes[p]; ++i) g.set(i, gradient(p, i, t));
+        params[p].second.set_grad(Var(g));
+      }
+      optimizer->Step();
+    }
+    std::vector<std::vector<double>> values;
+    for (const auto& [name, w] : params) values.push_back(w.value().ToVector());
+    return values;
+  };
+  std::vector<std::vector<double>> expected;
+  const ScalarAdamW reference{options};
+  for (std::size_t p = 0; p < sizes.size(); ++p) {
+    std::vector<double> values;
+    for (int64_t i = 0; i < sizes[p]; ++i) {
+      float w = static_cast<float>(std::cos(0.1 * i + p)), m = 0.0f, v = 0.0f;
+      for (int t = 1; t <= 3; ++t) reference.Step(t, p % 2 == 0, gradient(p, i, t), w, m, v);
+      values.push_back(w);
+    }
+    expected.push_back(values);
+  }
+  EXPECT_EQ(run(1), expected);
+  EXPECT_EQ(run(2), expected);
 }
 
 TEST(ClipGradNormTest, ScalesToTheMaximumNormAndReportsTheOriginal) {
