@@ -530,8 +530,14 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
         std::vector<bool> wanted;
         for (size_t i = 0; i < in.size(); ++i) wanted.push_back(WantsInputGrad(in, i));
         if (GradModeEnabled()) {
-          // create_graph: differentiate the differentiable form (recorded).
-          VarList grads = grad({ReferenceAttention(geo, in)}, in, {g}, {.create_graph = true});
+          // create_graph: differentiate the differentiable form (recorded),
+          // with respect to one node per slot (a product by 1, exact): an
+          // input passed in two slots (self-attention as mha(x, x, x)) then
+          // gets each slot's share, not the total in every slot.
+          VarList slots;
+          for (const Var& input : in) slots.push_back(mul_scalar(input, 1.0));
+          VarList grads =
+              grad({ReferenceAttention(geo, slots)}, slots, {g}, {.create_graph = true});
           for (size_t i = 0; i < in.size(); ++i) {
             if (!wanted[i]) grads[i] = Var();
           }

@@ -96,6 +96,17 @@ TEST(MultiHeadAttentionTest, SecondOrderGradCheck) {
   EXPECT_TRUE(r) << r;
 }
 
+// One Var in all three slots: the create_graph path (which differentiates
+// the unfused form) must give the same gradient as the fused VJP, not each
+// slot the total.
+TEST(MultiHeadAttentionTest, CreateGraphGradientOfSharedInputMatchesFusedVjp) {
+  const Var x = Random(Shape{1, 3, 4}, 70, DType::kFloat64, true);
+  const Var loss = sum(square(multi_head_attention(x, x, x, 2, 0.5, true)));
+  const Var fused = grad({loss}, {x}, {}, {.retain_graph = true})[0];
+  const Var recorded = grad({loss}, {x}, {}, {.create_graph = true})[0];
+  EXPECT_LT(LargestDifference(recorded.value(), fused.value()), 1e-12);
+}
+
 TEST(MultiHeadAttentionTest, CausalFirstQuerySeesOnlyFirstKey) {
   // With Tq = Tk the first query sees only key 0: its output is v's row 0.
   const Var q = Random(Shape{1, 4, 6}, 14);
