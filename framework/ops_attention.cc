@@ -146,6 +146,35 @@ void ExponentiateRows(
   }
 }
 
+// Divides `rows` output rows of a head (dh entries each, row stride dim)
+// by their softmax sums: o_r *= row_scale[r].
+template <typename T>
+void NormaliseOutputRows(const AttentionGeometry& geo, int64_t rows, const T* row_scale, T* o) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* o_row = o + r * geo.dim;
+    for (int64_t j = 0; j < geo.dh; ++j) o_row[j] *= row_scale[r];
+  }
+}
+
+// ds (rows x Tk, holding dP = dO V^T) becomes dS = P o (dP - D) in place.
+// The row sums D_r = sum_j dP_rj P_rj equal dO_r . O_r (as O_r = sum_j
+// P_rj V_j): a dot of length dh instead of a pass over the row. g_rows and
+// o_rows are the head's rows of dO and O (row stride dim).
+template <typename T>
+void ScoreGradientsInPlace(const AttentionGeometry& geo,
+                           int64_t rows,
+                           const T* p,
+                           const T* g_rows,
+                           const T* o_rows,
+                           T* ds) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = ds + r * geo.tk;
+    const T* p_row = p + r * geo.tk;
+    const T d = internal::VecDot(g_rows + r * geo.dim, o_rows + r * geo.dim, geo.dh);
+    for (int64_t j = 0; j < geo.tk; ++j) row[j] = p_row[j] * (row[j] - d);
+  }
+}
+
 // One unit's [Tq, Tk] block p = exp(scale q_h k_h^T - row max), masked;
 // row_scale[i] = 1 / (row i's sum). With normalize the rows of p are
 // divided by their sums (the probabilities).
@@ -190,10 +219,7 @@ void UnitForwardWhole(const AttentionGeometry& geo,
   internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k, geo.kv_stride,
                     o, geo.dim);
   if (p_unit) return;
-  for (int64_t i = 0; i < geo.tq; ++i) {
-    T* o_row = o + i * geo.dim;
-    for (int64_t j = 0; j < geo.dh; ++j) o_row[j] *= row_scale[i];
-  }
+  NormaliseOutputRows(geo, geo.tq, row_scale, o);
 }
 
 // One unit's VJP on whole [Tq, Tk] blocks, given its probabilities p_unit
@@ -227,18 +253,10 @@ void UnitBackwardWhole(const AttentionGeometry& geo,
                       geo.kv_stride);
   }
   if (!dq && !dk) return;
-  // dS = P o (dP - D) with dP = dO_h V_h^T, in place. The row sums
-  // D_i = sum_j dP_ij P_ij equal dO_i . O_i (as O_i = sum_j P_ij V_j): a
-  // dot of length dh instead of a pass over the [Tq, Tk] block.
+  // dS = P o (dP - D) with dP = dO_h V_h^T.
   internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, T(1), gh, geo.dim, v + at.k, geo.kv_stride,
                     ds, geo.tk);
-  const T* oh = out + at.out;
-  for (int64_t i = 0; i < geo.tq; ++i) {
-    T* row = ds + i * geo.tk;
-    const T* prow = p + i * geo.tk;
-    const T d = internal::VecDot(gh + i * geo.dim, oh + i * geo.dim, geo.dh);
-    for (int64_t j = 0; j < geo.tk; ++j) row[j] = prow[j] * (row[j] - d);
-  }
+  ScoreGradientsInPlace(geo, geo.tq, p, gh, out + at.out, ds);
   if (dq) {
     // dQ_h = scale dS K_h.
     internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, scale, ds, geo.tk, k + at.k,
@@ -309,10 +327,7 @@ void UnitForwardByQueryBlocks(const AttentionGeometry& geo,
     float* o = out + at.out + i0 * geo.dim;
     values.Multiply(false, rows, 1.0f, p, geo.tk, o, geo.dim);
     if (p_unit) continue;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* o_row = o + r * geo.dim;
-      for (int64_t j = 0; j < geo.dh; ++j) o_row[j] *= row_scale[r];
-    }
+    NormaliseOutputRows(geo, rows, row_scale, o);
   }
 }
 
@@ -359,16 +374,9 @@ void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
       block_operand.Multiply(true, geo.tk, 1.0f, p, geo.tk, dv + at.k, geo.kv_stride, later_block);
     }
     if (!score_grads) continue;
-    // dS = P o (dP - D) with dP = dO V^T; D_i = dO_i . O_i (see
-    // UnitBackwardWhole).
+    // dS = P o (dP - D) with dP = dO V^T.
     values_t.Multiply(false, rows, 1.0f, g_rows, geo.dim, ds, geo.tk);
-    const float* o_rows = out + at.out + i0 * geo.dim;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = ds + r * geo.tk;
-      const float* p_row = p + r * geo.tk;
-      const float d = internal::VecDot(g_rows + r * geo.dim, o_rows + r * geo.dim, geo.dh);
-      for (int64_t j = 0; j < geo.tk; ++j) row[j] = p_row[j] * (row[j] - d);
-    }
+    ScoreGradientsInPlace(geo, rows, p, g_rows, out + at.out + i0 * geo.dim, ds);
     if (dq) {
       // dQ_block = scale dS_block K_h.
       keys.Multiply(false, rows, scale, ds, geo.tk, dq + at.q + i0 * geo.q_stride, geo.q_stride);
