@@ -79,6 +79,32 @@ BENCHMARK(BM_BatchedAttentionMatmuls)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
+// The W2 self-attention: multi_head_self_attention on a packed [8, 256, 192]
+// q|k|v (4 heads of 16), forward then the gradient of the packed input, as in
+// one explicit training step (the backward recomputes the probabilities).
+// Args: threads.
+void BM_SelfAttentionW2ForwardBackward(benchmark::State& state) {
+  const int64_t batch = 8, t = 256, heads = 4, dh = 16, d = heads * dh;
+  SetThreads(state, 0);
+  Var qkv = RandomVar(Shape{batch, t, 3 * d}, 1, true);
+  Var g = RandomVar(Shape{batch, t, d}, 2);
+  for (auto _ : state) {
+    Var out = multi_head_self_attention(qkv, heads, 0.25, false);
+    VarList dqkv = grad({out}, {qkv}, {g});
+    benchmark::DoNotOptimize(dqkv[0].value().data<float>());
+  }
+  // Q K^T and P V forward; Q K^T again, dO V^T, dS K, dS^T Q and P^T dO backward.
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * 7.0 * 2.0 * batch * heads * t * t * dh / 1e9,
+      benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_SelfAttentionW2ForwardBackward)
+    ->Arg(1)
+    ->Arg(2)
+    ->ArgName("threads")
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 // softmax forward + backward over [rows, 32]. Args: threads.
 void BM_SoftmaxForwardBackward(benchmark::State& state) {
   SetThreads(state, 0);

@@ -150,8 +150,10 @@ Var masked_fill(const Var& x, const Tensor& mask, double value);
 // j > i + Tk - Tq. A query that sees no key gets NaN. scale > 0. When
 // recording, the [B, heads, Tq, Tk] probabilities are kept from the forward
 // pass if they are no larger than q, k and v together, else recomputed in
-// backward (per (b, h) block in scratch by the first call; kept by the
-// second call through the node for all later ones).
+// backward (per (b, h) block in scratch by the first call, in one pass per
+// row from each row's max and softmax sum kept by the forward pass, [B,
+// heads, Tq] each; kept by the second call through the node for all later
+// ones).
 Var multi_head_attention(
     const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal = false);
 // Self-attention on one packed projection: qkv [B, T, 3 D] holds q, k and v

@@ -8,14 +8,14 @@
 // backward, from the output gradient to the three input gradients), so the
 // work spreads over batch x heads and every output entry is written by
 // exactly one task: results are bitwise identical for any thread count.
-// In float32 a task goes through blocks of queries, so a block's scores
-// stay in L1 from the first product to the last; float64 works on whole
-// [Tq, Tk] blocks.
+// In float32 a task goes through blocks of queries (see QueryBlockRows);
+// float64 works on whole [Tq, Tk] blocks.
 //
 // A recorded forward pass keeps the probabilities P [B, heads, Tq, Tk] for
 // the backward pass when they are no larger than q, k and v together;
-// otherwise backward recomputes them, block by block in the first call and
-// kept from the second call on. The fused VJP is used
+// otherwise it keeps each query row's max and 1 / sum, and backward
+// recomputes P from them, block by block in the first call and kept from
+// the second call on. The fused VJP is used
 // without create_graph; with create_graph the VJP differentiates the same
 // attention written with differentiable ops (multi_head_attention_reference),
 // so second derivatives work.
@@ -99,6 +99,24 @@ AttentionGeometry ResolveAttention(
   return MakeGeometry(q.dim(0), q.dim(1), k.dim(1), heads, q.dim(2), q.dim(2), scale, causal);
 }
 
+// The softmax statistics of every query row, [B, heads, Tq] each (unit-major):
+// its max scaled score and 1 / (sum of exp(score - max)). A recorded forward
+// pass that does not keep P keeps these instead (a Tk-th of P's size), so
+// the backward pass recomputes P in one pass per row.
+template <typename T>
+struct RowStats {
+  T* max = nullptr;
+  T* scale = nullptr;
+
+  bool defined() const { return max != nullptr; }
+  // The statistics from query i0 of a unit on.
+  RowStats At(const AttentionGeometry& geo, int64_t unit, int64_t i0) const {
+    if (!defined()) return {};
+    const int64_t offset = unit * geo.tq + i0;
+    return {max + offset, scale + offset};
+  }
+};
+
 // Per-thread scratch of at least n entries (a [Tq, Tk] block).
 template <typename T>
 T* Scratch(int64_t n) {
@@ -122,27 +140,59 @@ UnitOffsets OffsetsOf(const AttentionGeometry& geo, int64_t unit) {
 }
 
 // Rows [i0, i0 + rows) of a unit's scores, s (rows x Tk, row stride Tk),
-// become p = exp(s - row max), masked; row_scale[r] = 1 / (row r's sum).
-// With normalize the rows are divided by their sums (the probabilities).
+// become p = exp(s - row max), masked; row_scale[r] = 1 / (row r's sum) and,
+// unless row_max is null, row_max[r] = row r's max. With normalize the rows
+// are divided by their sums (the probabilities).
 template <typename T>
-void ExponentiateRows(
-    const AttentionGeometry& geo, int64_t i0, int64_t rows, bool normalize, T* s, T* row_scale) {
+void ExponentiateRows(const AttentionGeometry& geo,
+                      int64_t i0,
+                      int64_t rows,
+                      bool normalize,
+                      T* s,
+                      T* row_scale,
+                      T* row_max = nullptr) {
+  constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
   for (int64_t r = 0; r < rows; ++r) {
     T* row = s + r * geo.tk;
     const int64_t visible = geo.VisibleKeys(i0 + r);
     if (visible == 0) {
       // Every key hidden: softmax of all -inf, as the unfused ops give.
-      std::fill_n(row, geo.tk, std::numeric_limits<T>::quiet_NaN());
-      row_scale[r] = std::numeric_limits<T>::quiet_NaN();
+      std::fill_n(row, geo.tk, kNaN);
+      row_scale[r] = kNaN;
+      if (row_max) row_max[r] = kNaN;
       continue;
     }
     const T m = internal::VecMax(row, visible);
     const T sum = internal::VecExpShifted(row, m, row, visible);
     row_scale[r] = T(1) / sum;
+    if (row_max) row_max[r] = m;
     std::fill(row + visible, row + geo.tk, T(0));
     if (normalize) {
       for (int64_t j = 0; j < visible; ++j) row[j] *= row_scale[r];
     }
+  }
+}
+
+// Rows [i0, i0 + rows) of a unit's scores s become its probabilities
+// exp(s - row_max[r]) row_scale[r] (masked) from the statistics its forward
+// pass recorded (see ExponentiateRows): one pass instead of a max, an exp
+// and a normalisation pass, and bitwise what ExponentiateRows gives.
+template <typename T>
+void ProbabilitiesFromRowStats(const AttentionGeometry& geo,
+                               int64_t i0,
+                               int64_t rows,
+                               const T* row_max,
+                               const T* row_scale,
+                               T* s) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = s + r * geo.tk;
+    const int64_t visible = geo.VisibleKeys(i0 + r);
+    if (visible == 0) {
+      std::fill_n(row, geo.tk, std::numeric_limits<T>::quiet_NaN());
+      continue;
+    }
+    internal::VecExpShiftedScaled(row, row_max[r], row_scale[r], row, visible);
+    std::fill(row + visible, row + geo.tk, T(0));
   }
 }
 
@@ -175,21 +225,12 @@ void ScoreGradientsInPlace(const AttentionGeometry& geo,
   }
 }
 
-// One unit's [Tq, Tk] block p = exp(scale q_h k_h^T - row max), masked;
-// row_scale[i] = 1 / (row i's sum). With normalize the rows of p are
-// divided by their sums (the probabilities).
+// One unit's [Tq, Tk] block of scaled scores scale q_h k_h^T, into s.
 template <typename T>
-void UnitExponentials(const AttentionGeometry& geo,
-                      const T* q,
-                      const T* k,
-                      int64_t unit,
-                      bool normalize,
-                      T* p,
-                      T* row_scale) {
+void UnitScores(const AttentionGeometry& geo, const T* q, const T* k, int64_t unit, T* s) {
   const UnitOffsets at = OffsetsOf(geo, unit);
   internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, static_cast<T>(geo.scale), q + at.q,
-                    geo.q_stride, k + at.k, geo.kv_stride, p, geo.tk);
-  ExponentiateRows(geo, 0, geo.tq, normalize, p, row_scale);
+                    geo.q_stride, k + at.k, geo.kv_stride, s, geo.tk);
 }
 
 // ------------------------------------------------- one unit, any dtype
@@ -203,16 +244,19 @@ void UnitForwardWhole(const AttentionGeometry& geo,
                       const T* v,
                       int64_t unit,
                       T* out,
-                      T* p_unit) {
+                      T* p_unit,
+                      const RowStats<T>& stats) {
   const UnitOffsets at = OffsetsOf(geo, unit);
   const int64_t block = geo.tq * geo.tk;
   T* scratch = Scratch<T>(block + geo.tq);
   T* p = p_unit ? p_unit : scratch;
-  T* row_scale = scratch + block;
+  const RowStats<T> unit_stats = stats.At(geo, unit, 0);
+  T* row_scale = unit_stats.defined() ? unit_stats.scale : scratch + block;
   // Kept probabilities are normalised; for the output alone the
   // normalisation is applied to the [Tq, dh] rows of O instead of the
   // [Tq, Tk] rows of P (dh << Tk).
-  UnitExponentials(geo, q, k, unit, p_unit != nullptr, p, row_scale);
+  UnitScores(geo, q, k, unit, p);
+  ExponentiateRows(geo, 0, geo.tq, p_unit != nullptr, p, row_scale, unit_stats.max);
   if (out == nullptr) return;
   // O_h = P V_h, written into the head's columns of out.
   T* o = out + at.out;
@@ -223,13 +267,14 @@ void UnitForwardWhole(const AttentionGeometry& geo,
 }
 
 // One unit's VJP on whole [Tq, Tk] blocks, given its probabilities p_unit
-// (or null: recomputed into scratch).
+// (or null: recomputed into scratch from the row statistics).
 template <typename T>
 void UnitBackwardWhole(const AttentionGeometry& geo,
                        const T* q,
                        const T* k,
                        const T* v,
                        const T* p_unit,
+                       const RowStats<T>& stats,
                        const T* out,
                        const T* g,
                        int64_t unit,
@@ -239,12 +284,15 @@ void UnitBackwardWhole(const AttentionGeometry& geo,
   const UnitOffsets at = OffsetsOf(geo, unit);
   const int64_t block = geo.tq * geo.tk;
   const T scale = static_cast<T>(geo.scale);
-  T* scratch = Scratch<T>(2 * block + geo.tq);
+  T* scratch = Scratch<T>(2 * block);
   T* ds = scratch;
   const T* p = p_unit;
   if (p == nullptr) {
-    UnitExponentials(geo, q, k, unit, true, scratch + block, scratch + 2 * block);
-    p = scratch + block;
+    T* recomputed = scratch + block;
+    const RowStats<T> unit_stats = stats.At(geo, unit, 0);
+    UnitScores(geo, q, k, unit, recomputed);
+    ProbabilitiesFromRowStats(geo, 0, geo.tq, unit_stats.max, unit_stats.scale, recomputed);
+    p = recomputed;
   }
   const T* gh = g + at.out;
   if (dv) {
@@ -271,33 +319,35 @@ void UnitBackwardWhole(const AttentionGeometry& geo,
 
 // ------------------------------------------ one unit, float32, by blocks
 
-// Queries per block: a block's [rows, Tk] scores (and, in backward, its
-// score gradients) stay in L1 from the first product to the last, where
-// the whole-block forms above pass [Tq, Tk] blocks through L2 several
-// times. Every product is the packed kernel's, with K_h^T, V_h, V_h^T and
-// K_h packed once per unit; forward rows are bitwise what the whole-block
-// product gives for them. Blocks are whole row tiles (6) of about 24 KiB of
-// scores (24 queries for Tk = 256), so short sequences (Tk <= 170) are one
-// block.
-int64_t QueryBlockRows(const AttentionGeometry& geo) {
-  constexpr int64_t kScoreFloats = 6144;
+// Queries per block: whole row tiles (6) of about score_floats scores, so
+// short sequences are one block. Every product is the packed kernel's, with
+// K_h^T, V_h, V_h^T and K_h packed once per unit; forward rows are bitwise
+// what the whole-block product gives for them.
+int64_t QueryBlockRows(const AttentionGeometry& geo, int64_t score_floats) {
   constexpr int64_t kTileRows = 6;
-  return std::max(kTileRows, kScoreFloats / std::max<int64_t>(geo.tk, 1) / kTileRows * kTileRows);
+  return std::max(kTileRows, score_floats / std::max<int64_t>(geo.tk, 1) / kTileRows * kTileRows);
 }
+// Forward: a block's scores (24 KiB, 24 queries for Tk = 256) stay in L1
+// from Q K^T to P V.
+constexpr int64_t kForwardScoreFloats = 6144;
+// Backward: dK += dS^T Q and dV += P^T dO have the block's queries as their
+// depth, and a product of depth 24 spends a large share of its time loading
+// and storing its C tiles; 96 queries (Tk = 256) make them about as
+// efficient as the other products while the block's P and dS (96 KiB each)
+// still share L2. W2 explicit, one thread, interleaved runs: with the
+// one-pass recomputation of P (RowStats) a step got about 4% faster than
+// with 24-query blocks; whole [Tq, Tk] blocks measured no better.
+constexpr int64_t kBackwardScoreFloats = 24576;
 
-// Scores of queries [i0, i0 + rows) of a unit, exponentiated (see
-// ExponentiateRows), into s.
-void BlockExponentials(const AttentionGeometry& geo,
-                       const internal::PackedFloatB& keys_t,
-                       const float* q_unit,
-                       int64_t i0,
-                       int64_t rows,
-                       bool normalize,
-                       float* s,
-                       float* row_scale) {
+// Scaled scores of queries [i0, i0 + rows) of a unit, into s.
+void BlockScores(const AttentionGeometry& geo,
+                 const internal::PackedFloatB& keys_t,
+                 const float* q_unit,
+                 int64_t i0,
+                 int64_t rows,
+                 float* s) {
   keys_t.Multiply(false, rows, static_cast<float>(geo.scale), q_unit + i0 * geo.q_stride,
                   geo.q_stride, s, geo.tk);
-  ExponentiateRows(geo, i0, rows, normalize, s, row_scale);
 }
 
 // The float32 UnitForwardWhole, by blocks of queries. With p_unit each
@@ -310,24 +360,28 @@ void UnitForwardByQueryBlocks(const AttentionGeometry& geo,
                               const float* v,
                               int64_t unit,
                               float* out,
-                              float* p_unit) {
+                              float* p_unit,
+                              const RowStats<float>& stats) {
   thread_local internal::PackedFloatB keys_t;
   thread_local internal::PackedFloatB values;
   const UnitOffsets at = OffsetsOf(geo, unit);
   keys_t.Pack(true, geo.dh, geo.tk, k + at.k, geo.kv_stride);
   if (out) values.Pack(false, geo.tk, geo.dh, v + at.k, geo.kv_stride);
-  const int64_t block_rows = QueryBlockRows(geo);
+  const int64_t block_rows = QueryBlockRows(geo, kForwardScoreFloats);
   float* scratch = Scratch<float>(block_rows * (geo.tk + 1));
   float* row_scale = scratch + block_rows * geo.tk;
   for (int64_t i0 = 0; i0 < geo.tq; i0 += block_rows) {
     const int64_t rows = std::min(block_rows, geo.tq - i0);
     float* p = p_unit ? p_unit + i0 * geo.tk : scratch;
-    BlockExponentials(geo, keys_t, q + at.q, i0, rows, p_unit != nullptr, p, row_scale);
+    const RowStats<float> block_stats = stats.At(geo, unit, i0);
+    float* block_scale = block_stats.defined() ? block_stats.scale : row_scale;
+    BlockScores(geo, keys_t, q + at.q, i0, rows, p);
+    ExponentiateRows(geo, i0, rows, p_unit != nullptr, p, block_scale, block_stats.max);
     if (out == nullptr) continue;
     float* o = out + at.out + i0 * geo.dim;
     values.Multiply(false, rows, 1.0f, p, geo.tk, o, geo.dim);
     if (p_unit) continue;
-    NormaliseOutputRows(geo, rows, row_scale, o);
+    NormaliseOutputRows(geo, rows, block_scale, o);
   }
 }
 
@@ -339,6 +393,7 @@ void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
                                const float* k,
                                const float* v,
                                const float* p_unit,
+                               const RowStats<float>& stats,
                                const float* out,
                                const float* g,
                                int64_t unit,
@@ -355,17 +410,18 @@ void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
   if (p_unit == nullptr) keys_t.Pack(true, geo.dh, geo.tk, k + at.k, geo.kv_stride);
   if (score_grads) values_t.Pack(true, geo.dh, geo.tk, v + at.k, geo.kv_stride);
   if (dq) keys.Pack(false, geo.tk, geo.dh, k + at.k, geo.kv_stride);
-  const int64_t block_rows = QueryBlockRows(geo);
-  float* scratch = Scratch<float>(block_rows * (2 * geo.tk + 1));
+  const int64_t block_rows = QueryBlockRows(geo, kBackwardScoreFloats);
+  float* scratch = Scratch<float>(2 * block_rows * geo.tk);
   float* recomputed = scratch;
   float* ds = scratch + block_rows * geo.tk;
-  float* row_scale = scratch + 2 * block_rows * geo.tk;
   for (int64_t i0 = 0; i0 < geo.tq; i0 += block_rows) {
     const int64_t rows = std::min(block_rows, geo.tq - i0);
     const bool later_block = i0 > 0;
     const float* p = p_unit ? p_unit + i0 * geo.tk : recomputed;
     if (p_unit == nullptr) {
-      BlockExponentials(geo, keys_t, q + at.q, i0, rows, true, recomputed, row_scale);
+      const RowStats<float> block_stats = stats.At(geo, unit, i0);
+      BlockScores(geo, keys_t, q + at.q, i0, rows, recomputed);
+      ProbabilitiesFromRowStats(geo, i0, rows, block_stats.max, block_stats.scale, recomputed);
     }
     const float* g_rows = g + at.out + i0 * geo.dim;
     if (dv) {
@@ -393,46 +449,55 @@ void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
 // ------------------------------------------------------------- kernels
 
 // Writes out = softmax(scale q k^T, masked) v for every (b, h); when probs
-// is not null it also keeps the probabilities there ([B, heads, Tq, Tk]).
-// out may be null when only the probabilities are wanted.
+// is not null it also keeps the probabilities there ([B, heads, Tq, Tk]),
+// and when stats are given, the row statistics there. out may be null when
+// only the probabilities are wanted.
 template <typename T>
-void AttentionForwardKernel(
-    const AttentionGeometry& geo, const T* q, const T* k, const T* v, T* out, T* probs) {
+void AttentionForwardKernel(const AttentionGeometry& geo,
+                            const T* q,
+                            const T* k,
+                            const T* v,
+                            T* out,
+                            T* probs,
+                            const RowStats<T>& stats = {}) {
   const int64_t block = geo.tq * geo.tk;
   ParallelFor(0, geo.batch * geo.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
       T* p_unit = probs ? probs + unit * block : nullptr;
       if constexpr (std::is_same_v<T, float>) {
-        UnitForwardByQueryBlocks(geo, q, k, v, unit, out, p_unit);
+        UnitForwardByQueryBlocks(geo, q, k, v, unit, out, p_unit, stats);
       } else {
-        UnitForwardWhole(geo, q, k, v, unit, out, p_unit);
+        UnitForwardWhole(geo, q, k, v, unit, out, p_unit, stats);
       }
     }
   });
 }
 
-// The fused VJP: given P (or null: each unit recomputes it, so no
-// [B, heads, Tq, Tk] tensor is made), the output O and dO, writes dq, dk,
-// dv (each null when not wanted) for every (b, h).
+// The fused VJP: given P (or null: each unit recomputes it from the row
+// statistics, so no [B, heads, Tq, Tk] tensor is made), the output O and dO,
+// writes dq, dk, dv (each null when not wanted) for every (b, h).
 template <typename T>
 void AttentionBackwardKernel(const AttentionGeometry& geo,
                              const T* q,
                              const T* k,
                              const T* v,
                              const T* probs,
+                             const RowStats<T>& stats,
                              const T* out,
                              const T* g,
                              T* dq,
                              T* dk,
                              T* dv) {
+  SP_CHECK(probs != nullptr || stats.defined(),
+           "attention backward: neither the probabilities nor the row statistics were kept");
   const int64_t block = geo.tq * geo.tk;
   ParallelFor(0, geo.batch * geo.heads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t unit = begin; unit < end; ++unit) {
       const T* p_unit = probs ? probs + unit * block : nullptr;
       if constexpr (std::is_same_v<T, float>) {
-        UnitBackwardByQueryBlocks(geo, q, k, v, p_unit, out, g, unit, dq, dk, dv);
+        UnitBackwardByQueryBlocks(geo, q, k, v, p_unit, stats, out, g, unit, dq, dk, dv);
       } else {
-        UnitBackwardWhole(geo, q, k, v, p_unit, out, g, unit, dq, dk, dv);
+        UnitBackwardWhole(geo, q, k, v, p_unit, stats, out, g, unit, dq, dk, dv);
       }
     }
   });
@@ -496,6 +561,14 @@ Var ReferenceAttention(const AttentionGeometry& geo, const VarList& in) {
   return multi_head_attention_reference(in[0], in[1], in[2], geo.heads, geo.scale, geo.causal);
 }
 
+// The row statistics held in a [2, B, heads, Tq] tensor (none if undefined).
+template <typename T>
+RowStats<T> StatsOf(Tensor& row_stats) {
+  if (!row_stats.defined()) return {};
+  T* data = row_stats.data<T>();
+  return {data, data + row_stats.numel() / 2};
+}
+
 // Runs the fused forward on inputs {q, k, v} or {qkv} and records it with
 // its fused VJP.
 Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
@@ -503,13 +576,16 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
   // transformer once Tk exceeds a few head widths. When they are no larger
   // than q, k and v together (short sequences) a recorded forward pass
   // keeps them. Otherwise it does not, and the backward pass recomputes
-  // them (one extra Q K^T and softmax per call): the first call block by
-  // block in scratch memory, within the fused VJP, so a graph used once
+  // them (one extra Q K^T and exponential per call): the first call block
+  // by block in scratch memory, within the fused VJP, so a graph used once
   // (an explicit stack) never holds them; a second call through the same
   // node (the adjoint iterations of an implicit layer) computes them once
-  // more and keeps them for every later call.
+  // more and keeps them for every later call. The forward pass then keeps
+  // each query row's max and 1 / sum instead ([2, B, heads, Tq]), which
+  // make the recomputation one pass per row and bitwise the forward's P.
   struct Saved {
     Tensor probs;
+    Tensor row_stats;
     int backward_calls = 0;
   };
   bool any_requires_grad = false;
@@ -525,12 +601,16 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
   const Shape probs_shape{geo.batch, geo.heads, geo.tq, geo.tk};
   auto saved = std::make_shared<Saved>();
   if (keep_probs) saved->probs = Tensor(probs_shape, dtype);
+  if (recording && !keep_probs) {
+    saved->row_stats = Tensor(Shape{2, geo.batch, geo.heads, geo.tq}, dtype);
+  }
   Tensor out(Shape{geo.batch, geo.tq, geo.dim}, dtype);
   DispatchDType(dtype, [&](auto zero) {
     using T = decltype(zero);
     const Operands<T> x = OperandsOf<T>(geo, ValuesOf(inputs));
     AttentionForwardKernel<T>(geo, x.q, x.k, x.v, out.data<T>(),
-                              keep_probs ? saved->probs.data<T>() : nullptr);
+                              keep_probs ? saved->probs.data<T>() : nullptr,
+                              StatsOf<T>(saved->row_stats));
   });
   return RecordOp(
       inputs.size() == 1 ? "multi_head_self_attention" : "multi_head_attention", out, inputs,
@@ -590,7 +670,8 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
           }
           AttentionBackwardKernel<T>(geo, x.q, x.k, x.v,
                                      probs.defined() ? probs.data<T>() : nullptr,
-                                     self.value().data<T>(), g.value().data<T>(), dq, dk, dv);
+                                     StatsOf<T>(saved->row_stats), self.value().data<T>(),
+                                     g.value().data<T>(), dq, dk, dv);
         });
         for (size_t i = 0; i < in.size(); ++i) {
           if (wanted[i]) grads[i] = Var(grad_values[i]);

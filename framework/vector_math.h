@@ -332,6 +332,22 @@ inline double VecExpShifted(const double* x, double shift, double* out, int64_t 
   return s;
 }
 
+// out[i] = exp(x[i] - shift) * scale: per element bitwise what VecExpShifted
+// followed by a multiplication by scale gives, in one pass (a softmax row
+// recomputed from its recorded max and 1 / sum).
+inline void VecExpShiftedScaled(const float* x, float shift, float scale, float* out, int64_t n) {
+  namespace ei = Eigen::internal;
+  const FloatPacket shift_packet = PacketSet(shift);
+  const FloatPacket scale_packet = PacketSet(scale);
+  MapFloatPackets(x, out, n, [&](const FloatPacket& xp) {
+    return ei::pmul(ExpFlushPacket(ei::psub(xp, shift_packet)), scale_packet);
+  });
+}
+inline void VecExpShiftedScaled(
+    const double* x, double shift, double scale, double* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = std::exp(x[i] - shift) * scale;
+}
+
 // sum_i term_i for i in [0, n), float, in an order fixed by n alone (so
 // results do not depend on threads): four packet accumulators over blocks
 // of four packets, the first one over the remaining whole packets, their
