@@ -50,10 +50,17 @@ void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
     fn(begin, end);
     return;
   }
-  // A fixed number of chunks (a few per thread, for balance) with a static
-  // partitioner: each chunk's work depends only on its indices.
+  // A fixed number of chunks whose bounds depend only on the range and the
+  // thread count, so each chunk's work depends only on its indices. The
+  // chunks are handed out as threads become free, not split evenly up
+  // front: on a shared (virtual) machine one core often runs slower for a
+  // while, and a static split made the other wait for it at every join.
+  // Eight chunks per thread keep that wait to a fraction of a region. (W2
+  // on 2 threads, 5 interleaved runs each: median step time 4% lower for
+  // the implicit model and 10% for the explicit one than with four static
+  // chunks per thread; the machine's own spread is of that order too.)
   const int64_t max_chunks = std::max<int64_t>(1, count / min_chunk);
-  const int64_t chunks = std::min<int64_t>(max_chunks, int64_t{4} * threads);
+  const int64_t chunks = std::min<int64_t>(max_chunks, int64_t{8} * threads);
   const int64_t chunk_size = (count + chunks - 1) / chunks;
   Arena(threads).execute([&] {
     tbb::parallel_for(
@@ -67,7 +74,7 @@ void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
           }
           --t_parallel_depth;
         },
-        tbb::static_partitioner());
+        tbb::simple_partitioner());
   });
 }
 

@@ -1,8 +1,9 @@
 // The one place stillpoint runs work in parallel. Every parallel loop in the
-// project goes through ParallelFor, which uses oneTBB with a static partition
-// (so each index is handled by exactly one task, and results that are computed
-// per index are bitwise identical run to run) and runs inline on the calling
-// thread when the thread count is 1.
+// project goes through ParallelFor, which cuts the range into chunks whose
+// bounds depend only on the range and the thread count, and hands them to
+// oneTBB's threads as they become free (so each index is handled by exactly
+// one task, and results that are computed per index are bitwise identical run
+// to run); it runs inline on the calling thread when the thread count is 1.
 #pragma once
 
 #include <cstdint>
