@@ -196,6 +196,8 @@ void FixedPointSolver::Init(const FixedPointProblem& problem, const Tensor& z0) 
   best_abs_.assign(batch, kInfinity);
   best_rel_.assign(batch, kInfinity);
   best_monitored_.assign(batch, kInfinity);
+  improved_.clear();
+  improved_.reserve(batch);
   initial_abs_.assign(batch, kInfinity);
   stagnation_reference_.assign(batch, kInfinity);
   stagnation_since_.assign(batch, 0);
@@ -411,6 +413,7 @@ void FixedPointSolver::JudgeSamples(const std::vector<int64_t>& samples) {
   const bool fixed_budget = options_.FixedBudget();
   double max_abs = 0.0;
   double max_rel = 0.0;
+  improved_.clear();
   for (int64_t b : samples) {
     if (failed_this_step_[b]) {
       max_abs = max_rel = kInfinity;
@@ -434,7 +437,7 @@ void FixedPointSolver::JudgeSamples(const std::vector<int64_t>& samples) {
     }
     const bool converged = MeetsTolerance(abs_r, rel_r);
     if (converged || monitored < best_monitored_[b]) {
-      CopyRow(state_, b, &best_state_, b);
+      improved_.push_back(b);
       best_abs_[b] = abs_r;
       best_rel_[b] = rel_r;
       best_monitored_[b] = monitored;
@@ -467,6 +470,11 @@ void FixedPointSolver::JudgeSamples(const std::vector<int64_t>& samples) {
       EndSample(b, TerminationType::kMaxIterations);
     }
   }
+  // The improved states become the returned ones, copied in parallel: on a
+  // W2 step these copies are a whole [B, n] state per iteration.
+  ParallelFor(0, static_cast<int64_t>(improved_.size()), 1, [this](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) CopyRow(state_, improved_[i], &best_state_, improved_[i]);
+  });
   abs_trace_.push_back(max_abs);
   rel_trace_.push_back(max_rel);
   active_.erase(

@@ -239,6 +239,7 @@ class FixedPointSolver {
   // Per sample.
   std::vector<double> abs_residual_, rel_residual_, map_norm_;  // current iterate
   std::vector<double> best_abs_, best_rel_, best_monitored_;    // returned state
+  std::vector<int64_t> improved_;  // samples whose state becomes the returned one (capacity B)
   std::vector<double> initial_abs_;
   std::vector<double> stagnation_reference_;
   std::vector<int> stagnation_since_;
