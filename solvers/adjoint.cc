@@ -338,9 +338,12 @@ class NormalisedAdjointMap {
   }
 
   int64_t vjp_calls() const { return vjp_calls_; }
-  // The input and value of the last call if it was on the whole batch (views
-  // of the forward solver's buffers, which hold the last iterate and its map
-  // value at the end), else empty.
+  // The input and value of the last call on the whole batch: views of the
+  // forward solver's current-iterate and map-value buffers, which it keeps
+  // up to date for every sample, also through calls on some samples only
+  // (it gathers their rows from the one and scatters the results into the
+  // other). At the end they hold each sample's last iterate and its map
+  // value. Empty if no call was on the whole batch.
   const Tensor& last_input() const { return last_input_; }
   const Tensor& last_output() const { return last_output_; }
 
@@ -360,8 +363,6 @@ class NormalisedAdjointMap {
   // rows asked for since samples are independent. As in the float64 path the sum
   // g_b / ||g_b|| + J^T u is formed in float64 from the unrounded quotient.
   void EvaluateSomeSamples(const Tensor& u, const std::vector<int64_t>& ids, Tensor* out) {
-    last_input_ = Tensor();
-    last_output_ = Tensor();
     if (!batch_in_.defined()) {
       batch_in_ = Tensor(g_.shape(), g_.dtype());
       batch_out_ = Tensor(g_.shape(), g_.dtype());

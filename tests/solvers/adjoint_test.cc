@@ -485,6 +485,44 @@ TEST(AdjointFixedPoint, FixedBudgetMakesExactlyOneVjpPerIteration) {
   }
 }
 
+// A sample whose VJP is not finite ends at the first call and keeps g; the
+// others still make the whole budget, now in calls on them alone, and return
+// w_K with K iterations counted (not their (K-1)-th iterate).
+TEST(AdjointFixedPoint, FixedBudgetWithANonFiniteSampleStillReturnsTheOthersLastIterate) {
+  for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    for (int budget : {2, 5}) {
+      const std::string what = std::string(ToString(dtype)) + ", budget " + std::to_string(budget);
+      LinearAdjoint linear = MakeLinear(3, 6, 0.6, false, 80 + budget);
+      linear.jacobians[1](0, 0) = std::numeric_limits<double>::quiet_NaN();
+      const Tensor g = RandomRhs(3, 6, 90 + budget, dtype);
+      BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 0.0);
+      options.max_iterations = budget;
+      Tensor w;
+      const AdjointSummary summary = SolveAdjoint(options, linear.Vjp(), g, &w);
+      EXPECT_EQ(summary.vjp_evaluations, budget) << what;
+      EXPECT_EQ(summary.sample_termination[1], TerminationType::kNonFinite) << what;
+      // Sample 1 keeps its start, g / ||g||, scaled back by ||g||.
+      const double tolerance = dtype == DType::kFloat64 ? 1e-12 : 1e-5;
+      for (int64_t i = 0; i < 6; ++i) {
+        EXPECT_NEAR(w.at(6 + i), g.at(6 + i), tolerance * (1.0 + std::abs(g.at(6 + i)))) << what;
+      }
+      for (int64_t b : {0, 2}) {
+        Eigen::VectorXd gb(6);
+        for (int64_t i = 0; i < 6; ++i) gb(i) = g.at(b * 6 + i);
+        Eigen::VectorXd wb = gb;
+        for (int k = 0; k < budget; ++k) wb = gb + linear.jacobians[b].transpose() * wb;
+        for (int64_t i = 0; i < 6; ++i) {
+          EXPECT_NEAR(w.at(b * 6 + i), wb(i), tolerance * (1.0 + std::abs(wb(i))))
+              << what << ", sample " << b;
+        }
+        EXPECT_EQ(summary.sample_iterations[b], budget) << what << ", sample " << b;
+        EXPECT_EQ(summary.sample_termination[b], TerminationType::kMaxIterations)
+            << what << ", sample " << b;
+      }
+    }
+  }
+}
+
 // Once a sample has converged the map is called on the others only (the VJP
 // still sees the whole batch, the finished rows zero): they iterate on, in
 // the arithmetic of those calls, and the VJP count is the iterations of the
