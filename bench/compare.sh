@@ -8,6 +8,10 @@
 #                    [--only "w1i w2e ..."] [--peers "user tuned"] [--out DIR]
 #                    [--no-extras]
 #
+# --reps defaults to 5 (about 13 minutes in all on 2 cores): a workload's
+# ratio is a median over repetitions, and on a shared machine the peer's
+# step time alone moves by tens of percent between repetitions.
+#
 # Environment:
 #   BUILD_DIR       Release build directory (default: <repo>/build/release)
 #   STILLPOINT_BIN  use this `stillpoint` binary instead of building one
@@ -35,7 +39,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-REPS=3
+REPS=5
 STEPS=20
 WARMUP=3
 THREADS=2
