@@ -67,7 +67,10 @@ class PackedFloatB {
   PackedFloatB& operator=(PackedFloatB&&) = default;
 
   // Packs op(B) [k, n]: B is [k, n] with row stride ldb ([n, k] if
-  // trans_b). The storage is kept and reused by later calls.
+  // trans_b). The storage is kept and reused by later calls. A shallow B
+  // of exactly one panel of columns (16 with AVX, 8 with SSE; not
+  // transposed, k <= 64) is not copied but read in place: it must then stay
+  // unchanged until the last Multiply.
   void Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb);
   // C[m, n] = alpha op(A) op(B), or with accumulate C += alpha op(A) op(B);
   // A is [m, k] with row stride lda ([k, m] if trans_a), C [m, n] with row
@@ -88,6 +91,9 @@ class PackedFloatB {
   int64_t n_ = 0;
   std::vector<float> storage_;
   float* panels_ = nullptr;  // storage_ aligned to 64 bytes
+  // op(B) itself when it is read in place (see Pack), else null.
+  const float* in_place_ = nullptr;
+  int64_t in_place_ldb_ = 0;
 };
 
 // "openblas" or "eigen": which kernel Gemm uses (printed by benchmarks).

@@ -8,7 +8,9 @@
 // contiguous, zero-padded), and a register-blocked micro-kernel computes a
 // kRows x kPanel tile of C entirely in registers, reading op(A) in place
 // (broadcast one entry at a time, which works as well for A as for A^T), and
-// stores the tile once: no zeroing pass and no copy of A.
+// stores the tile once: no zeroing pass and no copy of A. A shallow B that
+// is a single panel already (a head's [T, 16] keys, values or rows of a
+// short sequence) is read in place, without a copy either.
 //
 // The depth is cut into blocks of kDepthBlock so a B panel stays in L1; the
 // first block stores its tile, later blocks add to it. Each C entry is the
@@ -102,6 +104,7 @@ void Tile(int64_t kc,
           int64_t a_row,
           int64_t a_depth,
           const float* panel,
+          int64_t panel_stride,
           float alpha,
           bool accumulate,
           float* c,
@@ -116,8 +119,8 @@ void Tile(int64_t kc,
     acc[r][1] = ei::pset1<Packet>(0.0f);
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
-    const Packet b0 = ei::pload<Packet>(panel + kk * kPanel);
-    const Packet b1 = ei::pload<Packet>(panel + kk * kPanel + kLanes);
+    const Packet b0 = ei::ploadu<Packet>(panel + kk * panel_stride);
+    const Packet b1 = ei::ploadu<Packet>(panel + kk * panel_stride + kLanes);
     const float* a_k = a + kk * a_depth;
 #pragma GCC unroll 8
     for (int r = 0; r < kTileRows; ++r) {
@@ -156,8 +159,17 @@ void Tile(int64_t kc,
   }
 }
 
-using TileFn = void (*)(
-    int64_t, const float*, int64_t, int64_t, const float*, float, bool, float*, int64_t, int64_t);
+using TileFn = void (*)(int64_t,
+                        const float*,
+                        int64_t,
+                        int64_t,
+                        const float*,
+                        int64_t,
+                        float,
+                        bool,
+                        float*,
+                        int64_t,
+                        int64_t);
 constexpr TileFn kTiles[kRows + 1] = {nullptr,  &Tile<1>, &Tile<2>, &Tile<3>,
                                       &Tile<4>, &Tile<5>, &Tile<6>};
 
@@ -170,6 +182,19 @@ float* PanelBuffer(int64_t floats) {
 
 int64_t PanelCount(int64_t n) { return (n + kPanel - 1) / kPanel; }
 
+// Whether op(B) [k, n] is read in place instead of packed: a single whole
+// panel (n = kPanel, not transposed) is already kPanel floats per depth, at
+// row stride ldb, so packing would only copy it. Only for shallow B (the
+// per-head operands of short sequences, where a pack costs about as much as
+// the product): a deep one at a large row stride would spread over more L1
+// sets than its packed copy and be read again by every row tile. (W1
+// explicit, one thread, 6 interleaved runs: median step 28.9 -> 27.2 ms; on
+// two threads the difference was within the machine's noise.)
+constexpr int64_t kMaxInPlaceDepth = 64;
+bool ReadsBInPlace(bool trans_b, int64_t k, int64_t n) {
+  return !trans_b && n == kPanel && k <= kMaxInPlaceDepth;
+}
+
 // C[m, n] = (or +=, with accumulate) alpha op(A) x packed for one depth
 // block: kc rows of every panel of op(B), panel p at packed + p kc kPanel.
 // op(A)[i, kk] is a[i * a_row + kk * a_depth].
@@ -180,6 +205,7 @@ void MultiplyDepthBlock(int64_t m,
                         int64_t a_row,
                         int64_t a_depth,
                         const float* packed,
+                        int64_t panel_stride,
                         float alpha,
                         bool accumulate,
                         float* c,
@@ -195,8 +221,8 @@ void MultiplyDepthBlock(int64_t m,
       const TileFn tile = kTiles[rows];
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t col = p * kPanel;
-        tile(kc, a + i * a_row, a_row, a_depth, packed + p * kc * kPanel, alpha, accumulate,
-             c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col));
+        tile(kc, a + i * a_row, a_row, a_depth, packed + p * kc * kPanel, panel_stride, alpha,
+             accumulate, c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col));
       }
     }
   }
@@ -224,6 +250,10 @@ void SmallGemmFloat(bool trans_a,
   // op(A)[i, kk] = a[i * a_row + kk * a_depth].
   const int64_t a_row = trans_a ? 1 : lda;
   const int64_t a_depth = trans_a ? lda : 1;
+  if (ReadsBInPlace(trans_b, k, n)) {
+    MultiplyDepthBlock(m, n, k, a, a_row, a_depth, b, ldb, alpha, false, c, ldc);
+    return;
+  }
   const int64_t panels = PanelCount(n);
   float* packed = PanelBuffer(panels * std::min(k, kDepthBlock) * kPanel);
   // One depth block packed at a time, so it is still in L1 when the tiles
@@ -233,7 +263,8 @@ void SmallGemmFloat(bool trans_a,
     for (int64_t p = 0; p < panels; ++p) {
       PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, packed + p * kc * kPanel);
     }
-    MultiplyDepthBlock(m, n, kc, a + k0 * a_depth, a_row, a_depth, packed, alpha, k0 > 0, c, ldc);
+    MultiplyDepthBlock(m, n, kc, a + k0 * a_depth, a_row, a_depth, packed, kPanel, alpha, k0 > 0, c,
+                       ldc);
   }
 }
 
@@ -251,6 +282,12 @@ float* PackedFloatB::Panels(std::size_t floats) {
 void PackedFloatB::Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb) {
   k_ = k;
   n_ = n;
+  if (ReadsBInPlace(trans_b, k, n)) {
+    in_place_ = b;
+    in_place_ldb_ = ldb;
+    return;
+  }
+  in_place_ = nullptr;
   const int64_t panels = PanelCount(n);
   float* storage = Panels(static_cast<std::size_t>(panels * k * kPanel));
   // Depth blocks one after another, each laid out as SmallGemmFloat packs
@@ -280,11 +317,16 @@ void PackedFloatB::Multiply(bool trans_a,
   }
   const int64_t a_row = trans_a ? 1 : lda;
   const int64_t a_depth = trans_a ? lda : 1;
+  if (in_place_) {
+    MultiplyDepthBlock(m, n_, k_, a, a_row, a_depth, in_place_, in_place_ldb_, alpha, accumulate, c,
+                       ldc);
+    return;
+  }
   const int64_t panels = PanelCount(n_);
   for (int64_t k0 = 0; k0 < k_; k0 += kDepthBlock) {
     const int64_t kc = std::min(kDepthBlock, k_ - k0);
     MultiplyDepthBlock(m, n_, kc, a + k0 * a_depth, a_row, a_depth, panels_ + k0 * panels * kPanel,
-                       alpha, accumulate || k0 > 0, c, ldc);
+                       kPanel, alpha, accumulate || k0 > 0, c, ldc);
   }
 }
 

@@ -90,12 +90,17 @@ TEST(GemmTest, PackedFloatKernelHandlesPartialTilesAndDepthBlocks) {
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       for (int64_t m : {1, 5, 6, 7, 13}) {
-        for (int64_t n : {1, 15, 16, 17, 40}) {
+        for (int64_t n : {1, 8, 15, 16, 17, 40}) {
           CheckCase<float>(ta, tb, m, n, 9, 3, 1e-5, &SmallGemmFloat);
         }
       }
       for (int64_t k : {0, 255, 256, 257, 600}) {
         CheckCase<float>(ta, tb, 14, 33, k, 2, 1e-5, &SmallGemmFloat);
+      }
+      // One panel of columns (8 with SSE, 16 with AVX) is read in place up to
+      // depth 64 and packed beyond.
+      for (int64_t n : {8, 16}) {
+        for (int64_t k : {63, 64, 65}) CheckCase<float>(ta, tb, 13, n, k, 5, 1e-5, &SmallGemmFloat);
       }
     }
   }
@@ -136,6 +141,41 @@ TEST(GemmTest, PackedOperandMatchesThePackedKernelBitwise) {
                           blocks.data() + i0 * ldc, ldc);
         }
         ASSERT_EQ(blocks, whole) << "ta " << ta << " tb " << tb << " k " << k;
+      }
+    }
+  }
+}
+
+// A shallow B of one panel of columns is read in place, not packed: the
+// same values given transposed (always packed) give bitwise the same
+// product, from SmallGemmFloat and from a PackedFloatB by row blocks.
+TEST(GemmTest, SinglePanelReadInPlaceMatchesItsPackedTransposeBitwise) {
+  for (int64_t n : {8, 16}) {
+    for (int64_t k : {1, 17, 64}) {
+      for (bool ta : {false, true}) {
+        const int64_t m = 20, pad = 3;
+        const int64_t lda = (ta ? m : k) + pad, ldb = n + pad, ldbt = k + pad, ldc = n;
+        const std::vector<float> a = Filled<float>((ta ? k : m) * lda, 8);
+        const std::vector<float> b = Filled<float>(k * ldb, 9);
+        std::vector<float> bt(n * ldbt, 0.0f);  // the same B, stored transposed
+        for (int64_t p = 0; p < k; ++p) {
+          for (int64_t j = 0; j < n; ++j) bt[j * ldbt + p] = b[p * ldb + j];
+        }
+        std::vector<float> in_place(m * ldc), packed(m * ldc), blocks(m * ldc);
+        SmallGemmFloat(ta, false, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, in_place.data(),
+                       ldc);
+        SmallGemmFloat(ta, true, m, n, k, 0.5f, a.data(), lda, bt.data(), ldbt, packed.data(), ldc);
+        const std::string what =
+            "n " + std::to_string(n) + " k " + std::to_string(k) + " ta " + std::to_string(ta);
+        ASSERT_EQ(in_place, packed) << what;
+        PackedFloatB operand;
+        operand.Pack(false, k, n, b.data(), ldb);
+        for (int64_t i0 = 0; i0 < m; i0 += 7) {
+          const float* a_rows = a.data() + (ta ? i0 : i0 * lda);
+          operand.Multiply(ta, std::min<int64_t>(7, m - i0), 0.5f, a_rows, lda,
+                           blocks.data() + i0 * ldc, ldc);
+        }
+        ASSERT_EQ(blocks, packed) << what;
       }
     }
   }
