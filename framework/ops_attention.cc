@@ -645,7 +645,12 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
         VarList grads(in.size());
         std::vector<Tensor> grad_values(in.size());
         for (size_t i = 0; i < in.size(); ++i) {
-          if (wanted[i]) grad_values[i] = Tensor(in[i].shape(), dtype);
+          // The kernels write every entry, except that with no query
+          // (Tq = 0) there is nothing to write into dk and dv: zeros.
+          if (wanted[i]) {
+            grad_values[i] =
+                geo.tq == 0 ? Tensor::Zeros(in[i].shape(), dtype) : Tensor(in[i].shape(), dtype);
+          }
         }
         DispatchDType(dtype, [&](auto zero) {
           using T = decltype(zero);

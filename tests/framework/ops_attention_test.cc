@@ -209,6 +209,27 @@ TEST(MultiHeadAttentionTest, ProbabilitiesFromRowStatisticsAreBitwiseTheForwardO
   }
 }
 
+// No queries: the output is empty and the keys and values get zero
+// gradients. (Gradient buffers come from a pool that reuses memory, so one
+// of the same size is dirtied first.)
+TEST(MultiHeadAttentionTest, EmptyQueriesGiveZeroKeyAndValueGradients) {
+  for (const DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    const Var q = Random(Shape{2, 0, 4}, 70, dtype, true);
+    const Var k = Random(Shape{2, 3, 4}, 71, dtype, true);
+    const Var v = Random(Shape{2, 3, 4}, 72, dtype, true);
+    const Var out = multi_head_attention(q, k, v, 2, 0.5, false);
+    EXPECT_EQ(out.shape(), (Shape{2, 0, 4}));
+    {
+      Tensor dirty(k.shape(), dtype);
+      dirty.Fill(7.0);
+    }
+    const VarList grads = grad({out}, {q, k, v}, {Var(Tensor::Zeros(out.shape(), dtype))});
+    for (int i = 1; i < 3; ++i) {
+      for (double x : grads[i].value().ToVector()) EXPECT_EQ(x, 0.0) << ToString(dtype) << " " << i;
+    }
+  }
+}
+
 TEST(MultiHeadAttentionTest, BitwiseIndependentOfThreadCount) {
   const Var q = Random(Shape{3, 20, 16}, 24, DType::kFloat32, true);
   const Var k = Random(Shape{3, 20, 16}, 25, DType::kFloat32, true);
