@@ -6,12 +6,13 @@
 #   bash scripts/setup.sh              # build and test dependencies
 #   bash scripts/setup.sh --with-peer  # also PyTorch + OpenBLAS, for the
 #                                      # side-by-side benchmarks (bench/)
+#   bash scripts/setup.sh --with-profiling  # also perf and valgrind
 #
 # Runs apt-get directly as root, through sudo otherwise.
 set -euo pipefail
 
 usage() {
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 packages=(
@@ -24,10 +25,14 @@ packages=(
 )
 # The reference implementation the benchmarks compare against.
 peer_packages=(python3-torch libopenblas0-openmp)
+# Profilers: perf (sampling; `perf record -g`, `perf report`) and valgrind
+# (callgrind instruction counts, steadier than timings on a shared machine).
+profiling_packages=(linux-perf valgrind)
 
 for arg in "$@"; do
   case "$arg" in
     --with-peer) packages+=("${peer_packages[@]}") ;;
+    --with-profiling) packages+=("${profiling_packages[@]}") ;;
     -h | --help) usage; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
   esac
