@@ -444,6 +444,7 @@ ForwardSolverOptions ForwardOptionsFor(const BackwardOptions& options) {
       SP_CHECK(false, "SolveAdjoint: ", ToString(options.solver), " is not a fixed-point solver");
   }
   forward.max_iterations = options.max_iterations;
+  forward.stagnation_window = options.stagnation_window;
   forward.stop_mode = StopMode::kAbsolute;
   forward.absolute_tolerance = options.tolerance;
   // A plain budget makes exactly max_iterations VJPs, as K iterations
@@ -1018,6 +1019,7 @@ bool BackwardOptions::IsValid(std::string* error) const {
         "in [1, 64]");
   check(broyden_memory >= 1 && broyden_memory <= 256, "broyden_memory", broyden_memory,
         "in [1, 256]");
+  check(stagnation_window >= 0, "stagnation_window", stagnation_window, ">= 0 (0 disables)");
   check(neumann_terms >= 0, "neumann_terms", neumann_terms, ">= 0");
   check(dense_max_state_size >= 1, "dense_max_state_size", dense_max_state_size, ">= 1");
   check(phantom_steps >= 1, "phantom_steps", phantom_steps, ">= 1");
@@ -1037,6 +1039,7 @@ std::string BackwardOptions::ToString() const {
       << "gmres_restart: " << gmres_restart << "\n"
       << "anderson_memory: " << anderson_memory << "\n"
       << "broyden_memory: " << broyden_memory << "\n"
+      << "stagnation_window: " << stagnation_window << "\n"
       << "neumann_terms: " << neumann_terms << "\n"
       << "dense_max_state_size: " << dense_max_state_size << "\n"
       << "warm_start: " << (warm_start ? "true" : "false") << "\n"

@@ -99,6 +99,10 @@ struct BackwardOptions {
   // keep the ForwardSolverOptions defaults; the summary lists them).
   int anderson_memory = 5;
   int broyden_memory = 10;
+  // kFixedPoint / kAnderson / kBroyden: a sample ends STAGNATED when its
+  // relative adjoint residual has not fallen by 0.1% within this many
+  // iterations (0 disables; not judged in a fixed budget, tolerance 0).
+  int stagnation_window = 10;
   // kNeumann: terms of the series after g (k VJPs).
   int neumann_terms = 10;
   // kDense: largest state size it accepts (it builds an n x n matrix per

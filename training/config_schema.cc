@@ -163,6 +163,10 @@ ConfigSchema BuildSchema() {
               kInf)
       .Int(bw + "neumann_terms", b.neumann_terms, "neumann: terms of the series", 1, 1 << 20)
       .Int(bw + "gmres_restart", b.gmres_restart, "gmres: restart length", 1, 4096)
+      .Int(bw + "stagnation_window", b.stagnation_window,
+           "fixed_point, anderson, broyden: iterations without 0.1% improvement of the adjoint "
+           "residual before STAGNATED (0: never; not judged when tolerance is 0)",
+           0, 1 << 20)
       .Bool(bw + "warm_start", b.warm_start, "ift: start from the previous step's solution")
       .Int(bw + "phantom_steps", b.phantom_steps, "phantom: unrolled steps k", 1, 4096)
       .Double(bw + "phantom_tau", b.phantom_tau, "phantom: damping tau", 1e-6, 1.0)
@@ -298,6 +302,7 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
   b.tolerance = c.GetDouble(bw + "tolerance");
   b.neumann_terms = static_cast<int>(c.GetInt(bw + "neumann_terms"));
   b.gmres_restart = static_cast<int>(c.GetInt(bw + "gmres_restart"));
+  b.stagnation_window = static_cast<int>(c.GetInt(bw + "stagnation_window"));
   b.warm_start = c.GetBool(bw + "warm_start");
   b.phantom_steps = static_cast<int>(c.GetInt(bw + "phantom_steps"));
   b.phantom_tau = c.GetDouble(bw + "phantom_tau");

@@ -523,6 +523,47 @@ TEST(AdjointFixedPoint, FixedBudgetWithANonFiniteSampleStillReturnsTheOthersLast
   }
 }
 
+// A VJP with a little noise in every call (as a map evaluated in low
+// precision has): the residual stalls near 1e-4 of ||g||. With a stagnation
+// window the samples end STAGNATED before the budget; with the window off
+// (0) they use all of it.
+TEST(AdjointFixedPoint, StagnationWindowEndsAStalledSolve) {
+  LinearAdjoint linear = MakeLinear(2, 6, 0.5, false, 95);
+  const Tensor g = RandomRhs(2, 6, 96);
+  const BatchedVjp exact = linear.Vjp();
+  int calls = 0;
+  const BatchedVjp noisy = [&](const Tensor& v, Tensor* out) {
+    exact(v, out);
+    ++calls;
+    for (int64_t i = 0; i < out->numel(); ++i) {
+      out->set(i, out->at(i) + 1e-4 * std::sin(12.9898 * (i + 1) * calls));
+    }
+  };
+  for (int window : {0, 3}) {
+    BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 1e-9);
+    options.max_iterations = 200;
+    options.stagnation_window = window;
+    Tensor w;
+    const AdjointSummary summary = SolveAdjoint(options, noisy, g, &w);
+    for (int64_t b = 0; b < 2; ++b) {
+      if (window == 0) {
+        EXPECT_EQ(summary.sample_termination[b], TerminationType::kMaxIterations)
+            << summary.FullReport();
+        EXPECT_EQ(summary.sample_iterations[b], 200);
+      } else {
+        EXPECT_EQ(summary.sample_termination[b], TerminationType::kStagnated)
+            << summary.FullReport();
+        EXPECT_LT(summary.sample_iterations[b], 200);
+      }
+    }
+  }
+  BackwardOptions bad = Options(AdjointSolverType::kFixedPoint, 1e-6);
+  bad.stagnation_window = -1;
+  std::string error;
+  EXPECT_FALSE(bad.IsValid(&error));
+  EXPECT_NE(error.find("stagnation_window"), std::string::npos) << error;
+}
+
 // Once a sample has converged the map is called on the others only (the VJP
 // still sees the whole batch, the finished rows zero): they iterate on, in
 // the arithmetic of those calls, and the VJP count is the iterations of the

@@ -244,6 +244,9 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {bw + "tolerance", {{}, "0.1"}},
       {bw + "neumann_terms", {{bw + "solver=neumann"}, "2"}},
       {bw + "gmres_restart", {{bw + "solver=gmres", bw + "tolerance=1e-12"}, "2"}},
+      // A tolerance below float32 precision: the adjoint residual stalls, and
+      // a window of 1 ends it sooner than the default 10.
+      {bw + "stagnation_window", {{bw + "tolerance=1e-12", bw + "max_iterations=60"}, "1"}},
       {bw + "warm_start", {{bw + "max_iterations=3"}, "true"}},
       {bw + "phantom_steps", {{bw + "mode=phantom"}, "2"}},
       {bw + "phantom_tau", {{bw + "mode=phantom"}, "0.25"}},
