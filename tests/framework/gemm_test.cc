@@ -120,6 +120,37 @@ TEST(GemmTest, PackedFloatKernelRowsDoNotDependOnTheirTile) {
   }
 }
 
+// Depths 16 and 32 (attention's products) run tiles whose depth loop is
+// unrolled at compile time; they must match the naive product for every
+// partial row tile and panel, and bitwise the run-time loop: the same
+// product with one more depth whose column of op(A) is zero (adding 0 * b
+// to an accumulator leaves it unchanged).
+TEST(GemmTest, UnrolledDepthsMatchTheRunTimeDepthLoop) {
+  const int64_t pad = 2;
+  for (int64_t k : {16, 32}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 13}) {
+          for (int64_t n : {1, 16, 17, 33}) {
+            CheckCase<float>(ta, tb, m, n, k, pad, 1e-5, &SmallGemmFloat);
+            // op(A) [m, k + 1] and op(B) [k + 1, n], op(A)'s last column zero.
+            const int64_t lda = (ta ? m : k + 1) + pad, ldb = (tb ? k + 1 : n) + pad;
+            std::vector<float> a = Filled<float>((ta ? k + 1 : m) * lda, 3);
+            const std::vector<float> b = Filled<float>((tb ? n : k + 1) * ldb, 4);
+            for (int64_t i = 0; i < m; ++i) (ta ? a[k * lda + i] : a[i * lda + k]) = 0.0f;
+            std::vector<float> unrolled(m * n), run_time(m * n);
+            SmallGemmFloat(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, unrolled.data(), n);
+            SmallGemmFloat(ta, tb, m, n, k + 1, 0.5f, a.data(), lda, b.data(), ldb, run_time.data(),
+                           n);
+            ASSERT_EQ(unrolled, run_time)
+                << "k " << k << " ta " << ta << " tb " << tb << " m " << m << " n " << n;
+          }
+        }
+      }
+    }
+  }
+}
+
 // op(B) packed once and multiplied by row blocks of op(A): bitwise what
 // SmallGemmFloat gives for those rows, for every layout, partial panels and
 // depths across blocks, with the storage reused by a smaller product.
