@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "framework/gemm.h"
@@ -102,6 +103,22 @@ void GemmBlock(const T* a,
                     c + row_begin * n + col_begin, n);
 }
 
+// GemmBlock for a float product whose op(B) was packed once for all its
+// row blocks; only whole rows (col_begin = 0, col_end = n).
+void PackedRowBlock(const internal::PackedFloatB& packed_b,
+                    const float* a,
+                    float* c,
+                    int64_t m,
+                    int64_t k,
+                    int64_t n,
+                    bool transpose_a,
+                    int64_t row_begin,
+                    int64_t row_end) {
+  packed_b.Multiply(transpose_a, row_end - row_begin, 1.0f,
+                    transpose_a ? a + row_begin : a + row_begin * k, transpose_a ? m : k,
+                    c + row_begin * n, n);
+}
+
 // The forward kernel: a tensor-only product (no graph). When bias is given
 // (a [n] vector; rank-2 products only) it is added to each output row.
 Tensor MatmulValue(const Tensor& a,
@@ -139,6 +156,19 @@ Tensor MatmulValue(const Tensor& a,
     const int64_t b_stride = geo.b_shared ? 0 : geo.k * geo.n;
     const int64_t c_stride = geo.m * geo.n;
     const T* bias_data = bias ? bias->data<T>() : nullptr;
+    // A float product cut into row blocks only packs op(B) once, here, for
+    // all of them, instead of once per block: the blocks (256 rows) of a
+    // W2 projection would otherwise pack the same weight eight times. The
+    // blocks go to the packed kernel either way, and a PackedFloatB gives
+    // its results bitwise, so the values are the same.
+    const internal::PackedFloatB* shared_b = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      if (batch == 1 && col_units == 1 && row_units > 1) {
+        thread_local internal::PackedFloatB packed_b;
+        packed_b.Pack(transpose_b, geo.k, geo.n, b_data, transpose_b ? geo.k : geo.n);
+        shared_b = &packed_b;
+      }
+    }
     ParallelFor(0, units, min_chunk, [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit) {
         const int64_t entry = unit / units_per_entry;
@@ -148,8 +178,15 @@ Tensor MatmulValue(const Tensor& a,
         const int64_t col_begin = (block % col_units) * cols_per_unit;
         const int64_t col_end = std::min(geo.n, col_begin + cols_per_unit);
         T* c_entry = c_data + entry * c_stride;
-        GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k, geo.n,
-                     transpose_a, transpose_b, row_begin, row_end, col_begin, col_end);
+        if (shared_b != nullptr) {
+          if constexpr (std::is_same_v<T, float>) {
+            PackedRowBlock(*shared_b, a_data, c_entry, m, geo.k, geo.n, transpose_a, row_begin,
+                           row_end);
+          }
+        } else {
+          GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k,
+                       geo.n, transpose_a, transpose_b, row_begin, row_end, col_begin, col_end);
+        }
         if (bias_data) {
           for (int64_t r = row_begin; r < row_end; ++r) {
             T* row = c_entry + r * geo.n;

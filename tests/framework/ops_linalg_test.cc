@@ -127,15 +127,35 @@ INSTANTIATE_TEST_SUITE_P(AllLayouts,
                          LayoutName);
 
 TEST(MatmulTest, LargeProductSplitIntoRowBlocksMatchesNaive) {
-  // More rows than one work unit, so the product is split into row blocks.
-  Var a = Random(Shape{150, 20}, 7);
-  Var b = Random(Shape{20, 9}, 8);
-  EXPECT_LT(MaxAbsDiff(matmul(a, b).value(), NaiveMatmul(a.value(), b.value(), false, false)),
-            1e-12);
-  Var at = Random(Shape{20, 150}, 9);
-  EXPECT_LT(MaxAbsDiff(matmul(at, b, true, false).value(),
-                       NaiveMatmul(at.value(), b.value(), true, false)),
-            1e-12);
+  // 600 rows: more than one work unit (256 rows), so the product is split
+  // into row blocks; in float32 they share one packed copy of op(B).
+  for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    const double tol = dtype == DType::kFloat64 ? 1e-12 : 1e-4;
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        Var a = Random(ta ? Shape{20, 600} : Shape{600, 20}, 7, dtype);
+        Var b = Random(tb ? Shape{9, 20} : Shape{20, 9}, 8, dtype);
+        const Tensor expected =
+            NaiveMatmul(a.value().To(DType::kFloat64), b.value().To(DType::kFloat64), ta, tb);
+        EXPECT_LT(MaxAbsDiff(matmul(a, b, ta, tb).value().To(DType::kFloat64), expected), tol)
+            << ToString(dtype) << " ta " << ta << " tb " << tb;
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, Float32RowBlocksAreBitwiseTheRowsComputedAlone) {
+  // A row of a product must not depend on the row block it fell in, nor on
+  // the packed operand being shared: the rows [300, 500) of a 600-row
+  // product (split over two blocks) equal the product of those rows alone
+  // (one block, which packs op(B) itself).
+  Var a = Random(Shape{600, 70}, 11, DType::kFloat32);
+  for (bool tb : {false, true}) {
+    Var b = Random(tb ? Shape{40, 70} : Shape{70, 40}, 12, DType::kFloat32);
+    const Tensor whole = slice(matmul(a, b, false, tb), 0, 300, 500).value();
+    const Tensor alone = matmul(slice(a, 0, 300, 500), b, false, tb).value();
+    EXPECT_EQ(MaxAbsDiff(whole, alone), 0.0) << "tb " << tb;
+  }
 }
 
 TEST(MatmulTest, Float32MatchesFloat64) {
