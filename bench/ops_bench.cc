@@ -79,13 +79,14 @@ BENCHMARK(BM_BatchedAttentionMatmuls)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
-// The W2 self-attention: multi_head_self_attention on a packed [8, 256, 192]
-// q|k|v (4 heads of 16), forward then the gradient of the packed input, as in
-// one explicit training step (the backward recomputes the probabilities).
-// Args: threads.
-void BM_SelfAttentionW2ForwardBackward(benchmark::State& state) {
-  const int64_t batch = 8, t = 256, heads = 4, dh = 16, d = heads * dh;
-  SetThreads(state, 0);
+// The self-attention of W1 (batch 32, T = 32) or W2 (batch 8, T = 256):
+// multi_head_self_attention on a packed [batch, T, 192] q|k|v (4 heads of
+// 16), forward then the gradient of the packed input, as in one explicit
+// training step (the backward recomputes the probabilities). Args: T,
+// threads.
+void BM_SelfAttentionForwardBackward(benchmark::State& state) {
+  const int64_t t = state.range(0), batch = t == 32 ? 32 : 8, heads = 4, dh = 16, d = heads * dh;
+  SetThreads(state, 1);
   Var qkv = RandomVar(Shape{batch, t, 3 * d}, 1, true);
   Var g = RandomVar(Shape{batch, t, d}, 2);
   for (auto _ : state) {
@@ -98,10 +99,9 @@ void BM_SelfAttentionW2ForwardBackward(benchmark::State& state) {
       static_cast<double>(state.iterations()) * 7.0 * 2.0 * batch * heads * t * t * dh / 1e9,
       benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_SelfAttentionW2ForwardBackward)
-    ->Arg(1)
-    ->Arg(2)
-    ->ArgName("threads")
+BENCHMARK(BM_SelfAttentionForwardBackward)
+    ->ArgsProduct({{32, 256}, {1, 2}})
+    ->ArgNames({"T", "threads"})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
