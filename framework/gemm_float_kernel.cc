@@ -96,6 +96,22 @@ void PackPanel(bool trans_b,
   }
 }
 
+// One depth of a tile: acc[r] += op(A)[r, kk] x the panel's row kk.
+template <int kTileRows>
+[[gnu::always_inline]] inline void TileStep(Packet (&acc)[kTileRows][2],
+                                            const float* a_k,
+                                            int64_t a_row,
+                                            const float* panel_k) {
+  const Packet b0 = ei::ploadu<Packet>(panel_k);
+  const Packet b1 = ei::ploadu<Packet>(panel_k + kLanes);
+#pragma GCC unroll 8
+  for (int r = 0; r < kTileRows; ++r) {
+    const Packet ar = ei::pset1<Packet>(a_k[r * a_row]);
+    acc[r][0] = ei::pmadd(ar, b0, acc[r][0]);
+    acc[r][1] = ei::pmadd(ar, b1, acc[r][1]);
+  }
+}
+
 // C tile [rows, width) (rows <= kRows, width <= kPanel) = or += alpha op(A)
 // rows x packed panel. op(A)[r, kk] is a[r * a_row + kk * a_depth]. With
 // kFixedDepth > 0 the depth is that constant (kc must equal it) and the
@@ -120,17 +136,14 @@ void Tile(int64_t kc,
     acc[r][0] = ei::pset1<Packet>(0.0f);
     acc[r][1] = ei::pset1<Packet>(0.0f);
   }
-  const int64_t depth = kFixedDepth > 0 ? kFixedDepth : kc;
-#pragma GCC unroll 32
-  for (int64_t kk = 0; kk < depth; ++kk) {
-    const Packet b0 = ei::ploadu<Packet>(panel + kk * panel_stride);
-    const Packet b1 = ei::ploadu<Packet>(panel + kk * panel_stride + kLanes);
-    const float* a_k = a + kk * a_depth;
-#pragma GCC unroll 8
-    for (int r = 0; r < kTileRows; ++r) {
-      const Packet ar = ei::pset1<Packet>(a_k[r * a_row]);
-      acc[r][0] = ei::pmadd(ar, b0, acc[r][0]);
-      acc[r][1] = ei::pmadd(ar, b1, acc[r][1]);
+  if constexpr (kFixedDepth > 0) {
+#pragma GCC unroll 16
+    for (int kk = 0; kk < kFixedDepth; ++kk) {
+      TileStep<kTileRows>(acc, a + kk * a_depth, a_row, panel + kk * panel_stride);
+    }
+  } else {
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      TileStep<kTileRows>(acc, a + kk * a_depth, a_row, panel + kk * panel_stride);
     }
   }
   const Packet scale = ei::pset1<Packet>(alpha);
@@ -175,26 +188,19 @@ using TileFn = void (*)(int64_t,
                         int64_t,
                         int64_t);
 // Tiles of every row count for one depth: a run-time one (kDepth = 0) or,
-// for the depths of attention's products (16 for a 16-wide head's scores,
-// 32 for its other products on 32-token sequences), the depth unrolled at
-// compile time. A tile that shallow pays for its run-time depth loop: on one
-// Zen 3 core a 6 x 16 tile called repeatedly reached 73 GFLOP/s at run-time
-// depth 16 and 85-88 unrolled, 86 and 93 at depth 32 (interleaved runs);
-// from depth 64 on the two are equal.
+// for depth 16 (a 16-wide head's Q K^T and dO V^T), the depth loop
+// unrolled at compile time. Fused attention forward + backward, one thread,
+// best of 40 batches in 4 interleaved runs: T = 256 (W2) 8.36 -> 8.17 ms,
+// T = 32 (W1) 537 -> 530 us. Unrolling depth 32 as well (the other products
+// at T = 32) measured slower at T = 32 (549 us): the unrolled tiles then
+// crowd the instruction cache.
 template <int kDepth>
 constexpr TileFn kTilesOfDepth[kRows + 1] = {nullptr,          &Tile<1, kDepth>, &Tile<2, kDepth>,
                                              &Tile<3, kDepth>, &Tile<4, kDepth>, &Tile<5, kDepth>,
                                              &Tile<6, kDepth>};
 
 TileFn TileFor(int rows, int64_t kc) {
-  switch (kc) {
-    case 16:
-      return kTilesOfDepth<16>[rows];
-    case 32:
-      return kTilesOfDepth<32>[rows];
-    default:
-      return kTilesOfDepth<0>[rows];
-  }
+  return kc == 16 ? kTilesOfDepth<16>[rows] : kTilesOfDepth<0>[rows];
 }
 
 // Per-thread packing buffer, aligned for packet loads.

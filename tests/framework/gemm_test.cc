@@ -120,11 +120,12 @@ TEST(GemmTest, PackedFloatKernelRowsDoNotDependOnTheirTile) {
   }
 }
 
-// Depths 16 and 32 (attention's products) run tiles whose depth loop is
-// unrolled at compile time; they must match the naive product for every
-// partial row tile and panel, and bitwise the run-time loop: the same
-// product with one more depth whose column of op(A) is zero (adding 0 * b
-// to an accumulator leaves it unchanged).
+// Depth 16 (a head's Q K^T) runs tiles whose depth loop is unrolled at
+// compile time, depth 32 the run-time loop; both must match the naive
+// product for every partial row tile and panel, and the unrolled tiles
+// bitwise the run-time loop: the same product with one more depth whose
+// column of op(A) is zero (adding 0 * b to an accumulator leaves it
+// unchanged).
 TEST(GemmTest, UnrolledDepthsMatchTheRunTimeDepthLoop) {
   const int64_t pad = 2;
   for (int64_t k : {16, 32}) {
