@@ -203,6 +203,11 @@ TileFn TileFor(int rows, int64_t kc) {
   return kc == 16 ? kTilesOfDepth<16>[rows] : kTilesOfDepth<0>[rows];
 }
 
+// C[m, n] = 0: the product of depth 0.
+void ZeroRows(int64_t m, int64_t n, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+}
+
 // Per-thread packing buffer, aligned for packet loads.
 float* PanelBuffer(int64_t floats) {
   thread_local std::vector<float, Eigen::aligned_allocator<float>> buffer;
@@ -274,7 +279,7 @@ void SmallGemmFloat(bool trans_a,
                     int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
-    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    ZeroRows(m, n, c, ldc);
     return;
   }
   // op(A)[i, kk] = a[i * a_row + kk * a_depth].
@@ -342,7 +347,7 @@ void PackedFloatB::Multiply(bool trans_a,
   if (m == 0 || n_ == 0) return;
   if (k_ == 0) {
     if (accumulate) return;
-    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n_, 0.0f);
+    ZeroRows(m, n_, c, ldc);
     return;
   }
   const int64_t a_row = trans_a ? 1 : lda;
