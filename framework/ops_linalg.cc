@@ -81,6 +81,8 @@ MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool 
 // Writes the block [row_begin, row_end) x [col_begin, col_end) of
 // C = op(A) op(B), where A, B and C point at one batch entry: A is [m, k]
 // ([k, m] if transpose_a), B is [k, n] ([n, k] if transpose_b), C is [m, n].
+// With packed_b (float only, whole rows: col_begin = 0, col_end = n), op(B)
+// was packed once for all the product's row blocks and b is not read.
 template <typename T>
 void GemmBlock(const T* a,
                const T* b,
@@ -93,30 +95,21 @@ void GemmBlock(const T* a,
                int64_t row_begin,
                int64_t row_end,
                int64_t col_begin,
-               int64_t col_end) {
+               int64_t col_end,
+               const internal::PackedFloatB* packed_b = nullptr) {
   // Rows of op(A) are rows of A, or columns of A when transposed; columns of
   // op(B) are columns of B, or rows of B when transposed.
   const T* a_rows = transpose_a ? a + row_begin : a + row_begin * k;
+  const int64_t lda = transpose_a ? m : k;
+  if constexpr (std::is_same_v<T, float>) {
+    if (packed_b != nullptr) {
+      packed_b->Multiply(transpose_a, row_end - row_begin, 1.0f, a_rows, lda, c + row_begin * n, n);
+      return;
+    }
+  }
   const T* b_cols = transpose_b ? b + col_begin * k : b + col_begin;
   internal::Gemm<T>(transpose_a, transpose_b, row_end - row_begin, col_end - col_begin, k, T(1),
-                    a_rows, transpose_a ? m : k, b_cols, transpose_b ? k : n,
-                    c + row_begin * n + col_begin, n);
-}
-
-// GemmBlock for a float product whose op(B) was packed once for all its
-// row blocks; only whole rows (col_begin = 0, col_end = n).
-void PackedRowBlock(const internal::PackedFloatB& packed_b,
-                    const float* a,
-                    float* c,
-                    int64_t m,
-                    int64_t k,
-                    int64_t n,
-                    bool transpose_a,
-                    int64_t row_begin,
-                    int64_t row_end) {
-  packed_b.Multiply(transpose_a, row_end - row_begin, 1.0f,
-                    transpose_a ? a + row_begin : a + row_begin * k, transpose_a ? m : k,
-                    c + row_begin * n, n);
+                    a_rows, lda, b_cols, transpose_b ? k : n, c + row_begin * n + col_begin, n);
 }
 
 // The forward kernel: a tensor-only product (no graph). When bias is given
@@ -178,15 +171,8 @@ Tensor MatmulValue(const Tensor& a,
         const int64_t col_begin = (block % col_units) * cols_per_unit;
         const int64_t col_end = std::min(geo.n, col_begin + cols_per_unit);
         T* c_entry = c_data + entry * c_stride;
-        if (shared_b != nullptr) {
-          if constexpr (std::is_same_v<T, float>) {
-            PackedRowBlock(*shared_b, a_data, c_entry, m, geo.k, geo.n, transpose_a, row_begin,
-                           row_end);
-          }
-        } else {
-          GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k,
-                       geo.n, transpose_a, transpose_b, row_begin, row_end, col_begin, col_end);
-        }
+        GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k, geo.n,
+                     transpose_a, transpose_b, row_begin, row_end, col_begin, col_end, shared_b);
         if (bias_data) {
           for (int64_t r = row_begin; r < row_end; ++r) {
             T* row = c_entry + r * geo.n;
