@@ -440,6 +440,29 @@ void ExpectBitwiseEqual(const Tensor& actual, const Tensor& expected, const std:
   });
 }
 
+// Sample b of w (n entries per sample) is w_K of the plain recurrence
+// w_{k+1} = g + J_b^T w_k from w_0 = start, in float64, K = budget.
+void ExpectPlainRecurrence(const Tensor& w,
+                           const Tensor& g,
+                           const Tensor& start,
+                           const Eigen::MatrixXd& jacobian,
+                           int64_t b,
+                           int64_t n,
+                           int budget,
+                           double tolerance,
+                           const std::string& what) {
+  Eigen::VectorXd gb(n), wb(n);
+  for (int64_t i = 0; i < n; ++i) {
+    gb(i) = g.at(b * n + i);
+    wb(i) = start.at(b * n + i);
+  }
+  for (int k = 0; k < budget; ++k) wb = gb + jacobian.transpose() * wb;
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(w.at(b * n + i), wb(i), tolerance * (1.0 + std::abs(wb(i))))
+        << what << ", sample " << b;
+  }
+}
+
 // A fixed budget of K plain iterations is exactly K VJPs, as
 // w_{k+1} = g + J^T w_k from w_0 = g (or a warm start) makes, and returns
 // w_K, bitwise as the normalised recurrence gives it (every call is on the
@@ -461,16 +484,7 @@ TEST(AdjointFixedPoint, FixedBudgetMakesExactlyOneVjpPerIteration) {
         EXPECT_EQ(linear.vjp_calls, budget) << what;
         const double tolerance = dtype == DType::kFloat64 ? 1e-12 : 1e-5;
         for (int64_t b = 0; b < 3; ++b) {
-          Eigen::VectorXd gb(7), wb(7);
-          for (int64_t i = 0; i < 7; ++i) {
-            gb(i) = g.at(b * 7 + i);
-            wb(i) = w0.at(b * 7 + i);
-          }
-          for (int k = 0; k < budget; ++k) wb = gb + linear.jacobians[b].transpose() * wb;
-          for (int64_t i = 0; i < 7; ++i) {
-            EXPECT_NEAR(w.at(b * 7 + i), wb(i), tolerance * (1.0 + std::abs(wb(i))))
-                << what << ", sample " << b;
-          }
+          ExpectPlainRecurrence(w, g, w0, linear.jacobians[b], b, 7, budget, tolerance, what);
           EXPECT_EQ(summary.sample_iterations[b], budget) << what << ", sample " << b;
           EXPECT_EQ(summary.sample_termination[b], TerminationType::kMaxIterations)
               << what << ", sample " << b;
@@ -507,14 +521,7 @@ TEST(AdjointFixedPoint, FixedBudgetWithANonFiniteSampleStillReturnsTheOthersLast
         EXPECT_NEAR(w.at(6 + i), g.at(6 + i), tolerance * (1.0 + std::abs(g.at(6 + i)))) << what;
       }
       for (int64_t b : {0, 2}) {
-        Eigen::VectorXd gb(6);
-        for (int64_t i = 0; i < 6; ++i) gb(i) = g.at(b * 6 + i);
-        Eigen::VectorXd wb = gb;
-        for (int k = 0; k < budget; ++k) wb = gb + linear.jacobians[b].transpose() * wb;
-        for (int64_t i = 0; i < 6; ++i) {
-          EXPECT_NEAR(w.at(b * 6 + i), wb(i), tolerance * (1.0 + std::abs(wb(i))))
-              << what << ", sample " << b;
-        }
+        ExpectPlainRecurrence(w, g, g, linear.jacobians[b], b, 6, budget, tolerance, what);
         EXPECT_EQ(summary.sample_iterations[b], budget) << what << ", sample " << b;
         EXPECT_EQ(summary.sample_termination[b], TerminationType::kMaxIterations)
             << what << ", sample " << b;
