@@ -36,6 +36,10 @@ Var RandomVar(const Shape& shape, uint64_t seed, bool requires_grad = false) {
 // The best repetition (reported as the `_min` aggregate).
 double Min(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
+// The batch of the attention workload with sequence length t: W1 (T = 32,
+// batch 32) or W2 (T = 256, batch 8) of bench/SPEC.md.
+int64_t WorkloadBatch(int64_t t) { return t == 32 ? 32 : 8; }
+
 void SetThreads(const benchmark::State& state, int arg_index) {
   SetNumThreads(static_cast<int>(state.range(arg_index)));
 }
@@ -79,7 +83,7 @@ BENCHMARK(BM_MatmulW1Projection)
 // Attention-shaped batched products: scores Q K^T then P V for [B*H, T, 16].
 // Args: T, threads.
 void BM_BatchedAttentionMatmuls(benchmark::State& state) {
-  const int64_t t = state.range(0), bh = t == 32 ? 32 * 4 : 8 * 4, dh = 16;
+  const int64_t t = state.range(0), bh = WorkloadBatch(t) * 4, dh = 16;
   SetThreads(state, 1);
   NoGrad no_grad;
   Var q = RandomVar(Shape{bh, t, dh}, 1), k = RandomVar(Shape{bh, t, dh}, 2),
@@ -105,7 +109,7 @@ BENCHMARK(BM_BatchedAttentionMatmuls)
 // training step (the backward recomputes the probabilities). Args: T,
 // threads.
 void BM_SelfAttentionForwardBackward(benchmark::State& state) {
-  const int64_t t = state.range(0), batch = t == 32 ? 32 : 8, heads = 4, dh = 16, d = heads * dh;
+  const int64_t t = state.range(0), batch = WorkloadBatch(t), heads = 4, dh = 16, d = heads * dh;
   SetThreads(state, 1);
   Var qkv = RandomVar(Shape{batch, t, 3 * d}, 1, true);
   Var g = RandomVar(Shape{batch, t, d}, 2);
