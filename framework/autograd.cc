@@ -1,7 +1,6 @@
 #include "framework/autograd.h"
 
 #include <algorithm>
-#include <atomic>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -11,7 +10,7 @@
 namespace stillpoint {
 namespace {
 
-std::atomic<bool> g_grad_mode{true};
+thread_local bool t_grad_mode = true;
 
 // The needed-input mask of the VJP that the sweep on this thread is running
 // (null outside a sweep). Graphs are swept on the calling thread only.
@@ -102,8 +101,8 @@ Var Var::detach() const { return Var(value(), false); }
 
 // ------------------------------------------------------------- grad mode
 
-bool GradModeEnabled() { return g_grad_mode.load(std::memory_order_relaxed); }
-void SetGradModeEnabled(bool enabled) { g_grad_mode.store(enabled, std::memory_order_relaxed); }
+bool GradModeEnabled() { return t_grad_mode; }
+void SetGradModeEnabled(bool enabled) { t_grad_mode = enabled; }
 
 NoGrad::NoGrad() : previous_(GradModeEnabled()) { SetGradModeEnabled(false); }
 NoGrad::~NoGrad() { SetGradModeEnabled(previous_); }

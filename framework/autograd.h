@@ -90,8 +90,10 @@ class Var {
   std::shared_ptr<detail::Node> node_;
 };
 
-// Whether ops record graph nodes. On by default. Global to the process (not
-// per thread), so kernels that run inside ParallelFor see the caller's mode.
+// Whether ops record graph nodes. On by default, and per thread: one thread
+// can record a graph while another runs a solve or a backward pass with the
+// tape off (the shards of a data-parallel step, training/data_parallel.h).
+// The tasks of a ParallelFor run with the mode of the thread that called it.
 bool GradModeEnabled();
 void SetGradModeEnabled(bool enabled);
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 
+#include "framework/autograd.h"
 #include "framework/check.h"
 
 namespace stillpoint {
@@ -62,10 +63,13 @@ void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
   const int64_t max_chunks = std::max<int64_t>(1, count / min_chunk);
   const int64_t chunks = std::min<int64_t>(max_chunks, int64_t{8} * threads);
   const int64_t chunk_size = (count + chunks - 1) / chunks;
+  // Grad mode is per thread: the tasks take the caller's.
+  const bool grad_mode = GradModeEnabled();
   Arena(threads).execute([&] {
     tbb::parallel_for(
         tbb::blocked_range<int64_t>(0, chunks, 1),
         [&](const tbb::blocked_range<int64_t>& range) {
+          const GradModeGuard caller_grad_mode(grad_mode);
           ++t_parallel_depth;
           for (int64_t c = range.begin(); c != range.end(); ++c) {
             const int64_t lo = begin + c * chunk_size;

@@ -19,7 +19,8 @@ int NumThreads();
 
 // Calls fn(begin, end) on disjoint chunks that cover [begin, end). Chunks
 // hold at least min_chunk indices; fn must not write shared state except at
-// its own indices. Nested calls run inline.
+// its own indices. Nested calls run inline. The tasks run with the
+// caller's grad mode (GradModeEnabled, autograd.h).
 void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
                  const std::function<void(int64_t, int64_t)>& fn);
 

@@ -1,11 +1,14 @@
 // Behaviour of the autodiff engine: accumulation, shared subexpressions,
-// deep graphs, retain_graph, NoGrad, create_graph, determinism and errors.
+// deep graphs, retain_graph, NoGrad, create_graph, determinism, errors and the
+// per-thread grad mode.
 #include "framework/autograd.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <string>
+#include <thread>
 
 #include "framework/ops.h"
 #include "framework/parallel.h"
@@ -214,6 +217,33 @@ TEST(AutogradTest, GradientsAreBitwiseIdenticalAcrossRunsWithTwoThreads) {
   const auto second = run();
   EXPECT_EQ(first.first, second.first);
   EXPECT_EQ(first.second, second.second);
+}
+
+// Grad mode is per thread (a data-parallel step records on one thread while
+// another runs a backward pass with the tape off), and ParallelFor's tasks
+// run with the caller's mode.
+TEST(GradModeTest, IsPerThreadAndParallelForTasksTakeTheCallers) {
+  ScopedNumThreads threads(2);
+  NoGrad no_grad;
+  ASSERT_FALSE(GradModeEnabled());
+  bool other_thread = false;
+  std::thread([&] { other_thread = GradModeEnabled(); }).join();
+  EXPECT_TRUE(other_thread);  // a new thread starts with the tape on
+
+  // Enough chunks of enough work that both threads take some.
+  for (bool mode : {false, true}) {
+    GradModeGuard guard(mode);
+    std::atomic<int> seen_on{0}, seen_off{0};
+    ParallelFor(0, 64, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        (GradModeEnabled() ? seen_on : seen_off)++;
+        volatile double sink = 0;
+        for (int k = 0; k < 20000; ++k) sink = sink + std::sqrt(static_cast<double>(k));
+      }
+    });
+    EXPECT_EQ(seen_on.load(), mode ? 64 : 0) << "caller's mode " << mode;
+    EXPECT_EQ(seen_off.load(), mode ? 0 : 64) << "caller's mode " << mode;
+  }
 }
 
 }  // namespace
