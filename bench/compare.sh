@@ -5,8 +5,14 @@
 # compute the same loss after one step on a shared tiny configuration.
 #
 #   bench/compare.sh [--reps N] [--steps S] [--warmup W] [--threads 2]
-#                    [--only "w1i w2e ..."] [--peers "user tuned"] [--out DIR]
-#                    [--no-extras]
+#                    [--w1-shards N] [--only "w1i w2e ..."] [--peers "user tuned"]
+#                    [--out DIR] [--no-extras]
+#
+# --w1-shards (default: the thread count) runs stillpoint's W1 steps as that
+# many data-parallel shards (`stillpoint bench --shards`, docs/training.md):
+# W1's ops are too short to split well over threads, so on W1 each thread
+# runs its own share of the batch instead. W2 runs unsharded (its ops are
+# long; shards made no measurable difference there).
 #
 # --reps defaults to 5 (about 13 minutes in all on 2 cores): a workload's
 # ratio is a median over repetitions, and on a shared machine the peer's
@@ -43,6 +49,7 @@ REPS=5
 STEPS=20
 WARMUP=3
 THREADS=2
+W1_SHARDS=""
 ONLY="w1i w1e w2i w2e w3 w3a"
 PEERS="user tuned"
 OUT=""
@@ -53,6 +60,7 @@ while [[ $# -gt 0 ]]; do
     --steps) STEPS=$2; shift 2 ;;
     --warmup) WARMUP=$2; shift 2 ;;
     --threads) THREADS=$2; shift 2 ;;
+    --w1-shards) W1_SHARDS=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --peers) PEERS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
@@ -61,6 +69,8 @@ while [[ $# -gt 0 ]]; do
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+W1_SHARDS=${W1_SHARDS:-$THREADS}
+[[ "$W1_SHARDS" =~ ^[1-9][0-9]*$ ]] || { echo "compare.sh: --w1-shards must be a positive integer, got '$W1_SHARDS'" >&2; exit 2; }
 OUT=${OUT:-$(mktemp -d /tmp/stillpoint-compare.XXXXXX)}
 mkdir -p "$OUT"
 RESULTS=$OUT/results.jsonl
@@ -105,6 +115,13 @@ workload_args() {
     *) echo "compare.sh: unknown workload key $1" >&2; exit 2 ;;
   esac
 }
+# stillpoint's own options for a workload key.
+sp_extra() {
+  case "$1" in
+    w1*) echo "--shards $W1_SHARDS" ;;
+  esac
+}
+
 peer_extra() {
   case "$1" in
     w3) echo "--w3-mode batch" ;;
@@ -135,6 +152,7 @@ echo "  GLIBC_TUNABLES=$TUNABLES${PEER_OMP_WAIT_POLICY:+, OMP_WAIT_POLICY=$PEER_
 CPU_NAME=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo "machine: $CPU_NAME, $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "results: $RESULTS"
+echo "stillpoint W1 steps: $W1_SHARDS data-parallel shard(s)"
 
 COMMON="--steps $STEPS --warmup $WARMUP --threads $THREADS"
 for rep in $(seq 1 "$REPS"); do
@@ -151,7 +169,7 @@ for rep in $(seq 1 "$REPS"); do
     for side in "${order[@]}"; do
       case $side in
         # shellcheck disable=SC2086
-        sp) run "$key" stillpoint "$rep" "$SP" bench $args $COMMON ;;
+        sp) run "$key" stillpoint "$rep" "$SP" bench $args $COMMON $(sp_extra "$key") ;;
         # shellcheck disable=SC2086
         user) run "$key" torch-user "$rep" peer_user $args $COMMON $(peer_extra "$key") ;;
         # shellcheck disable=SC2086
@@ -162,9 +180,9 @@ for rep in $(seq 1 "$REPS"); do
   if [[ $EXTRAS == 1 ]]; then
     SHORT="--steps 3 --warmup 1 --threads $THREADS"
     # shellcheck disable=SC2086
-    run w1i-k64 stillpoint "$rep" "$SP" bench w1 --model implicit --iters 64 $SHORT
+    run w1i-k64 stillpoint "$rep" "$SP" bench w1 --model implicit --iters 64 $SHORT --shards "$W1_SHARDS"
     # shellcheck disable=SC2086
-    run w1i-k16 stillpoint "$rep" "$SP" bench w1 --model implicit --iters 16 $SHORT
+    run w1i-k16 stillpoint "$rep" "$SP" bench w1 --model implicit --iters 16 $SHORT --shards "$W1_SHARDS"
     if [[ $THREADS != 1 ]]; then
       # Scaling: each 1-thread run next to a $THREADS-thread run of the same
       # workload, so both see the same machine (its speed drifts by minutes).

@@ -79,6 +79,7 @@ struct BenchReport {
   std::string model;  // empty for W3
   int iterations = 0;
   int threads = 0;
+  int64_t shards = 1;
   int64_t steps = 0;
   int64_t warmup = 0;
   std::string dtype;
@@ -102,13 +103,15 @@ void PrintText(const BenchReport& r, std::ostream& out) {
   const double ms = 1e3;
   out << std::fixed << "stillpoint " << r.workload;
   if (!r.model.empty()) out << " " << r.model;
-  out << " (K=" << r.iterations << ", threads " << r.threads << ", " << r.dtype << "): median "
-      << std::setprecision(3) << r.time.median * ms << " ms (min " << r.time.min * ms << ", max "
-      << r.time.max * ms << ", IQR " << r.time.p25 * ms << "-" << r.time.p75 * ms << ") over "
-      << r.steps << " " << (r.model.empty() ? "runs" : "steps") << " after " << r.warmup
-      << " warm-up; CPU " << r.cpu_median * ms << " ms; " << r.flops / 1e9 << " GFLOP, "
-      << std::setprecision(1) << r.flops / r.time.median / 1e9 << " GFLOP/s; peak RSS "
-      << std::setprecision(1) << static_cast<double>(r.peak_bytes) / (1 << 20) << " MiB\n";
+  out << " (K=" << r.iterations << ", threads " << r.threads;
+  if (r.shards > 1) out << ", " << r.shards << " shards";
+  out << ", " << r.dtype << "): median " << std::setprecision(3) << r.time.median * ms
+      << " ms (min " << r.time.min * ms << ", max " << r.time.max * ms << ", IQR "
+      << r.time.p25 * ms << "-" << r.time.p75 * ms << ") over " << r.steps << " "
+      << (r.model.empty() ? "runs" : "steps") << " after " << r.warmup << " warm-up; CPU "
+      << r.cpu_median * ms << " ms; " << r.flops / 1e9 << " GFLOP, " << std::setprecision(1)
+      << r.flops / r.time.median / 1e9 << " GFLOP/s; peak RSS " << std::setprecision(1)
+      << static_cast<double>(r.peak_bytes) / (1 << 20) << " MiB\n";
   if (!r.losses.empty()) {
     out << std::setprecision(6) << "  loss: first " << r.losses.front();
     if (r.losses.size() > 1) out << ", after one step " << r.losses[1];
@@ -129,7 +132,7 @@ void PrintJson(const BenchReport& r, std::ostream& out) {
   out << "{\"framework\": \"stillpoint\", \"workload\": " << JsonString(r.workload)
       << ", \"model\": " << (r.model.empty() ? "null" : JsonString(r.model))
       << ", \"iters\": " << r.iterations << ", \"threads\": " << r.threads
-      << ", \"steps\": " << r.steps << ", \"warmup\": " << r.warmup
+      << ", \"shards\": " << r.shards << ", \"steps\": " << r.steps << ", \"warmup\": " << r.warmup
       << ", \"dtype\": " << JsonString(r.dtype)
       << ", \"gemm\": " << JsonString(internal::GemmBackendName())
       << ", \"median_ms\": " << JsonNumber(r.time.median * ms)
@@ -233,7 +236,7 @@ BenchReport RunTransformerBench(const BenchArgs& args,
   const ModelOptions options = BenchModelOptions(shapes, kind, iterations, dtype, args.seed);
   TransformerBench bench(options,
                          weights != nullptr ? weights->batch : ReversalBatch(shapes, args.seed),
-                         weights != nullptr ? weights->parameters : NamedTensors{});
+                         weights != nullptr ? weights->parameters : NamedTensors{}, args.shards);
   BenchReport report;
   std::vector<double> seconds, cpu;
   for (int64_t step = 0; step < args.warmup + args.steps; ++step) {
@@ -470,19 +473,44 @@ WeightsExport LoadWeightsExport(const std::string& path, ModelKind kind) {
 
 TransformerBench::TransformerBench(const ModelOptions& options,
                                    TokenBatch batch,
-                                   const NamedTensors& initial)
-    : model_(std::make_unique<SequenceModel>(options)), batch_(std::move(batch)) {
+                                   const NamedTensors& initial,
+                                   int64_t shards)
+    : model_(std::make_shared<SequenceModel>(options)), batch_(std::move(batch)) {
   if (!initial.empty()) model_->LoadParameters(initial);
   optimizer_ = Optimizer::Create(BenchOptimizerOptions(), model_->named_parameters());
+  if (shards > 1) {
+    ShardRows(batch_.shape.dim(0), shards, 0);  // a clear error before building replicas
+    shards_ = std::make_unique<DataParallel>(
+        model_, shards, [&options] { return std::make_shared<SequenceModel>(options); });
+  }
 }
 
 double TransformerBench::Step() {
-  const Var logits = model_->Forward(batch_.ids, batch_.shape);
-  const Var loss = cross_entropy(logits, batch_.targets);
+  if (shards_ == nullptr) {
+    const Var logits = model_->Forward(batch_.ids, batch_.shape);
+    const Var loss = cross_entropy(logits, batch_.targets);
+    optimizer_->ZeroGrad();
+    backward(loss);
+    optimizer_->Step();
+    return loss.value().item();
+  }
+  const int64_t rows = batch_.shape.dim(0);
+  const int64_t length = batch_.shape.dim(1);
   optimizer_->ZeroGrad();
-  backward(loss);
+  const double loss = shards_->Backward(rows, [&](Module& replica, ShardRange shard) {
+    auto& model = static_cast<SequenceModel&>(replica);
+    const auto first = batch_.ids.begin() + shard.begin * length;
+    const auto last = batch_.ids.begin() + shard.end * length;
+    const std::vector<int64_t> ids(first, last);
+    const std::vector<int64_t> targets(batch_.targets.begin() + shard.begin * length,
+                                       batch_.targets.begin() + shard.end * length);
+    const Var logits = model.Forward(ids, Shape{shard.size(), length});
+    // The shard's share of the mean over all tokens.
+    return mul_scalar(cross_entropy(logits, targets),
+                      static_cast<double>(shard.size()) / static_cast<double>(rows));
+  });
   optimizer_->Step();
-  return loss.value().item();
+  return loss;
 }
 
 // ---------------------------------------------------------------- command
@@ -510,11 +538,20 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
     iterations = static_cast<int>(args.iterations > 0 ? args.iterations : transformer ? 16 : 32);
     SP_CHECK(args.threads >= 1 && args.threads <= 1024, "--threads must be >= 1, got ",
              args.threads);
+    SP_CHECK(args.shards >= 1, "--shards must be >= 1, got ", args.shards);
+    SP_CHECK(transformer || args.shards == 1, "--shards does not apply to w3 (Hopfield retrieval)");
     SP_CHECK(args.steps >= 1, "--steps must be >= 1, got ", args.steps);
     SP_CHECK(args.warmup >= 0, "--warmup must be >= 0, got ", args.warmup);
     SP_CHECK(StringToDType(args.dtype, &dtype), "--dtype: '", args.dtype,
              "' is not float32 or float64");
     if (!args.weights_path.empty()) weights = LoadWeightsExport(args.weights_path, kind);
+    if (transformer) {
+      const int64_t rows = !args.weights_path.empty() ? weights.shapes.batch
+                           : args.workload == "w1"    ? W1Shapes().batch
+                                                      : W2Shapes().batch;
+      SP_CHECK(args.shards <= rows, "--shards ", args.shards, ": the ", args.workload,
+               " batch has only ", rows, " sequences to share out");
+    }
   } catch (const std::exception& e) {
     err << "error: " << e.what() << "\n";
     return kBadInput;
@@ -529,6 +566,7 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
     report.model = args.workload == "w3" ? "" : ToString(kind);
     report.iterations = iterations;
     report.threads = args.threads;
+    report.shards = args.shards;
     report.steps = args.steps;
     report.warmup = args.warmup;
     report.dtype = ToString(dtype);

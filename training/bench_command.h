@@ -1,8 +1,8 @@
 // `stillpoint bench`: the reference workloads of bench/SPEC.md, timed.
 //
 //   stillpoint bench w1|w2|w3 [--model implicit|explicit] [--iters K]
-//                   [--threads N] [--steps 20] [--warmup 3] [--json]
-//                   [--weights FILE] [--dtype float32|float64]
+//                   [--threads N] [--shards S] [--steps 20] [--warmup 3]
+//                   [--json] [--weights FILE] [--dtype float32|float64]
 //
 // W1, W2: DEQ-transformer training steps (forward, loss, zero grad,
 //   backward, AdamW) of a SequenceModel built from ModelOptions with cell
@@ -13,6 +13,10 @@
 //     evaluation at z*, and the IFT backward with the plain fixed-point
 //     adjoint iteration w <- g + J^T w for exactly K iterations from w0 = g.
 //   - explicit: 6 untied cells, ordinary backprop.
+//   --shards S (default 1) cuts the batch into S shards of whole sequences
+//   that run forward and backward side by side on replicas of the model
+//   (training/data_parallel.h): the threads then meet once per step instead
+//   of at every op. S changes the step's rounding, not its arithmetic.
 // W3: Hopfield retrieval of 1024 corrupted patterns (forward only, Picard to
 //   a relative residual of 1e-6, at most K = 32 iterations, per-query exit).
 //
@@ -41,6 +45,7 @@
 #include "framework/module.h"
 #include "framework/tensor.h"
 #include "layers/models.h"
+#include "training/data_parallel.h"
 #include "training/optimizer.h"
 
 namespace stillpoint {
@@ -50,6 +55,7 @@ struct BenchArgs {
   std::string model;      // "implicit" or "explicit" (W1, W2); empty: implicit
   int64_t iterations = 0;  // 0: the workload's (16 for W1/W2, 32 for W3)
   int threads = 2;
+  int64_t shards = 1;  // W1, W2: data-parallel shards of the batch
   int64_t steps = 20;
   int64_t warmup = 3;
   bool json = false;
@@ -107,9 +113,12 @@ WeightsExport LoadWeightsExport(const std::string& path, ModelKind kind);
 class TransformerBench {
  public:
   // Builds the model from options and, when initial is non-empty, loads
-  // those parameters (strict: every name must match).
-  TransformerBench(const ModelOptions& options, TokenBatch batch,
-                   const NamedTensors& initial = {});
+  // those parameters (strict: every name must match). With shards > 1 each
+  // step runs the batch as that many data-parallel shards (DataParallel).
+  TransformerBench(const ModelOptions& options,
+                   TokenBatch batch,
+                   const NamedTensors& initial = {},
+                   int64_t shards = 1);
 
   // Forward, mean cross-entropy, zero grad, backward, AdamW step. Returns the
   // loss computed before the update.
@@ -119,8 +128,9 @@ class TransformerBench {
   const SequenceModel& model() const { return *model_; }
 
  private:
-  std::unique_ptr<SequenceModel> model_;
+  std::shared_ptr<SequenceModel> model_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<DataParallel> shards_;
   TokenBatch batch_;
 };
 

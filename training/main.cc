@@ -76,6 +76,10 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--iters", bench.iterations,
                         "Forward and adjoint iterations (default 16; w3: at most, default 32)");
   bench_cmd->add_option("--threads", bench.threads, "Worker threads")->capture_default_str();
+  bench_cmd
+      ->add_option("--shards", bench.shards,
+                   "Data-parallel shards of the batch (w1, w2; see training/data_parallel.h)")
+      ->capture_default_str();
   bench_cmd->add_option("--steps", bench.steps, "Timed steps")->capture_default_str();
   bench_cmd->add_option("--warmup", bench.warmup, "Untimed warm-up steps")->capture_default_str();
   bench_cmd->add_flag("--json", bench.json, "Print the result as one JSON object");

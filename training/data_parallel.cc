@@ -1,0 +1,129 @@
+#include "training/data_parallel.h"
+
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "framework/check.h"
+#include "framework/ops.h"
+#include "framework/parallel.h"
+
+namespace stillpoint {
+
+ShardRange ShardRows(int64_t rows, int64_t shards, int64_t shard) {
+  SP_CHECK(shards >= 1 && shards <= rows, "data parallel: cannot cut a batch of ", rows,
+           " rows into ", shards, " shards (need 1 <= shards <= rows)");
+  SP_CHECK(shard >= 0 && shard < shards, "data parallel: shard ", shard, " of ", shards,
+           " does not exist");
+  const int64_t base = rows / shards;
+  const int64_t longer = rows % shards;
+  const int64_t begin = shard * base + std::min(shard, longer);
+  return {begin, begin + base + (shard < longer ? 1 : 0), shard};
+}
+
+namespace {
+
+// Points every parameter of `replica` at the storage of the model's
+// parameter of the same name, after checking that the two modules have the
+// same parameters.
+void ShareParameters(const Module& model, Module& replica, int64_t shard) {
+  const NamedVars own = model.named_parameters();
+  const NamedVars copy = replica.named_parameters();
+  SP_CHECK(own.size() == copy.size(), "data parallel: the replica for shard ", shard, " has ",
+           copy.size(), " parameters, the model ", own.size());
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    const auto& [name, parameter] = own[i];
+    Var target = copy[i].second;
+    SP_CHECK(copy[i].first == name, "data parallel: parameter ", i, " of the replica for shard ",
+             shard, " is '", copy[i].first, "', the model's is '", name, "'");
+    SP_CHECK(target.shape() == parameter.shape() && target.dtype() == parameter.dtype(),
+             "data parallel: parameter '", name, "' of the replica for shard ", shard, " is ",
+             target.shape(), " ", ToString(target.dtype()), ", the model's ", parameter.shape(),
+             " ", ToString(parameter.dtype()));
+    target.mutable_value() = parameter.value();
+    target.set_requires_grad(parameter.requires_grad());
+  }
+}
+
+}  // namespace
+
+DataParallel::DataParallel(std::shared_ptr<Module> model,
+                           int64_t shards,
+                           const ReplicaFactory& make_replica) {
+  SP_CHECK(model != nullptr, "data parallel: no model");
+  SP_CHECK(shards >= 1, "data parallel: shards must be >= 1, got ", shards);
+  SP_CHECK(shards == 1 || make_replica, "data parallel: ", shards,
+           " shards need a replica factory");
+  replicas_.push_back(std::move(model));
+  for (int64_t shard = 1; shard < shards; ++shard) {
+    std::shared_ptr<Module> replica = make_replica();
+    SP_CHECK(replica != nullptr, "data parallel: the replica factory returned no module");
+    SP_CHECK(replica != replicas_.front(),
+             "data parallel: the replica factory returned the model itself");
+    ShareParameters(*replicas_.front(), *replica, shard);
+    replicas_.push_back(std::move(replica));
+  }
+}
+
+Module& DataParallel::replica(int64_t shard) const {
+  SP_CHECK(shard >= 0 && shard < shards(), "data parallel: shard ", shard, " of ", shards(),
+           " does not exist");
+  return *replicas_[shard];
+}
+
+double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
+  const int64_t count = shards();
+  // Checked before any work, so a bad batch leaves everything as it was.
+  ShardRows(rows, count, 0);
+  const VarList parameters = replicas_.front()->parameters();
+  // Shard 0 accumulates into the model's own gradients; these restore them
+  // if a shard fails.
+  VarList previous(parameters.size());
+  for (std::size_t i = 0; i < parameters.size(); ++i) previous[i] = parameters[i].grad();
+
+  std::vector<double> losses(count, 0.0);
+  try {
+    // One task per shard; ops inside a task run on its thread (nested
+    // ParallelFor calls run inline).
+    ParallelFor(0, count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t shard = begin; shard < end; ++shard) {
+        Module& module = *replicas_[shard];
+        if (shard > 0) module.ZeroGrad();
+        const Var loss = shard_loss(module, ShardRows(rows, count, shard));
+        SP_CHECK(loss.defined() && loss.numel() == 1, "data parallel: the loss of shard ", shard,
+                 " must be a scalar, got ", loss.defined() ? loss.shape().ToString() : "none");
+        losses[shard] = loss.item();
+        backward(loss);
+      }
+    });
+  } catch (...) {
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      Var parameter = parameters[i];
+      parameter.set_grad(previous[i]);
+    }
+    for (int64_t shard = 1; shard < count; ++shard) replicas_[shard]->ZeroGrad();
+    throw;
+  }
+
+  // The sum over shards, in shard order (parameters() lists the replicas'
+  // parameters in the same order as the model's).
+  {
+    NoGrad no_grad;
+    for (int64_t shard = 1; shard < count; ++shard) {
+      const VarList shard_parameters = replicas_[shard]->parameters();
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        const Var& increment = shard_parameters[i].grad();
+        if (!increment.defined()) continue;
+        Var parameter = parameters[i];
+        parameter.set_grad(parameter.has_grad() ? add(parameter.grad(), increment) : increment);
+      }
+      replicas_[shard]->ZeroGrad();
+    }
+  }
+  double total = 0.0;
+  for (const double loss : losses) total += loss;
+  return total;
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,91 @@
+// Data-parallel training steps on one machine.
+//
+// A step's batch is cut into shards of whole rows (ShardRows). Each shard
+// runs its forward pass, loss and backward pass on its own replica of the
+// model: a module of the same structure whose parameters share the model's
+// storage, so an optimizer step on the model's parameters updates every
+// replica too. The shards run as the tasks of one ParallelFor, and the ops
+// inside a task run on that task's thread: the threads meet once per step
+// instead of at every op. On small models, whose ops are too short to split
+// well over threads, that is most of what a second core can give (W1 of
+// bench/SPEC.md; figures in bench/RESULTS.md).
+//
+//   DataParallel step(model, 2, [&] { return std::make_shared<SequenceModel>(options); });
+//   optimizer->ZeroGrad();
+//   const double loss = step.Backward(batch_rows, [&](Module& replica, ShardRange rows) {
+//     auto& m = static_cast<SequenceModel&>(replica);
+//     return mul_scalar(cross_entropy(m.Forward(ids of rows, ...), targets of rows),
+//                       double(rows.size()) / double(batch_rows));
+//   });
+//   optimizer->Step();
+//
+// Results do not depend on the thread count: a shard computes the same
+// values on any thread, and the shards' gradients are added in shard order.
+// They do depend on the number of shards, because sums over the batch (the
+// mean loss, a weight gradient X^T G) are then formed shard by shard: one
+// shard gives exactly what a plain backward() gives, two shards agree with
+// it to rounding.
+//
+// State that a module keeps about its last forward pass (an implicit
+// layer's solver summaries, dropout masks) is per replica: the model's own
+// describes shard 0. Each replica draws from its own generators, so a model
+// with dropout draws different masks with shards > 1 than without.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/module.h"
+
+namespace stillpoint {
+
+// Rows [begin, end) of a batch: those of shard `shard`.
+struct ShardRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t shard = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// The rows of shard `shard` when `rows` rows are cut into `shards`
+// contiguous shards in order, the first rows % shards of them one row
+// longer. Throws unless 1 <= shards <= rows and 0 <= shard < shards.
+ShardRange ShardRows(int64_t rows, int64_t shards, int64_t shard);
+
+class DataParallel {
+ public:
+  using ReplicaFactory = std::function<std::shared_ptr<Module>()>;
+  // The loss of one shard: the shard's share of the batch loss, a scalar
+  // Var recorded on the replica's parameters (the shares add up to the
+  // batch loss, e.g. a shard's mean scaled by its fraction of the rows).
+  using ShardLoss = std::function<Var(Module& replica, ShardRange rows)>;
+
+  // model: the module whose parameters the optimizer updates; shard 0 runs
+  // on it. shards >= 1. make_replica builds a module of the same structure
+  // (the same parameter names, shapes and dtypes: the error names the first
+  // difference) and is called shards - 1 times, here; the replicas'
+  // parameters are then pointed at the model's storage.
+  DataParallel(std::shared_ptr<Module> model, int64_t shards, const ReplicaFactory& make_replica);
+
+  int64_t shards() const { return static_cast<int64_t>(replicas_.size()); }
+  // The module that runs shard s (shard 0: the model).
+  Module& replica(int64_t shard) const;
+
+  // For every shard, in parallel: loss = shard_loss(replica, rows of the
+  // shard), then its backward pass. The model's parameters then hold, added
+  // to the gradients they held before (as backward() accumulates), the sum
+  // of the shards' gradients in shard order; the replicas' own gradients are
+  // cleared. Returns the sum of the shards' loss values, in shard order.
+  // Throws if rows < shards or a loss is not a scalar; an exception thrown
+  // by a shard reaches the caller, and the model's gradients are then left
+  // as they were.
+  double Backward(int64_t rows, const ShardLoss& shard_loss);
+
+ private:
+  std::vector<std::shared_ptr<Module>> replicas_;
+};
+
+}  // namespace stillpoint
