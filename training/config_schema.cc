@@ -184,6 +184,11 @@ ConfigSchema BuildSchema() {
   // ---- train
   s.Int("train.steps", 300, "Optimizer steps", 0, kBig)
       .Int("train.batch_size", 32, "Examples per step", 1, 1 << 20)
+      .Int("train.shards", 1,
+           "Data-parallel shards of each batch: forward and backward of each shard run side by "
+           "side on a replica of the model, the threads meeting once per step (faster for small "
+           "models; results depend on the count, to rounding)",
+           1, 256)
       .Enum("train.optimizer.type", ToString(o.type), {"sgd", "adam", "adamw"}, "Optimizer")
       .Double("train.optimizer.lr", o.learning_rate, "Base learning rate", 0.0, kInf)
       .Double("train.optimizer.momentum", o.momentum, "sgd: momentum", 0.0, 0.999999)

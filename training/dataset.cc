@@ -45,6 +45,25 @@ Batch MakeBatch(const Dataset& dataset, const std::vector<int64_t>& indices, DTy
   return batch;
 }
 
+Batch SliceBatch(const Batch& batch, int64_t begin, int64_t end) {
+  SP_CHECK(0 <= begin && begin < end && end <= batch.batch_size, "SliceBatch: examples [", begin,
+           ", ", end, ") of a batch of ", batch.batch_size);
+  Batch slice;
+  slice.batch_size = end - begin;
+  slice.length = batch.length;
+  if (!batch.tokens.empty()) {
+    slice.tokens.assign(batch.tokens.begin() + begin * batch.length,
+                        batch.tokens.begin() + end * batch.length);
+  }
+  if (batch.features.defined()) slice.features = batch.features.SliceRows(begin, end);
+  // One target per token, or one per example.
+  const int64_t per_example =
+      static_cast<int64_t>(batch.targets.size()) / std::max<int64_t>(batch.batch_size, 1);
+  slice.targets.assign(batch.targets.begin() + begin * per_example,
+                       batch.targets.begin() + end * per_example);
+  return slice;
+}
+
 Batcher::Batcher(const Dataset& dataset, int64_t batch_size, uint64_t seed, DType dtype)
     : dataset_(dataset), batch_size_(batch_size), seed_(seed), dtype_(dtype) {
   SP_CHECK(batch_size >= 1, "Batcher: batch_size must be >= 1, got ", batch_size);

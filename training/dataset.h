@@ -71,6 +71,9 @@ struct Batch {
 
 // Stacks examples [indices] into a batch of the given dtype.
 Batch MakeBatch(const Dataset& dataset, const std::vector<int64_t>& indices, DType dtype);
+// Examples [begin, end) of a batch (its tokens and targets copied, its
+// features a view). Throws unless 0 <= begin < end <= batch_size.
+Batch SliceBatch(const Batch& batch, int64_t begin, int64_t end);
 
 // Draws batches in a seeded random order, epoch after epoch; the position
 // (epoch, offset within the epoch's permutation) can be saved and restored so

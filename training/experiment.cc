@@ -25,7 +25,7 @@ std::string ResolvePath(const std::string& path, const std::string& config_path)
 
 Experiment BuildExperiment(const Config& config, const std::string& config_path,
                            int64_t length_override) {
-  Experiment e{config, config_path, nullptr, nullptr, nullptr, DType::kFloat32};
+  Experiment e{config, config_path, nullptr, nullptr, nullptr, nullptr, DType::kFloat32};
   StringToDType(config.GetString("dtype"), &e.dtype);
   const std::string kind = config.GetString("task.kind");
   const uint64_t seed = static_cast<uint64_t>(config.GetInt("seed"));
@@ -98,11 +98,17 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
   options.vocab_size = std::max<int64_t>(vocab, 1);
   options.feature_dim = feature_dim;
   options.num_classes = classes;
-  if (per_token) {
-    e.model = std::make_shared<SequenceModel>(options);
-  } else {
-    e.model = std::make_shared<SequenceClassifier>(options);
-  }
+  auto make = [per_token](const ModelOptions& o) -> std::shared_ptr<SequenceModel> {
+    if (per_token) return std::make_shared<SequenceModel>(o);
+    return std::make_shared<SequenceClassifier>(o);
+  };
+  e.model = make(options);
+  e.make_replica = [make, options](int64_t replica) {
+    ModelOptions o = options;
+    // Distinct dropout masks per replica (each cell draws from seed, seed + 1).
+    o.cell_options.dropout_seed += static_cast<uint64_t>(replica) * 1000003u;
+    return make(o);
+  };
   return e;
 }
 

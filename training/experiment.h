@@ -4,6 +4,7 @@
 // all start from here, so they agree on what a config means.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,10 @@ struct Experiment {
   std::unique_ptr<Dataset> train;
   std::unique_ptr<Dataset> test;
   std::shared_ptr<SequenceModel> model;
+  // Builds another model of the same structure as `model`, with its own
+  // dropout streams for each replica index: the replicas of a data-parallel
+  // step (train.shards; training/data_parallel.h).
+  std::function<std::shared_ptr<SequenceModel>(int64_t replica)> make_replica;
   DType dtype = DType::kFloat32;
 };
 

@@ -17,6 +17,7 @@
 #include "solvers/regularizers.h"
 #include "training/checkpoint.h"
 #include "training/config_schema.h"
+#include "training/data_parallel.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"
 #include "training/progress.h"
@@ -61,6 +62,57 @@ Var JacobianPenalty(SequenceModel& model, const Batch& batch, int probes, Rng& r
     return cell->Forward(z, all ? u : gather(u, 0, ids), ids);
   };
   return JacobianFrobeniusPenalty(f, model.implicit()->last_result().z_star.value(), probes, rng);
+}
+
+// One step's forward and backward passes as data-parallel shards: the
+// loss (each shard's mean over its counted targets, weighted by its share
+// of the batch's counted targets) and, through *correct_counted, the
+// batch's correct predictions and counted targets.
+double ShardedBackward(DataParallel& data_parallel,
+                       const Batch& batch,
+                       std::pair<int64_t, int64_t>* correct_counted) {
+  int64_t counted = 0;
+  for (int64_t target : batch.targets) counted += target != kIgnoreTarget;
+  std::vector<std::pair<int64_t, int64_t>> per_shard(data_parallel.shards());
+  const double loss =
+      data_parallel.Backward(batch.batch_size, [&](Module& replica, ShardRange rows) {
+        const Batch part = SliceBatch(batch, rows.begin, rows.end);
+        const Var logits = ForwardBatch(static_cast<SequenceModel&>(replica), part);
+        per_shard[rows.shard] = CountCorrect(logits.value(), part);
+        const int64_t shard_counted = per_shard[rows.shard].second;
+        // A shard whose targets are all ignored adds nothing.
+        if (shard_counted == 0) return mul_scalar(sum(logits), 0.0);
+        return mul_scalar(BatchLoss(logits, part),
+                          static_cast<double>(shard_counted) / static_cast<double>(counted));
+      });
+  *correct_counted = {0, 0};
+  for (const auto& [c, n] : per_shard) {
+    correct_counted->first += c;
+    correct_counted->second += n;
+  }
+  return loss;
+}
+
+// Solver statistics over the samples of every shard (each replica keeps
+// those of its own last solve); the brief report is shard 0's.
+SolverStats ShardedStats(const DataParallel& data_parallel,
+                         SolverStats (*stats_of)(const SequenceModel&)) {
+  SolverStats total;
+  double iterations = 0;
+  int64_t samples = 0;
+  for (int64_t shard = 0; shard < data_parallel.shards(); ++shard) {
+    const SolverStats s = stats_of(static_cast<const SequenceModel&>(data_parallel.replica(shard)));
+    const int64_t n = s.converged + s.not_converged;
+    iterations += s.iterations_mean * static_cast<double>(n);
+    samples += n;
+    total.iterations_max = std::max(total.iterations_max, s.iterations_max);
+    total.residual_max = std::max(total.residual_max, s.residual_max);
+    total.converged += s.converged;
+    total.not_converged += s.not_converged;
+    if (shard == 0) total.brief = s.brief;
+  }
+  total.iterations_mean = samples > 0 ? iterations / static_cast<double>(samples) : 0.0;
+  return total;
 }
 
 void WritePlots(const std::string& run_dir) {
@@ -156,6 +208,19 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     throw ConfigError(c.Origin("log.formats") +
                       ": log.formats must name at least one of csv, jsonl");
   }
+  // Checked before the run directory is touched.
+  const int64_t shards = c.GetInt("train.shards");
+  if (shards > c.GetInt("train.batch_size")) {
+    throw ConfigError(c.Origin("train.shards") + ": train.shards (" + std::to_string(shards) +
+                      ") is more than train.batch_size (" +
+                      std::to_string(c.GetInt("train.batch_size")) + ")");
+  }
+  if (shards > 1 && c.GetDouble("model.regularization.jacobian_weight") > 0) {
+    throw ConfigError(c.Origin("train.shards") +
+                      ": train.shards > 1 does not combine with "
+                      "model.regularization.jacobian_weight > 0 (the penalty's probes are drawn "
+                      "from one generator for the whole batch)");
+  }
   SequenceModel& model = *e.model;
   TrainSummary summary;
   summary.run_dir = RunDirectory(c, e.config_path);
@@ -212,6 +277,12 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   const bool stop_on_nonfinite = c.GetString("train.on_nonfinite") == "stop";
   const int64_t max_skipped = c.GetInt("train.max_skipped_steps");
   const double jacobian_weight = c.GetDouble("model.regularization.jacobian_weight");
+  std::unique_ptr<DataParallel> data_parallel;
+  if (shards > 1) {
+    SP_CHECK(e.make_replica != nullptr, "Train: the experiment cannot build model replicas");
+    data_parallel = std::make_unique<DataParallel>(
+        e.model, shards, [&e, next = int64_t{1}]() mutable { return e.make_replica(next++); });
+  }
   const int jacobian_probes = static_cast<int>(c.GetInt("model.regularization.jacobian_probes"));
   const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
   const int64_t eval_batch = c.GetInt("eval.batch_size");
@@ -229,28 +300,48 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
          (options.stop_after_steps == 0 || steps_this_call < options.stop_after_steps)) {
     const auto start = Clock::now();
     optimizer->set_learning_rate(LearningRateAt(schedule, optimizer_options.learning_rate, step));
-    if (implicit) model.SetDepthOverride(step < pretrain_steps ? unroll_steps : 0);
-    const Batch batch = batcher.Next();
-    Var logits = ForwardBatch(model, batch);
-    Var loss = BatchLoss(logits, batch);
-    const bool use_jacobian = implicit && jacobian_weight > 0 && step >= pretrain_steps &&
-                              rng.Uniform() < jacobian_frequency;
-    if (use_jacobian) {
-      loss = add(loss, mul_scalar(JacobianPenalty(model, batch, jacobian_probes, rng),
-                                  jacobian_weight));
+    if (implicit) {
+      const int64_t depth = step < pretrain_steps ? unroll_steps : 0;
+      model.SetDepthOverride(depth);
+      for (int64_t shard = 1; shard < shards; ++shard) {
+        static_cast<SequenceModel&>(data_parallel->replica(shard)).SetDepthOverride(depth);
+      }
     }
-    const double loss_value = loss.item();
-    const SolverStats forward = ForwardStats(model);
+    const Batch batch = batcher.Next();
+    double loss_value = 0;
+    SolverStats forward, backward_stats;
+    std::pair<int64_t, int64_t> correct_counted;
     std::string failure;
-    if (!std::isfinite(loss_value)) failure = "non-finite loss";
     double grad_norm = 0;
-    if (failure.empty()) {
+    if (data_parallel == nullptr) {
+      Var logits = ForwardBatch(model, batch);
+      Var loss = BatchLoss(logits, batch);
+      const bool use_jacobian = implicit && jacobian_weight > 0 && step >= pretrain_steps &&
+                                rng.Uniform() < jacobian_frequency;
+      if (use_jacobian) {
+        loss = add(
+            loss, mul_scalar(JacobianPenalty(model, batch, jacobian_probes, rng), jacobian_weight));
+      }
+      loss_value = loss.item();
+      forward = ForwardStats(model);
+      correct_counted = CountCorrect(logits.value(), batch);
+      if (!std::isfinite(loss_value)) failure = "non-finite loss";
+      if (failure.empty()) {
+        optimizer->ZeroGrad();
+        backward(loss);
+      }
+      backward_stats = BackwardStats(model);
+    } else {
       optimizer->ZeroGrad();
-      backward(loss);
+      loss_value = ShardedBackward(*data_parallel, batch, &correct_counted);
+      forward = ShardedStats(*data_parallel, ForwardStats);
+      backward_stats = ShardedStats(*data_parallel, BackwardStats);
+      if (!std::isfinite(loss_value)) failure = "non-finite loss";
+    }
+    if (failure.empty()) {
       grad_norm = GradNorm(parameter_list);
       if (!std::isfinite(grad_norm)) failure = "non-finite gradient";
     }
-    const SolverStats backward_stats = BackwardStats(model);
     ++step;
     ++steps_this_call;
     if (!failure.empty()) {
@@ -281,7 +372,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     last_forward = forward;
     last_backward = backward_stats;
 
-    const auto [correct, counted] = CountCorrect(logits.value(), batch);
+    const auto [correct, counted] = correct_counted;
     window_loss += loss_value;
     window_correct += static_cast<double>(correct);
     window_count += static_cast<double>(counted);

@@ -118,6 +118,33 @@ TEST(BatcherTest, CoversEveryExampleOncePerEpochAndRestoresItsPosition) {
   for (int k = 0; k < 5; ++k) EXPECT_EQ(a.Next().tokens, b.Next().tokens);
 }
 
+TEST(SliceBatchTest, TakesTheExamplesTokensTargetsAndFeaturesOfARange) {
+  auto data = Task(SequenceTask::kReverse, 4, 8);
+  const Batch batch = MakeBatch(*data, {3, 1, 4, 1, 5}, DType::kFloat64);
+  const Batch slice = SliceBatch(batch, 1, 3);
+  EXPECT_EQ(slice.batch_size, 2);
+  EXPECT_EQ(slice.length, 4);
+  EXPECT_EQ(slice.tokens,
+            std::vector<int64_t>(batch.tokens.begin() + 4, batch.tokens.begin() + 12));
+  EXPECT_EQ(slice.targets,
+            std::vector<int64_t>(batch.targets.begin() + 4, batch.targets.begin() + 12));
+  EXPECT_THROW(SliceBatch(batch, 2, 2), Error);
+  EXPECT_THROW(SliceBatch(batch, 4, 6), Error);
+  EXPECT_THROW(SliceBatch(batch, -1, 1), Error);
+
+  // One label per example, and features: a view of the examples' rows.
+  Batch images;
+  images.batch_size = 3;
+  images.length = 2;
+  images.features = Tensor::Arange(3 * 2 * 2, DType::kFloat64).Reshape(Shape{3, 2, 2});
+  images.targets = {7, 8, 9};
+  const Batch last = SliceBatch(images, 2, 3);
+  EXPECT_EQ(last.targets, std::vector<int64_t>{9});
+  EXPECT_EQ(last.features.shape(), (Shape{1, 2, 2}));
+  EXPECT_EQ(last.features.at(0), 8.0);
+  EXPECT_TRUE(last.tokens.empty());
+}
+
 class FileTest : public ::testing::Test {
  protected:
   std::string Write(const std::string& name, const std::string& text) {

@@ -308,6 +308,71 @@ TEST_F(TrainerTest, PretrainingStepsAreTheTiedUnrollThenTheSolveTakesOver) {
   EXPECT_EQ(e_implicit.model->depth_override(), 0);  // the solve is back on after training
 }
 
+// train.shards: the batch's shards run forward and backward on replicas of
+// the model. In float64 the run is the unsharded run up to rounding: the
+// same losses, accuracies and solver iterations at every logged step, with
+// pretraining (the replicas' depth override) and the solve after it.
+TEST_F(TrainerTest, ShardedStepsTrainTheSameRunToRounding) {
+  for (const std::string kind : {"explicit", "implicit"}) {
+    SCOPED_TRACE(kind);
+    const std::string path = WriteConfig("shards_" + kind, "dtype: float64\n");
+    std::vector<TrainSummary> summaries;
+    for (const int shards : {1, 3}) {
+      const std::vector<std::string> overrides = {
+          "model.kind=" + kind,
+          "threads=2",
+          "train.steps=12",
+          "train.log_every=1",
+          "train.pretrain_steps=" + std::string(kind == "implicit" ? "4" : "0"),
+          "train.shards=" + std::to_string(shards),
+          "log.dir=" + (dir_ / ("run_shards_" + kind + std::to_string(shards))).string()};
+      Experiment e = BuildExperiment(Config::FromFile(StillpointSchema(), path, overrides), path);
+      summaries.push_back(Train(e));
+    }
+    const auto whole = ReadRunMetrics(summaries[0].run_dir);
+    const auto sharded = ReadRunMetrics(summaries[1].run_dir);
+    ASSERT_EQ(whole.at("loss").size(), 12u);
+    ASSERT_EQ(sharded.at("loss").size(), 12u);
+    for (std::size_t step = 0; step < 12; ++step) {
+      SCOPED_TRACE(step + 1);
+      EXPECT_NEAR(sharded.at("loss")[step], whole.at("loss")[step], 1e-10);
+      EXPECT_EQ(sharded.at("accuracy")[step], whole.at("accuracy")[step]);
+      const double fwd_whole = whole.at("fwd_iters_mean")[step];
+      const double fwd_sharded = sharded.at("fwd_iters_mean")[step];
+      if (std::isnan(fwd_whole)) {
+        EXPECT_TRUE(std::isnan(fwd_sharded));
+      } else {
+        EXPECT_NEAR(fwd_sharded, fwd_whole, 1e-12);
+        EXPECT_EQ(sharded.at("bwd_iters_max")[step], whole.at("bwd_iters_max")[step]);
+      }
+    }
+    EXPECT_NEAR(summaries[1].final_train_loss, summaries[0].final_train_loss, 1e-10);
+  }
+}
+
+TEST_F(TrainerTest, ShardsThatDoNotFitAreConfigErrors) {
+  const std::string path = WriteConfig("bad_shards");
+  const auto train_with = [&](const std::vector<std::string>& overrides) {
+    Experiment e = BuildExperiment(Config::FromFile(StillpointSchema(), path, overrides), path);
+    Train(e);
+  };
+  try {
+    train_with({"train.shards=17"});  // batch_size 16
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find("train.shards (17) is more than"), std::string::npos)
+        << error.what();
+  }
+  try {
+    train_with(
+        {"model.kind=implicit", "train.shards=2", "model.regularization.jacobian_weight=0.1"});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find("jacobian_weight"), std::string::npos) << error.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "run_bad_shards"));  // nothing written
+}
+
 // The progress display: a bar redrawn in place (carriage returns) on a
 // terminal, one line per update otherwise, nothing but messages for "none".
 TEST(ProgressTest, BarLinesAndNone) {
