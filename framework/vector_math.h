@@ -92,6 +92,14 @@ inline constexpr float kExpFloatNormalLowest = -87.3365447505531f;
 // (m is in [-126, 127] after the clamp), which saves about a third of the
 // instructions. For softmax, whose shifted scores are <= 0 and whose
 // entries below 1e-38 of the largest cannot matter.
+// m = round(x log2(e)) comes from one fused multiply-add with a shifter
+// 1.5 2^23 + 127: the sum has unit spacing, so its low mantissa bits hold
+// m + 127, which shifted into place are 2^m, and subtracting the shifter
+// gives m exactly. That is two instructions per packet fewer than a floor,
+// a float-to-int conversion and an integer add (3% fewer cycles in one
+// isolated measurement, within this machine's noise in others), with the
+// same values on a sweep of [-87.3, 0]: the two roundings can differ only
+// where x log2(e) is halfway between two integers, and both are exact.
 inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
   namespace ei = Eigen::internal;
   // (The packet types carry vector attributes that a template argument
@@ -102,7 +110,9 @@ inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
 #pragma GCC diagnostic pop
   const FloatPacket x =
       ei::pmin(ei::pmax(x_in, PacketSet(kExpFloatNormalLowest)), PacketSet(88.0f));
-  const FloatPacket m = ei::pfloor(ei::pmadd(x, PacketSet(1.44269504088896341f), PacketSet(0.5f)));
+  const FloatPacket shifter = PacketSet(12582912.0f + 127.0f);
+  const FloatPacket t = ei::pmadd(x, PacketSet(1.44269504088896341f), shifter);
+  const FloatPacket m = ei::psub(t, shifter);
   FloatPacket r = ei::pmadd(m, PacketSet(-0.693359375f), x);
   r = ei::pmadd(m, PacketSet(2.12194440e-4f), r);
   const FloatPacket r2 = ei::pmul(r, r);
@@ -114,9 +124,8 @@ inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
   y1 = ei::pmadd(y1, r, PacketSet(5.0000001201E-1f));
   y = ei::pmadd(y, r3, y1);
   y = ei::pmadd(y, r2, y2);
-  const IntPacket biased =
-      ei::padd(ei::pcast<FloatPacket, IntPacket>(m), ei::pset1<IntPacket>(127));
-  const FloatPacket two_m = ei::preinterpret<FloatPacket>(ei::plogical_shift_left<23>(biased));
+  const FloatPacket two_m =
+      ei::preinterpret<FloatPacket>(ei::plogical_shift_left<23>(ei::preinterpret<IntPacket>(t)));
   return ei::pandnot(ei::pmul(y, two_m), ei::pcmp_lt(x_in, PacketSet(kExpFloatNormalLowest)));
 }
 
