@@ -226,13 +226,18 @@ BenchReport RunRetrievalBench(const BenchArgs& args, int iterations, DType dtype
 
 // ---- W1 / W2
 
+// The shapes of a W1 or W2 run: the exported model's, or the workload's.
+TransformerShapes ShapesOf(const BenchArgs& args, const WeightsExport* weights) {
+  if (weights != nullptr) return weights->shapes;
+  return args.workload == "w1" ? W1Shapes() : W2Shapes();
+}
+
 BenchReport RunTransformerBench(const BenchArgs& args,
                                 ModelKind kind,
                                 int iterations,
                                 DType dtype,
                                 const WeightsExport* weights) {
-  const TransformerShapes shapes =
-      weights != nullptr ? weights->shapes : (args.workload == "w1" ? W1Shapes() : W2Shapes());
+  const TransformerShapes shapes = ShapesOf(args, weights);
   const ModelOptions options = BenchModelOptions(shapes, kind, iterations, dtype, args.seed);
   TransformerBench bench(options,
                          weights != nullptr ? weights->batch : ReversalBatch(shapes, args.seed),
@@ -478,32 +483,21 @@ TransformerBench::TransformerBench(const ModelOptions& options,
     : model_(std::make_shared<SequenceModel>(options)), batch_(std::move(batch)) {
   if (!initial.empty()) model_->LoadParameters(initial);
   optimizer_ = Optimizer::Create(BenchOptimizerOptions(), model_->named_parameters());
-  if (shards > 1) {
-    ShardRows(batch_.shape.dim(0), shards, 0);  // a clear error before building replicas
-    shards_ = std::make_unique<DataParallel>(
-        model_, shards, [&options] { return std::make_shared<SequenceModel>(options); });
-  }
+  ShardRows(batch_.shape.dim(0), shards, 0);  // a clear error before building replicas
+  // One shard is the whole batch on the model itself: a plain step.
+  shards_ = std::make_unique<DataParallel>(
+      model_, shards, [&options] { return std::make_shared<SequenceModel>(options); });
 }
 
 double TransformerBench::Step() {
-  if (shards_ == nullptr) {
-    const Var logits = model_->Forward(batch_.ids, batch_.shape);
-    const Var loss = cross_entropy(logits, batch_.targets);
-    optimizer_->ZeroGrad();
-    backward(loss);
-    optimizer_->Step();
-    return loss.value().item();
-  }
   const int64_t rows = batch_.shape.dim(0);
   const int64_t length = batch_.shape.dim(1);
   optimizer_->ZeroGrad();
   const double loss = shards_->Backward(rows, [&](Module& replica, ShardRange shard) {
     auto& model = static_cast<SequenceModel&>(replica);
-    const auto first = batch_.ids.begin() + shard.begin * length;
-    const auto last = batch_.ids.begin() + shard.end * length;
-    const std::vector<int64_t> ids(first, last);
-    const std::vector<int64_t> targets(batch_.targets.begin() + shard.begin * length,
-                                       batch_.targets.begin() + shard.end * length);
+    const int64_t from = shard.begin * length, to = shard.end * length;
+    const std::vector<int64_t> ids(batch_.ids.begin() + from, batch_.ids.begin() + to);
+    const std::vector<int64_t> targets(batch_.targets.begin() + from, batch_.targets.begin() + to);
     const Var logits = model.Forward(ids, Shape{shard.size(), length});
     // The shard's share of the mean over all tokens.
     return mul_scalar(cross_entropy(logits, targets),
@@ -546,9 +540,7 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
              "' is not float32 or float64");
     if (!args.weights_path.empty()) weights = LoadWeightsExport(args.weights_path, kind);
     if (transformer) {
-      const int64_t rows = !args.weights_path.empty() ? weights.shapes.batch
-                           : args.workload == "w1"    ? W1Shapes().batch
-                                                      : W2Shapes().batch;
+      const int64_t rows = ShapesOf(args, args.weights_path.empty() ? nullptr : &weights).batch;
       SP_CHECK(args.shards <= rows, "--shards ", args.shards, ": the ", args.workload,
                " batch has only ", rows, " sequences to share out");
     }

@@ -113,8 +113,9 @@ WeightsExport LoadWeightsExport(const std::string& path, ModelKind kind);
 class TransformerBench {
  public:
   // Builds the model from options and, when initial is non-empty, loads
-  // those parameters (strict: every name must match). With shards > 1 each
-  // step runs the batch as that many data-parallel shards (DataParallel).
+  // those parameters (strict: every name must match). Each step runs the
+  // batch as `shards` data-parallel shards (DataParallel; one shard is a
+  // plain step on the model).
   TransformerBench(const ModelOptions& options,
                    TokenBatch batch,
                    const NamedTensors& initial = {},
