@@ -11,6 +11,11 @@
 // In float32 a task goes through blocks of queries (see QueryBlockRows);
 // float64 works on whole [Tq, Tk] blocks.
 //
+// The softmax runs in base 2: the product that makes the scores multiplies
+// by scale log2(e), so p = 2^(s - row max) is the same softmax as
+// e^(scale q.k - max), and 2^x takes fewer instructions than e^x
+// (Exp2FlushPacket in vector_math.h).
+//
 // A recorded forward pass keeps the probabilities P [B, heads, Tq, Tk] for
 // the backward pass when they are no larger than q, k and v together;
 // otherwise it keeps each query row's max and 1 / sum, and backward
@@ -50,6 +55,9 @@ struct AttentionGeometry {
   int64_t kv_stride = 0;
   double scale = 1.0;
   bool causal = false;
+
+  // The factor of the score products: scores are in base-2 units.
+  double ScoreScale() const { return scale * 1.4426950408889634; }  // log2(e)
 
   // Keys [0, VisibleKeys(i)) are visible to query i.
   int64_t VisibleKeys(int64_t i) const {
@@ -100,7 +108,7 @@ AttentionGeometry ResolveAttention(
 }
 
 // The softmax statistics of every query row, [B, heads, Tq] each (unit-major):
-// its max scaled score and 1 / (sum of exp(score - max)). A recorded forward
+// its max score (base-2 units) and 1 / (sum of 2^(score - max)). A recorded forward
 // pass that does not keep P keeps these instead (a Tk-th of P's size), so
 // the backward pass recomputes P in one pass per row.
 template <typename T>
@@ -140,7 +148,7 @@ UnitOffsets OffsetsOf(const AttentionGeometry& geo, int64_t unit) {
 }
 
 // Rows [i0, i0 + rows) of a unit's scores, s (rows x Tk, row stride Tk),
-// become p = exp(s - row max), masked; row_scale[r] = 1 / (row r's sum) and,
+// become p = 2^(s - row max), masked; row_scale[r] = 1 / (row r's sum) and,
 // unless row_max is null, row_max[r] = row r's max. With normalize the rows
 // are divided by their sums (the probabilities).
 template <typename T>
@@ -163,7 +171,7 @@ void ExponentiateRows(const AttentionGeometry& geo,
       continue;
     }
     const T m = internal::VecMax(row, visible);
-    const T sum = internal::VecExpShifted(row, m, row, visible);
+    const T sum = internal::VecExp2Shifted(row, m, row, visible);
     row_scale[r] = T(1) / sum;
     if (row_max) row_max[r] = m;
     std::fill(row + visible, row + geo.tk, T(0));
@@ -174,7 +182,7 @@ void ExponentiateRows(const AttentionGeometry& geo,
 }
 
 // Rows [i0, i0 + rows) of a unit's scores s become its probabilities
-// exp(s - row_max[r]) row_scale[r] (masked) from the statistics its forward
+// 2^(s - row_max[r]) row_scale[r] (masked) from the statistics its forward
 // pass recorded (see ExponentiateRows): one pass instead of a max, an exp
 // and a normalisation pass, and bitwise what ExponentiateRows gives.
 template <typename T>
@@ -191,7 +199,7 @@ void ProbabilitiesFromRowStats(const AttentionGeometry& geo,
       std::fill_n(row, geo.tk, std::numeric_limits<T>::quiet_NaN());
       continue;
     }
-    internal::VecExpShiftedScaled(row, row_max[r], row_scale[r], row, visible);
+    internal::VecExp2ShiftedScaled(row, row_max[r], row_scale[r], row, visible);
     std::fill(row + visible, row + geo.tk, T(0));
   }
 }
@@ -225,11 +233,11 @@ void ScoreGradientsInPlace(const AttentionGeometry& geo,
   }
 }
 
-// One unit's [Tq, Tk] block of scaled scores scale q_h k_h^T, into s.
+// One unit's [Tq, Tk] block of scores scale log2(e) q_h k_h^T, into s.
 template <typename T>
 void UnitScores(const AttentionGeometry& geo, const T* q, const T* k, int64_t unit, T* s) {
   const UnitOffsets at = OffsetsOf(geo, unit);
-  internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, static_cast<T>(geo.scale), q + at.q,
+  internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, static_cast<T>(geo.ScoreScale()), q + at.q,
                     geo.q_stride, k + at.k, geo.kv_stride, s, geo.tk);
 }
 
@@ -339,14 +347,14 @@ constexpr int64_t kForwardScoreFloats = 6144;
 // with 24-query blocks; whole [Tq, Tk] blocks measured no better.
 constexpr int64_t kBackwardScoreFloats = 24576;
 
-// Scaled scores of queries [i0, i0 + rows) of a unit, into s.
+// Scores (base-2 units) of queries [i0, i0 + rows) of a unit, into s.
 void BlockScores(const AttentionGeometry& geo,
                  const internal::PackedFloatB& keys_t,
                  const float* q_unit,
                  int64_t i0,
                  int64_t rows,
                  float* s) {
-  keys_t.Multiply(false, rows, static_cast<float>(geo.scale), q_unit + i0 * geo.q_stride,
+  keys_t.Multiply(false, rows, static_cast<float>(geo.ScoreScale()), q_unit + i0 * geo.q_stride,
                   geo.q_stride, s, geo.tk);
 }
 

@@ -129,6 +129,45 @@ inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
   return ei::pandnot(ei::pmul(y, two_m), ei::pcmp_lt(x_in, PacketSet(kExpFloatNormalLowest)));
 }
 
+// log2 of the smallest normal float: 2^x for x below it is flushed to 0.
+inline constexpr float kExp2FloatNormalLowest = -126.0f;
+
+// 2^x for x <= 0, with results below the smallest normal float flushed to
+// exactly 0 (x < -126, and -inf); NaN stays NaN. For x > 0 the result is
+// unspecified. The softmax of the fused attention works in base 2 (its
+// scores are scaled by log2(e) in the product that makes them), and 2^x is
+// cheaper than e^x: the range reduction x = m + r, m = round(x), is exact
+// in three additions (the shifter of ExpFlushPacket gives m and the
+// exponent bits 2^m at once) instead of three fused multiply-adds with a
+// two-part ln 2, and no clamp from above is needed. 2^r on [-1/2, 1/2] is
+// a degree-6 polynomial, 1 + c1 r + ... + c6 r^6, whose coefficients were
+// fitted to the relative error (2e-9 in exact arithmetic; 1.2e-7, about 1
+// ulp, in float on a sweep of [-126, 0]); with c0 = 1, 2^0 is exactly 1.
+// Isolated, on rows of 256: about a quarter less time than ExpFlushPacket.
+inline FloatPacket Exp2FlushPacket(const FloatPacket& x_in) {
+  namespace ei = Eigen::internal;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+  using IntPacket = ei::unpacket_traits<FloatPacket>::integer_packet;
+#pragma GCC diagnostic pop
+  // pmax returns its first argument when that is NaN.
+  const FloatPacket x = ei::pmax(x_in, PacketSet(kExp2FloatNormalLowest));
+  const FloatPacket shifter = PacketSet(12582912.0f + 127.0f);
+  const FloatPacket t = ei::padd(x, shifter);
+  const FloatPacket r = ei::psub(x, ei::psub(t, shifter));
+  const FloatPacket r2 = ei::pmul(r, r);
+  const FloatPacket r3 = ei::pmul(r2, r);
+  const FloatPacket c12 = ei::pmadd(PacketSet(0.240226477f), r, PacketSet(0.693147182f));
+  const FloatPacket c34 = ei::pmadd(PacketSet(0.00961843692f), r, PacketSet(0.0555033237f));
+  const FloatPacket c56 = ei::pmadd(PacketSet(1.53533620e-4f), r, PacketSet(0.0013398875f));
+  const FloatPacket low = ei::pmadd(c12, r, PacketSet(1.0f));  // 1 + c1 r + c2 r^2
+  const FloatPacket high = ei::pmadd(c56, r2, c34);            // c3 + c4 r + c5 r^2 + c6 r^3
+  const FloatPacket y = ei::pmadd(high, r3, low);
+  const FloatPacket two_m =
+      ei::preinterpret<FloatPacket>(ei::plogical_shift_left<23>(ei::preinterpret<IntPacket>(t)));
+  return ei::pandnot(ei::pmul(y, two_m), ei::pcmp_lt(x_in, PacketSet(kExp2FloatNormalLowest)));
+}
+
 inline FloatPacket TanhPacket(const FloatPacket& x) { return Eigen::internal::ptanh(x); }
 
 // 1 / (1 + exp(-x)) without overflow: e = exp(-|x|) lies in [0, 1].
@@ -345,20 +384,51 @@ inline double VecExpShifted(const double* x, double shift, double* out, int64_t 
   return s;
 }
 
-// out[i] = exp(x[i] - shift) * scale: per element bitwise what VecExpShifted
-// followed by a multiplication by scale gives, in one pass (a softmax row
-// recomputed from its recorded max and 1 / sum).
-inline void VecExpShiftedScaled(const float* x, float shift, float scale, float* out, int64_t n) {
+// out[i] = 2^(x[i] - shift) for x[i] <= shift (Exp2FlushPacket: 0 where
+// that is below 2^-126); returns the sum of out, added as VecExpShifted
+// adds. Not inlined, for the reason given there.
+[[gnu::noinline]] inline float VecExp2Shifted(const float* x, float shift, float* out, int64_t n) {
+  namespace ei = Eigen::internal;
+  const FloatPacket shift_packet = PacketSet(shift);
+  FloatPacket acc = ei::pzero(shift_packet);
+  int64_t i = 0;
+  for (; i + kVecBlock <= n; i += kVecBlock) {
+    const FloatPacket e = Exp2FlushPacket(ei::psub(ei::ploadu<FloatPacket>(x + i), shift_packet));
+    ei::pstoreu(out + i, e);
+    acc = ei::padd(acc, e);
+  }
+  float s = ei::predux(acc);
+  if (i < n) {
+    MapFloatPackets(x + i, out + i, n - i, [&shift_packet](const FloatPacket& xp) {
+      return Exp2FlushPacket(ei::psub(xp, shift_packet));
+    });
+    for (; i < n; ++i) s += out[i];
+  }
+  return s;
+}
+inline double VecExp2Shifted(const double* x, double shift, double* out, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = std::exp2(x[i] - shift);
+    s += out[i];
+  }
+  return s;
+}
+
+// out[i] = 2^(x[i] - shift) * scale: per element bitwise what
+// VecExp2Shifted followed by a multiplication by scale gives, in one pass (a
+// softmax row recomputed from its recorded max and 1 / sum).
+inline void VecExp2ShiftedScaled(const float* x, float shift, float scale, float* out, int64_t n) {
   namespace ei = Eigen::internal;
   const FloatPacket shift_packet = PacketSet(shift);
   const FloatPacket scale_packet = PacketSet(scale);
   MapFloatPackets(x, out, n, [&](const FloatPacket& xp) {
-    return ei::pmul(ExpFlushPacket(ei::psub(xp, shift_packet)), scale_packet);
+    return ei::pmul(Exp2FlushPacket(ei::psub(xp, shift_packet)), scale_packet);
   });
 }
-inline void VecExpShiftedScaled(
+inline void VecExp2ShiftedScaled(
     const double* x, double shift, double scale, double* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = std::exp(x[i] - shift) * scale;
+  for (int64_t i = 0; i < n; ++i) out[i] = std::exp2(x[i] - shift) * scale;
 }
 
 // sum_i term_i for i in [0, n), float, in an order fixed by n alone (so

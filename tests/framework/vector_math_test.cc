@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -147,6 +148,69 @@ TEST(VectorMathTest, ExpFlushIsAccurateAndFlushesBelowTheNormalRange) {
   for (int i : {6, 7}) {
     const double exact = std::exp(static_cast<double>(special[i]));
     EXPECT_NEAR(y[i], exact, 3e-7 * exact) << special[i];
+  }
+}
+
+TEST(VectorMathTest, Exp2FlushIsAccurateOnTheNonPositiveRangeAndFlushesBelowIt) {
+  namespace ei = Eigen::internal;
+  // Every float in a dense sweep of [-126, 0], and the points where the
+  // range reduction switches m (half-integers) from both sides.
+  std::vector<float> x = Grid(kExp2FloatNormalLowest, 0.0f, 200001);
+  for (float m = -125.5f; m < 0.0f; m += 1.0f) {
+    x.push_back(m);
+    x.push_back(std::nextafter(m, 0.0f));
+    x.push_back(std::nextafter(m, -200.0f));
+  }
+  while (x.size() % kVecBlock != 0) x.push_back(0.0f);
+  double worst = 0.0;
+  for (std::size_t i = 0; i < x.size(); i += kVecBlock) {
+    float y[kVecBlock];
+    ei::pstoreu(y, Exp2FlushPacket(ei::ploadu<FloatPacket>(x.data() + i)));
+    for (int64_t l = 0; l < kVecBlock; ++l) {
+      const double exact = std::exp2(static_cast<double>(x[i + l]));
+      worst = std::max(worst, std::abs(y[l] - exact) / exact);
+    }
+  }
+  // About one unit in the last place (2^-23 = 1.19e-7), as ExpFlushPacket.
+  EXPECT_LT(worst, 1.5e-7);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float special[8] = {-kInf, -1000.0f, -126.001f, nan, 0.0f, -1e-30f, -126.0f, -0.5f};
+  float y[8];
+  for (int i = 0; i < 8; i += static_cast<int>(kVecBlock)) {
+    ei::pstoreu(y + i, Exp2FlushPacket(ei::ploadu<FloatPacket>(special + i)));
+  }
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_TRUE(std::isnan(y[3]));
+  EXPECT_EQ(y[4], 1.0f);  // the largest entry of a softmax row is exactly 1
+  EXPECT_EQ(y[5], 1.0f);
+  EXPECT_EQ(y[6], std::numeric_limits<float>::min());  // 2^-126, still normal
+  EXPECT_NEAR(y[7], std::sqrt(0.5), 1.5e-7 * std::sqrt(0.5));
+}
+
+TEST(VectorMathTest, Exp2ShiftedReturnsTheSumAndScaledMatchesIt) {
+  std::vector<float> x = Grid(-30.0f, 2.0f, 45);
+  x[7] = -kInf;  // a masked score
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> y(x.size());
+  const float sum = VecExp2Shifted(x.data(), 2.0f, y.data(), n);
+  float expected = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    // Against 2^ of the float difference (what the kernel exponentiates).
+    EXPECT_NEAR(y[i], std::exp2(static_cast<double>(x[i] - 2.0f)), 1.5e-7 * y[i]) << i;
+    expected += y[i];
+  }
+  EXPECT_EQ(y[7], 0.0f);
+  EXPECT_EQ(y.back(), 1.0f);
+  EXPECT_NEAR(sum, expected, 1e-6 * expected);
+  // The one-pass recomputation is, entry by entry, the exponential times
+  // the scale (tails included).
+  const float scale = 1.0f / sum;
+  for (int64_t length : {n, n - 3, int64_t{5}}) {
+    std::vector<float> z(length);
+    VecExp2ShiftedScaled(x.data(), 2.0f, scale, z.data(), length);
+    for (int64_t i = 0; i < length; ++i) ASSERT_EQ(z[i], y[i] * scale) << i << " of " << length;
   }
 }
 
