@@ -66,12 +66,15 @@ class PackedFloatB {
   PackedFloatB(PackedFloatB&&) = default;
   PackedFloatB& operator=(PackedFloatB&&) = default;
 
-  // Packs op(B) [k, n]: B is [k, n] with row stride ldb ([n, k] if
+  // Packs scale op(B) [k, n]: B is [k, n] with row stride ldb ([n, k] if
   // trans_b). The storage is kept and reused by later calls. A shallow B
   // of exactly one panel of columns (16 with AVX, 8 with SSE; not
-  // transposed, k <= 64) is not copied but read in place: it must then stay
-  // unchanged until the last Multiply.
-  void Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb);
+  // transposed, k <= 64) and scale 1 is not copied but read in place: it
+  // must then stay unchanged until the last Multiply. A scale packed into B
+  // instead of passed to Multiply as alpha saves the tiles a multiplication
+  // of every result (products with alpha = 1 skip it); the rounding differs
+  // (alpha (A B) against A (scale B)), so pick one per use and keep it.
+  void Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb, float scale = 1.0f);
   // C[m, n] = alpha op(A) op(B), or with accumulate C += alpha op(A) op(B);
   // A is [m, k] with row stride lda ([k, m] if trans_a), C [m, n] with row
   // stride ldc.

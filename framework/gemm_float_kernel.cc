@@ -47,8 +47,8 @@ constexpr int64_t kDepthBlock = 256;
 // Packed B read by consecutive tiles: 16 KiB, half of a Zen/Skylake L1.
 constexpr int64_t kGroupFloats = 4096;
 
-// Packs columns [col, col + kPanel) of op(B) for depths [k0, k0 + kc) as
-// kc rows of kPanel floats; columns past n are zero.
+// Packs columns [col, col + kPanel) of scale op(B) for depths [k0, k0 +
+// kc) as kc rows of kPanel floats; columns past n are zero.
 void PackPanel(bool trans_b,
                const float* b,
                int64_t ldb,
@@ -56,7 +56,9 @@ void PackPanel(bool trans_b,
                int64_t col,
                int64_t k0,
                int64_t kc,
+               float scale,
                float* out) {
+  const Packet scale_packet = ei::pset1<Packet>(scale);
   const int64_t width = std::min<int64_t>(kPanel, n - col);
   if (width < kPanel) std::fill(out, out + kc * kPanel, 0.0f);
   if (!trans_b) {
@@ -64,10 +66,10 @@ void PackPanel(bool trans_b,
       const float* src = b + (k0 + kk) * ldb + col;
       float* dst = out + kk * kPanel;
       if (width == kPanel) {
-        ei::pstore(dst, ei::ploadu<Packet>(src));
-        ei::pstore(dst + kLanes, ei::ploadu<Packet>(src + kLanes));
+        ei::pstore(dst, ei::pmul(scale_packet, ei::ploadu<Packet>(src)));
+        ei::pstore(dst + kLanes, ei::pmul(scale_packet, ei::ploadu<Packet>(src + kLanes)));
       } else {
-        std::copy(src, src + width, dst);
+        for (int64_t j = 0; j < width; ++j) dst[j] = scale * src[j];
       }
     }
     return;
@@ -85,14 +87,15 @@ void PackPanel(bool trans_b,
         }
         ei::ptranspose(block);
         for (int l = 0; l < kLanes; ++l) {
-          ei::pstore(out + (kk0 + l) * kPanel + half * kLanes, block.packet[l]);
+          ei::pstore(out + (kk0 + l) * kPanel + half * kLanes,
+                     ei::pmul(scale_packet, block.packet[l]));
         }
       }
     }
   }
   for (int64_t j = 0; j < width; ++j) {
     const float* src = b + (col + j) * ldb + k0;
-    for (int64_t kk = kk0; kk < kc; ++kk) out[kk * kPanel + j] = src[kk];
+    for (int64_t kk = kk0; kk < kc; ++kk) out[kk * kPanel + j] = scale * src[kk];
   }
 }
 
@@ -146,12 +149,20 @@ void Tile(int64_t kc,
       TileStep<kTileRows>(acc, a + kk * a_depth, a_row, panel + kk * panel_stride);
     }
   }
-  const Packet scale = ei::pset1<Packet>(alpha);
+  if (alpha != 1.0f) {
+    // (A product by 1 is exact: skipping it changes no result.)
+    const Packet scale = ei::pset1<Packet>(alpha);
+#pragma GCC unroll 8
+    for (int r = 0; r < kTileRows; ++r) {
+      acc[r][0] = ei::pmul(scale, acc[r][0]);
+      acc[r][1] = ei::pmul(scale, acc[r][1]);
+    }
+  }
   if (width == kPanel && !accumulate) {
 #pragma GCC unroll 8
     for (int r = 0; r < kTileRows; ++r) {
-      ei::pstoreu(c + r * ldc, ei::pmul(scale, acc[r][0]));
-      ei::pstoreu(c + r * ldc + kLanes, ei::pmul(scale, acc[r][1]));
+      ei::pstoreu(c + r * ldc, acc[r][0]);
+      ei::pstoreu(c + r * ldc + kLanes, acc[r][1]);
     }
     return;
   }
@@ -159,9 +170,8 @@ void Tile(int64_t kc,
 #pragma GCC unroll 8
     for (int r = 0; r < kTileRows; ++r) {
       float* c_row = c + r * ldc;
-      ei::pstoreu(c_row, ei::padd(ei::pmul(scale, acc[r][0]), ei::ploadu<Packet>(c_row)));
-      ei::pstoreu(c_row + kLanes,
-                  ei::padd(ei::pmul(scale, acc[r][1]), ei::ploadu<Packet>(c_row + kLanes)));
+      ei::pstoreu(c_row, ei::padd(acc[r][0], ei::ploadu<Packet>(c_row)));
+      ei::pstoreu(c_row + kLanes, ei::padd(acc[r][1], ei::ploadu<Packet>(c_row + kLanes)));
     }
     return;
   }
@@ -170,8 +180,8 @@ void Tile(int64_t kc,
   for (int r = 0; r < kTileRows; ++r) {
     float* c_row = c + r * ldc;
     alignas(64) float tmp[kPanel];
-    ei::pstore(tmp, ei::pmul(scale, acc[r][0]));
-    ei::pstore(tmp + kLanes, ei::pmul(scale, acc[r][1]));
+    ei::pstore(tmp, acc[r][0]);
+    ei::pstore(tmp + kLanes, acc[r][1]);
     for (int64_t j = 0; j < width; ++j) c_row[j] = accumulate ? c_row[j] + tmp[j] : tmp[j];
   }
 }
@@ -296,7 +306,7 @@ void SmallGemmFloat(bool trans_a,
   for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
     const int64_t kc = std::min(kDepthBlock, k - k0);
     for (int64_t p = 0; p < panels; ++p) {
-      PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, packed + p * kc * kPanel);
+      PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, 1.0f, packed + p * kc * kPanel);
     }
     MultiplyDepthBlock(m, n, kc, a + k0 * a_depth, a_row, a_depth, packed, kPanel, alpha, k0 > 0, c,
                        ldc);
@@ -314,10 +324,11 @@ float* PackedFloatB::Panels(std::size_t floats) {
   return panels_;
 }
 
-void PackedFloatB::Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb) {
+void PackedFloatB::Pack(
+    bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb, float scale) {
   k_ = k;
   n_ = n;
-  if (ReadsBInPlace(trans_b, k, n)) {
+  if (scale == 1.0f && ReadsBInPlace(trans_b, k, n)) {
     in_place_ = b;
     in_place_ldb_ = ldb;
     return;
@@ -331,7 +342,7 @@ void PackedFloatB::Pack(bool trans_b, int64_t k, int64_t n, const float* b, int6
     const int64_t kc = std::min(kDepthBlock, k - k0);
     float* block = storage + k0 * panels * kPanel;
     for (int64_t p = 0; p < panels; ++p) {
-      PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, block + p * kc * kPanel);
+      PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, scale, block + p * kc * kPanel);
     }
   }
 }

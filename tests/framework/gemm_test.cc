@@ -213,6 +213,44 @@ TEST(GemmTest, SinglePanelReadInPlaceMatchesItsPackedTransposeBitwise) {
   }
 }
 
+// A scale packed into op(B) gives bitwise the product of the scaled B
+// (each entry rounded once, scale * b), for every layout, with a shallow
+// one-panel B too (which is then packed, not read in place); the tiles skip
+// the multiplication by alpha = 1 without changing any result.
+TEST(GemmTest, ScalePackedIntoTheOperandIsTheProductOfTheScaledOperand) {
+  const float scale = 0.36067376f;  // not a power of 2: the rounding shows
+  for (int64_t n : {8, 16, 37}) {   // one panel with SSE, one with AVX, several
+    for (int64_t k : {16, 300}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const int64_t m = 29, pad = 3;
+          const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+          const std::vector<float> a = Filled<float>((ta ? k : m) * lda, 10);
+          const std::vector<float> b = Filled<float>((tb ? n : k) * ldb, 11);
+          std::vector<float> scaled_b(b.size());
+          for (std::size_t i = 0; i < b.size(); ++i) scaled_b[i] = scale * b[i];
+          std::vector<float> expected(m * ldc, 7.0f), got(m * ldc, 7.0f), unscaled(m * ldc, 7.0f);
+          SmallGemmFloat(ta, tb, m, n, k, 1.0f, a.data(), lda, scaled_b.data(), ldb,
+                         expected.data(), ldc);
+          PackedFloatB packed;
+          packed.Pack(tb, k, n, b.data(), ldb, scale);
+          packed.Multiply(ta, m, 1.0f, a.data(), lda, got.data(), ldc);
+          const std::string what = "n " + std::to_string(n) + " k " + std::to_string(k) + " ta " +
+                                   std::to_string(ta) + " tb " + std::to_string(tb);
+          ASSERT_EQ(got, expected) << what;
+          // And the same operand packed without a scale is the plain product.
+          packed.Pack(tb, k, n, b.data(), ldb);
+          packed.Multiply(ta, m, 1.0f, a.data(), lda, unscaled.data(), ldc);
+          std::vector<float> plain(m * ldc, 7.0f);
+          SmallGemmFloat(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, plain.data(), ldc);
+          ASSERT_EQ(unscaled, plain) << what;
+          ASSERT_NE(unscaled, got) << what;
+        }
+      }
+    }
+  }
+}
+
 TEST(GemmTest, NamesItsBackend) {
   const std::string name = GemmBackendName();
   EXPECT_TRUE(name == "openblas" || name == "eigen") << name;
