@@ -86,6 +86,21 @@ class PackedFloatB {
                 float* c,
                 int64_t ldc,
                 bool accumulate = false) const;
+  // C[m, n] = P o (op(A) op(B) - d 1^T): c_ij = p_ij (x_ij - d_i) with x =
+  // op(A) op(B), applied in the kernel's tiles before they are stored, so x
+  // is never written out: the gradient of a softmax's scores, dS = P o (dP
+  // - D), straight from the tiles of dP = dO V^T. Bitwise what Multiply
+  // (alpha 1) followed by that map gives. p is [m, n] with row stride ldp,
+  // d has m entries; C may not overlap p.
+  void MultiplySoftmaxGradient(bool trans_a,
+                               int64_t m,
+                               const float* a,
+                               int64_t lda,
+                               const float* p,
+                               int64_t ldp,
+                               const float* d,
+                               float* c,
+                               int64_t ldc) const;
 
  private:
   float* Panels(std::size_t floats);

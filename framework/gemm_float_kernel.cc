@@ -115,11 +115,21 @@ template <int kTileRows>
   }
 }
 
+// A softmax gradient applied to a tile's results x before they are stored:
+// c_ij = p_ij (x_ij - d_i), for the tile's rows (p and d point at its first
+// row and column).
+struct SoftmaxGradientRows {
+  const float* p = nullptr;
+  int64_t ldp = 0;
+  const float* d = nullptr;
+};
+
 // C tile [rows, width) (rows <= kRows, width <= kPanel) = or += alpha op(A)
 // rows x packed panel. op(A)[r, kk] is a[r * a_row + kk * a_depth]. With
 // kFixedDepth > 0 the depth is that constant (kc must equal it) and the
-// depth loop is unrolled whole: see TileFor.
-template <int kTileRows, int kFixedDepth = 0>
+// depth loop is unrolled whole: see TileFor. With kSoftmaxGradient the
+// results become p (x - d) (see SoftmaxGradientRows; not with accumulate).
+template <int kTileRows, int kFixedDepth = 0, bool kSoftmaxGradient = false>
 void Tile(int64_t kc,
           const float* a,
           int64_t a_row,
@@ -130,7 +140,8 @@ void Tile(int64_t kc,
           bool accumulate,
           float* c,
           int64_t ldc,
-          int64_t width) {
+          int64_t width,
+          const SoftmaxGradientRows& gradient) {
   // Every loop over the tile's rows is unrolled, so the accumulators live
   // in registers from the first multiply-add to the store.
   Packet acc[kTileRows][2];
@@ -158,6 +169,17 @@ void Tile(int64_t kc,
       acc[r][1] = ei::pmul(scale, acc[r][1]);
     }
   }
+  if constexpr (kSoftmaxGradient) {
+    if (width == kPanel) {
+#pragma GCC unroll 8
+      for (int r = 0; r < kTileRows; ++r) {
+        const Packet d = ei::pset1<Packet>(gradient.d[r]);
+        const float* p_row = gradient.p + r * gradient.ldp;
+        acc[r][0] = ei::pmul(ei::ploadu<Packet>(p_row), ei::psub(acc[r][0], d));
+        acc[r][1] = ei::pmul(ei::ploadu<Packet>(p_row + kLanes), ei::psub(acc[r][1], d));
+      }
+    }
+  }
   if (width == kPanel && !accumulate) {
 #pragma GCC unroll 8
     for (int r = 0; r < kTileRows; ++r) {
@@ -182,6 +204,10 @@ void Tile(int64_t kc,
     alignas(64) float tmp[kPanel];
     ei::pstore(tmp, acc[r][0]);
     ei::pstore(tmp + kLanes, acc[r][1]);
+    if constexpr (kSoftmaxGradient) {
+      const float* p_row = gradient.p + r * gradient.ldp;
+      for (int64_t j = 0; j < width; ++j) tmp[j] = p_row[j] * (tmp[j] - gradient.d[r]);
+    }
     for (int64_t j = 0; j < width; ++j) c_row[j] = accumulate ? c_row[j] + tmp[j] : tmp[j];
   }
 }
@@ -196,7 +222,8 @@ using TileFn = void (*)(int64_t,
                         bool,
                         float*,
                         int64_t,
-                        int64_t);
+                        int64_t,
+                        const SoftmaxGradientRows&);
 // Tiles of every row count for one depth: a run-time one (kDepth = 0) or,
 // for depth 16 (a 16-wide head's Q K^T and dO V^T), the depth loop
 // unrolled at compile time. Fused attention forward + backward, one thread,
@@ -204,12 +231,19 @@ using TileFn = void (*)(int64_t,
 // T = 32 (W1) 537 -> 530 us. Unrolling depth 32 as well (the other products
 // at T = 32) measured slower at T = 32 (549 us): the unrolled tiles then
 // crowd the instruction cache.
-template <int kDepth>
-constexpr TileFn kTilesOfDepth[kRows + 1] = {nullptr,          &Tile<1, kDepth>, &Tile<2, kDepth>,
-                                             &Tile<3, kDepth>, &Tile<4, kDepth>, &Tile<5, kDepth>,
-                                             &Tile<6, kDepth>};
+template <int kDepth, bool kSoftmaxGradient = false>
+constexpr TileFn kTilesOfDepth[kRows + 1] = {nullptr,
+                                             &Tile<1, kDepth, kSoftmaxGradient>,
+                                             &Tile<2, kDepth, kSoftmaxGradient>,
+                                             &Tile<3, kDepth, kSoftmaxGradient>,
+                                             &Tile<4, kDepth, kSoftmaxGradient>,
+                                             &Tile<5, kDepth, kSoftmaxGradient>,
+                                             &Tile<6, kDepth, kSoftmaxGradient>};
 
-TileFn TileFor(int rows, int64_t kc) {
+TileFn TileFor(int rows, int64_t kc, bool softmax_gradient) {
+  if (softmax_gradient) {
+    return kc == 16 ? kTilesOfDepth<16, true>[rows] : kTilesOfDepth<0, true>[rows];
+  }
   return kc == 16 ? kTilesOfDepth<16>[rows] : kTilesOfDepth<0>[rows];
 }
 
@@ -242,7 +276,9 @@ bool ReadsBInPlace(bool trans_b, int64_t k, int64_t n) {
 
 // C[m, n] = (or +=, with accumulate) alpha op(A) x packed for one depth
 // block: kc rows of every panel of op(B), panel p at packed + p kc kPanel.
-// op(A)[i, kk] is a[i * a_row + kk * a_depth].
+// op(A)[i, kk] is a[i * a_row + kk * a_depth]. With a gradient (rows of C,
+// p [m, n] and d [m]; the whole depth in this block) the results x become
+// p (x - d) as they are stored.
 void MultiplyDepthBlock(int64_t m,
                         int64_t n,
                         int64_t kc,
@@ -254,7 +290,8 @@ void MultiplyDepthBlock(int64_t m,
                         float alpha,
                         bool accumulate,
                         float* c,
-                        int64_t ldc) {
+                        int64_t ldc,
+                        const SoftmaxGradientRows* gradient = nullptr) {
   const int64_t panels = PanelCount(n);
   // Panels in groups that fit in L1 together, so each group is read from L1
   // by every row tile while those rows of A are hot too.
@@ -263,11 +300,15 @@ void MultiplyDepthBlock(int64_t m,
     const int64_t p1 = std::min(panels, p0 + group);
     for (int64_t i = 0; i < m; i += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
-      const TileFn tile = TileFor(rows, kc);
+      const TileFn tile = TileFor(rows, kc, gradient != nullptr);
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t col = p * kPanel;
+        SoftmaxGradientRows tile_gradient;
+        if (gradient) {
+          tile_gradient = {gradient->p + i * gradient->ldp + col, gradient->ldp, gradient->d + i};
+        }
         tile(kc, a + i * a_row, a_row, a_depth, packed + p * kc * kPanel, panel_stride, alpha,
-             accumulate, c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col));
+             accumulate, c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col), tile_gradient);
       }
     }
   }
@@ -374,6 +415,31 @@ void PackedFloatB::Multiply(bool trans_a,
     MultiplyDepthBlock(m, n_, kc, a + k0 * a_depth, a_row, a_depth, panels_ + k0 * panels * kPanel,
                        kPanel, alpha, accumulate || k0 > 0, c, ldc);
   }
+}
+
+void PackedFloatB::MultiplySoftmaxGradient(bool trans_a,
+                                           int64_t m,
+                                           const float* a,
+                                           int64_t lda,
+                                           const float* p,
+                                           int64_t ldp,
+                                           const float* d,
+                                           float* c,
+                                           int64_t ldc) const {
+  if (m == 0 || n_ == 0) return;
+  if (k_ == 0 || k_ > kDepthBlock) {
+    // Not in one depth block: the product, then the map over C.
+    Multiply(trans_a, m, 1.0f, a, lda, c, ldc);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n_; ++j) c[i * ldc + j] = p[i * ldp + j] * (c[i * ldc + j] - d[i]);
+    }
+    return;
+  }
+  const int64_t a_row = trans_a ? 1 : lda;
+  const int64_t a_depth = trans_a ? lda : 1;
+  const SoftmaxGradientRows gradient{p, ldp, d};
+  MultiplyDepthBlock(m, n_, k_, a, a_row, a_depth, in_place_ ? in_place_ : panels_,
+                     in_place_ ? in_place_ldb_ : kPanel, 1.0f, false, c, ldc, &gradient);
 }
 
 }  // namespace stillpoint::internal

@@ -251,6 +251,40 @@ TEST(GemmTest, ScalePackedIntoTheOperandIsTheProductOfTheScaledOperand) {
   }
 }
 
+// The softmax gradient made in the tiles, c = p (op(A) op(B) - d), is
+// bitwise the product followed by that map: every layout, partial panels,
+// the unrolled depth 16, a B read in place, and a depth past one block
+// (which takes the two-pass path).
+TEST(GemmTest, SoftmaxGradientInTheTilesMatchesTheProductThenTheMap) {
+  for (int64_t n : {8, 16, 37}) {
+    for (int64_t k : {16, 40, 300}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const int64_t m = 29, pad = 3;
+          const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+          const int64_t ldp = n + 5;
+          const std::vector<float> a = Filled<float>((ta ? k : m) * lda, 12);
+          const std::vector<float> b = Filled<float>((tb ? n : k) * ldb, 13);
+          const std::vector<float> p = Filled<float>(m * ldp, 14);
+          const std::vector<float> d = Filled<float>(m, 15);
+          PackedFloatB packed;
+          packed.Pack(tb, k, n, b.data(), ldb);
+          std::vector<float> expected(m * ldc, 7.0f), got(m * ldc, 7.0f);
+          packed.Multiply(ta, m, 1.0f, a.data(), lda, expected.data(), ldc);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              expected[i * ldc + j] = p[i * ldp + j] * (expected[i * ldc + j] - d[i]);
+            }
+          }
+          packed.MultiplySoftmaxGradient(ta, m, a.data(), lda, p.data(), ldp, d.data(), got.data(),
+                                         ldc);
+          ASSERT_EQ(got, expected) << "n " << n << " k " << k << " ta " << ta << " tb " << tb;
+        }
+      }
+    }
+  }
+}
+
 TEST(GemmTest, NamesItsBackend) {
   const std::string name = GemmBackendName();
   EXPECT_TRUE(name == "openblas" || name == "eigen") << name;
