@@ -52,7 +52,9 @@ void HopfieldMap(const Tensor& patterns, double beta, const Tensor& z, Tensor* o
 // The float32 map by blocks of queries: X^T and X packed once per task, then
 // each block of queries goes from scores to output while its scores are in
 // cache, and the [rows, d] output rows are normalised instead of the
-// [rows, N] weights.
+// [rows, N] weights. The softmax runs in base 2, as the fused attention's:
+// X^T is packed times beta log2(e), so the scores come out in base-2 units
+// and 2^x (Exp2FlushPacket) replaces e^x.
 template <>
 void HopfieldMap<float>(const Tensor& patterns, double beta, const Tensor& z, Tensor* out) {
   const int64_t n = patterns.dim(0), d = patterns.dim(1), k = z.dim(0);
@@ -61,18 +63,17 @@ void HopfieldMap<float>(const Tensor& patterns, double beta, const Tensor& z, Te
     thread_local internal::PackedFloatB patterns_t;  // X^T [d, N]
     thread_local internal::PackedFloatB patterns_n;  // X [N, d]
     thread_local std::vector<float> scores;
-    patterns_t.Pack(true, d, n, x, d);
+    patterns_t.Pack(true, d, n, x, d, static_cast<float>(beta * 1.4426950408889634));
     patterns_n.Pack(false, n, d, x, d);
     scores.resize(kQueryBlock * n);
     float inverse_sum[kQueryBlock];
     for (int64_t i0 = lo; i0 < hi; i0 += kQueryBlock) {
       const int64_t rows = std::min(kQueryBlock, hi - i0);
-      patterns_t.Multiply(false, rows, static_cast<float>(beta), z.data<float>() + i0 * d, d,
-                          scores.data(), n);
+      patterns_t.Multiply(false, rows, 1.0f, z.data<float>() + i0 * d, d, scores.data(), n);
       for (int64_t r = 0; r < rows; ++r) {
         float* row = scores.data() + r * n;
         const float top = internal::VecMax(row, n);
-        inverse_sum[r] = 1.0f / internal::VecExpShifted(row, top, row, n);
+        inverse_sum[r] = 1.0f / internal::VecExp2Shifted(row, top, row, n);
       }
       float* o = out->data<float>() + i0 * d;
       patterns_n.Multiply(false, rows, 1.0f, scores.data(), n, o, d);
