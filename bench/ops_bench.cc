@@ -24,6 +24,7 @@
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "framework/random.h"
+#include "framework/vector_math.h"
 
 namespace stillpoint {
 namespace {
@@ -148,6 +149,29 @@ BENCHMARK(BM_SoftmaxForwardBackward)
     ->Arg(2)
     ->ArgName("threads")
     ->UseRealTime();
+
+// The shifted exponentials of softmax rows (one thread, no graph): 96 rows
+// of 256 scores, a W2 attention backward block, through VecExpShifted (base
+// e, kernel 0) or VecExp2Shifted (base 2, kernel 1, what the fused attention
+// and Hopfield retrieval use). items_per_second counts exponentials.
+void BM_RowExponentials(benchmark::State& state) {
+  const bool base2 = state.range(0) == 1;
+  constexpr int64_t kRows = 96, kCols = 256;
+  const Var scores = RandomVar(Shape{kRows, kCols}, 1);
+  const float* x = scores.value().data<float>();
+  std::vector<float> out(kRows * kCols);
+  for (auto _ : state) {
+    float total = 0.0f;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float* row = x + r * kCols;
+      total += base2 ? internal::VecExp2Shifted(row, 3.0f, out.data() + r * kCols, kCols)
+                     : internal::VecExpShifted(row, 3.0f, out.data() + r * kCols, kCols);
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  state.SetItemsProcessed(state.iterations() * kRows * kCols);
+}
+BENCHMARK(BM_RowExponentials)->ComputeStatistics("min", Min)->Arg(0)->Arg(1)->ArgName("kernel");
 
 // layer_norm forward + backward over [1024, 64] with gain and bias. Args: threads.
 void BM_LayerNormForwardBackward(benchmark::State& state) {

@@ -57,7 +57,7 @@ struct AttentionGeometry {
   bool causal = false;
 
   // The factor of the score products: scores are in base-2 units.
-  double ScoreScale() const { return scale * 1.4426950408889634; }  // log2(e)
+  double ScoreScale() const { return scale * internal::kLog2e; }
 
   // Keys [0, VisibleKeys(i)) are visible to query i.
   int64_t VisibleKeys(int64_t i) const {

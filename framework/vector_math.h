@@ -27,6 +27,11 @@ namespace internal {
 using FloatPacket = Eigen::internal::packet_traits<float>::type;
 inline constexpr int64_t kVecBlock = Eigen::internal::packet_traits<float>::size;
 
+// log2(e): e^x = 2^(x log2(e)). The base-2 softmaxes (fused attention,
+// Hopfield retrieval) scale their scores by it in the product that makes
+// them, so they can use Exp2FlushPacket.
+inline constexpr double kLog2e = 1.4426950408889634;
+
 // sqrt(2 / pi) and the cubic coefficient of the tanh form of GELU.
 inline constexpr double kGeluScale = 0.7978845608028654;
 inline constexpr double kGeluCubic = 0.044715;
@@ -111,7 +116,7 @@ inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
   const FloatPacket x =
       ei::pmin(ei::pmax(x_in, PacketSet(kExpFloatNormalLowest)), PacketSet(88.0f));
   const FloatPacket shifter = PacketSet(12582912.0f + 127.0f);
-  const FloatPacket t = ei::pmadd(x, PacketSet(1.44269504088896341f), shifter);
+  const FloatPacket t = ei::pmadd(x, PacketSet(float(kLog2e)), shifter);
   const FloatPacket m = ei::psub(t, shifter);
   FloatPacket r = ei::pmadd(m, PacketSet(-0.693359375f), x);
   r = ei::pmadd(m, PacketSet(2.12194440e-4f), r);
@@ -198,7 +203,7 @@ inline GeluParts GeluPartsOf(const FloatPacket& x) {
   const FloatPacket x2 = ei::pmul(x, x);
   const FloatPacket c = PacketSet(float(kGeluScale));
   // 2u log2(e) = (2 c log2(e)) x + (2 c k log2(e)) x^3.
-  constexpr double kTwoLog2e = 2.0 * 1.4426950408889634;
+  constexpr double kTwoLog2e = 2.0 * kLog2e;
   const FloatPacket two_u_log2 =
       ei::pmul(x, ei::pmadd(PacketSet(float(kTwoLog2e * kGeluScale * kGeluCubic)), x2,
                             PacketSet(float(kTwoLog2e * kGeluScale))));
@@ -372,10 +377,12 @@ inline void VecGeluWithDerivative(const double* x, double* out, double* derivati
   }
   float s = ei::predux(acc);
   if (i < n) {
-    MapFloatPackets(x + i, out + i, n - i, [&shift_packet](const FloatPacket& xp) {
+    float* tail = out + i;
+    const int64_t tail_size = n - i;
+    MapFloatPackets(x + i, tail, tail_size, [&shift_packet](const FloatPacket& xp) {
       return ExpFlushPacket(ei::psub(xp, shift_packet));
     });
-    for (; i < n; ++i) s += out[i];
+    for (int64_t t = 0; t < tail_size; ++t) s += tail[t];
   }
   return s;
 }
@@ -403,10 +410,12 @@ inline double VecExpShifted(const double* x, double shift, double* out, int64_t 
   }
   float s = ei::predux(acc);
   if (i < n) {
-    MapFloatPackets(x + i, out + i, n - i, [&shift_packet](const FloatPacket& xp) {
+    float* tail = out + i;
+    const int64_t tail_size = n - i;
+    MapFloatPackets(x + i, tail, tail_size, [&shift_packet](const FloatPacket& xp) {
       return Exp2FlushPacket(ei::psub(xp, shift_packet));
     });
-    for (; i < n; ++i) s += out[i];
+    for (int64_t t = 0; t < tail_size; ++t) s += tail[t];
   }
   return s;
 }

@@ -63,7 +63,7 @@ void HopfieldMap<float>(const Tensor& patterns, double beta, const Tensor& z, Te
     thread_local internal::PackedFloatB patterns_t;  // X^T [d, N]
     thread_local internal::PackedFloatB patterns_n;  // X [N, d]
     thread_local std::vector<float> scores;
-    patterns_t.Pack(true, d, n, x, d, static_cast<float>(beta * 1.4426950408889634));
+    patterns_t.Pack(true, d, n, x, d, static_cast<float>(beta * internal::kLog2e));
     patterns_n.Pack(false, n, d, x, d);
     scores.resize(kQueryBlock * n);
     float inverse_sum[kQueryBlock];
