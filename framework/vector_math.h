@@ -356,22 +356,20 @@ inline void VecGeluWithDerivative(const double* x, double* out, double* derivati
   }
 }
 
-// out[i] = exp(x[i] - shift) for x[i] - shift <= 88 (ExpFlushPacket: 0
-// where that is below 1e-38); returns the sum of out. The sum runs in
-// packet lanes (lane l adds the entries l, l + kVecBlock, ...), then adds
-// the lanes and the tail in order: a fixed order for a given n, so the
-// result does not depend on threads either. Not inlined: inlined into the
-// fused attention's forward loop, GCC 12 kept part of the polynomial's state
-// on the stack in every iteration (perf annotate: stores and reloads around
-// the fused multiply-adds); compiled on its own the loop stays in registers,
-// and the forward exponentials of W2 attention take about a fifth less time.
-[[gnu::noinline]] inline float VecExpShifted(const float* x, float shift, float* out, int64_t n) {
+// out[i] = exp_packet(x[i] - shift) and the sum of out: the body of
+// VecExpShifted and VecExp2Shifted. The sum runs in packet lanes (lane l
+// adds the entries l, l + kVecBlock, ...), then adds the lanes and the tail
+// in order: a fixed order for a given n, so the result does not depend on
+// threads either.
+template <typename ExpPacketFn>
+[[gnu::always_inline]] inline float ShiftedExpAndSum(
+    const float* x, float shift, float* out, int64_t n, ExpPacketFn exp_packet) {
   namespace ei = Eigen::internal;
   const FloatPacket shift_packet = PacketSet(shift);
   FloatPacket acc = ei::pzero(shift_packet);
   int64_t i = 0;
   for (; i + kVecBlock <= n; i += kVecBlock) {
-    const FloatPacket e = ExpFlushPacket(ei::psub(ei::ploadu<FloatPacket>(x + i), shift_packet));
+    const FloatPacket e = exp_packet(ei::psub(ei::ploadu<FloatPacket>(x + i), shift_packet));
     ei::pstoreu(out + i, e);
     acc = ei::padd(acc, e);
   }
@@ -379,53 +377,47 @@ inline void VecGeluWithDerivative(const double* x, double* out, double* derivati
   if (i < n) {
     float* tail = out + i;
     const int64_t tail_size = n - i;
-    MapFloatPackets(x + i, tail, tail_size, [&shift_packet](const FloatPacket& xp) {
-      return ExpFlushPacket(ei::psub(xp, shift_packet));
-    });
+    MapFloatPackets(x + i, tail, tail_size,
+                    [&](const FloatPacket& xp) { return exp_packet(ei::psub(xp, shift_packet)); });
     for (int64_t t = 0; t < tail_size; ++t) s += tail[t];
   }
   return s;
 }
-inline double VecExpShifted(const double* x, double shift, double* out, int64_t n) {
+
+// The same in double, through libm's exp_fn, in index order.
+template <typename ExpFn>
+double ShiftedExpAndSum(const double* x, double shift, double* out, int64_t n, ExpFn exp_fn) {
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = std::exp(x[i] - shift);
+    out[i] = exp_fn(x[i] - shift);
     s += out[i];
   }
   return s;
+}
+
+// out[i] = exp(x[i] - shift) for x[i] - shift <= 88 (ExpFlushPacket: 0
+// where that is below 1e-38); returns the sum of out (see
+// ShiftedExpAndSum). Not inlined: inlined into the fused attention's
+// forward loop, GCC 12 kept part of the polynomial's state on the stack in
+// every iteration (perf annotate: stores and reloads around the fused
+// multiply-adds); compiled on its own the loop stays in registers, and the
+// forward exponentials of W2 attention take about a fifth less time.
+[[gnu::noinline]] inline float VecExpShifted(const float* x, float shift, float* out, int64_t n) {
+  return ShiftedExpAndSum(x, shift, out, n, [](const FloatPacket& v) { return ExpFlushPacket(v); });
+}
+inline double VecExpShifted(const double* x, double shift, double* out, int64_t n) {
+  return ShiftedExpAndSum(x, shift, out, n, [](double v) { return std::exp(v); });
 }
 
 // out[i] = 2^(x[i] - shift) for x[i] <= shift (Exp2FlushPacket: 0 where
 // that is below 2^-126); returns the sum of out, added as VecExpShifted
 // adds. Not inlined, for the reason given there.
 [[gnu::noinline]] inline float VecExp2Shifted(const float* x, float shift, float* out, int64_t n) {
-  namespace ei = Eigen::internal;
-  const FloatPacket shift_packet = PacketSet(shift);
-  FloatPacket acc = ei::pzero(shift_packet);
-  int64_t i = 0;
-  for (; i + kVecBlock <= n; i += kVecBlock) {
-    const FloatPacket e = Exp2FlushPacket(ei::psub(ei::ploadu<FloatPacket>(x + i), shift_packet));
-    ei::pstoreu(out + i, e);
-    acc = ei::padd(acc, e);
-  }
-  float s = ei::predux(acc);
-  if (i < n) {
-    float* tail = out + i;
-    const int64_t tail_size = n - i;
-    MapFloatPackets(x + i, tail, tail_size, [&shift_packet](const FloatPacket& xp) {
-      return Exp2FlushPacket(ei::psub(xp, shift_packet));
-    });
-    for (int64_t t = 0; t < tail_size; ++t) s += tail[t];
-  }
-  return s;
+  return ShiftedExpAndSum(x, shift, out, n,
+                          [](const FloatPacket& v) { return Exp2FlushPacket(v); });
 }
 inline double VecExp2Shifted(const double* x, double shift, double* out, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = std::exp2(x[i] - shift);
-    s += out[i];
-  }
-  return s;
+  return ShiftedExpAndSum(x, shift, out, n, [](double v) { return std::exp2(v); });
 }
 
 // out[i] = 2^(x[i] - shift) * scale: per element bitwise what
