@@ -214,10 +214,17 @@ void NormaliseOutputRows(const AttentionGeometry& geo, int64_t rows, const T* ro
   }
 }
 
-// ds (rows x Tk, holding dP = dO V^T) becomes dS = P o (dP - D) in place.
-// The row sums D_r = sum_j dP_rj P_rj equal dO_r . O_r (as O_r = sum_j
-// P_rj V_j): a dot of length dh instead of a pass over the row. g_rows and
-// o_rows are the head's rows of dO and O (row stride dim).
+// Row r's D_r = sum_j dP_rj P_rj of the score gradient dS = P o (dP - D),
+// as dO_r . O_r (O_r = sum_j P_rj V_j): a dot of length dh instead of a
+// pass over the row. g_rows and o_rows are the head's rows of dO and O (row
+// stride dim).
+template <typename T>
+T SoftmaxRowDot(const AttentionGeometry& geo, const T* g_rows, const T* o_rows, int64_t r) {
+  return internal::VecDot(g_rows + r * geo.dim, o_rows + r * geo.dim, geo.dh);
+}
+
+// ds (rows x Tk, holding dP = dO V^T) becomes dS = P o (dP - D) in place,
+// D_r from SoftmaxRowDot.
 template <typename T>
 void ScoreGradientsInPlace(const AttentionGeometry& geo,
                            int64_t rows,
@@ -228,7 +235,7 @@ void ScoreGradientsInPlace(const AttentionGeometry& geo,
   for (int64_t r = 0; r < rows; ++r) {
     T* row = ds + r * geo.tk;
     const T* p_row = p + r * geo.tk;
-    const T d = internal::VecDot(g_rows + r * geo.dim, o_rows + r * geo.dim, geo.dh);
+    const T d = SoftmaxRowDot(geo, g_rows, o_rows, r);
     for (int64_t j = 0; j < geo.tk; ++j) row[j] = p_row[j] * (row[j] - d);
   }
 }
@@ -447,12 +454,12 @@ void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
     }
     if (!score_grads) continue;
     // dS = P o (dP - D) with dP = dO V^T, made in dP's tiles (dP is never
-    // stored), and D_r = dO_r . O_r as in ScoreGradientsInPlace. W2
-    // explicit, one thread, 6 interleaved pairs against the product and a
-    // second pass over dP: min step 83.5 -> 81.9 ms, same losses bitwise.
+    // stored), with D_r from SoftmaxRowDot. W2 explicit, one thread, 6
+    // interleaved pairs against the product and a second pass over dP: min
+    // step 83.5 -> 81.9 ms, same losses bitwise.
     const float* o_rows = out + at.out + i0 * geo.dim;
     for (int64_t r = 0; r < rows; ++r) {
-      row_dots[r] = internal::VecDot(g_rows + r * geo.dim, o_rows + r * geo.dim, geo.dh);
+      row_dots[r] = SoftmaxRowDot(geo, g_rows, o_rows, r);
     }
     values_t.MultiplySoftmaxGradient(false, rows, g_rows, geo.dim, p, geo.tk, row_dots, ds, geo.tk);
     if (dq) {
