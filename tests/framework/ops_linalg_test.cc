@@ -127,7 +127,7 @@ INSTANTIATE_TEST_SUITE_P(AllLayouts,
                          LayoutName);
 
 TEST(MatmulTest, LargeProductSplitIntoRowBlocksMatchesNaive) {
-  // 600 rows: more than one work unit (256 rows), so the product is split
+  // 600 rows: more than one work unit (132 rows), so the product is split
   // into row blocks; in float32 they share one packed copy of op(B).
   for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
     const double tol = dtype == DType::kFloat64 ? 1e-12 : 1e-4;
@@ -146,14 +146,15 @@ TEST(MatmulTest, LargeProductSplitIntoRowBlocksMatchesNaive) {
 
 TEST(MatmulTest, Float32RowBlocksAreBitwiseTheRowsComputedAlone) {
   // A row of a product must not depend on the row block it fell in, nor on
-  // the packed operand being shared: the rows [300, 500) of a 600-row
-  // product (split over two blocks) equal the product of those rows alone
-  // (one block, which packs op(B) itself).
+  // the packed operand being shared, nor on where its row tile starts: the
+  // rows [301, 501) of a 600-row product (split over two blocks, row 301
+  // inside a tile of 6) equal the product of those rows alone (one block,
+  // which packs op(B) itself).
   Var a = Random(Shape{600, 70}, 11, DType::kFloat32);
   for (bool tb : {false, true}) {
     Var b = Random(tb ? Shape{40, 70} : Shape{70, 40}, 12, DType::kFloat32);
-    const Tensor whole = slice(matmul(a, b, false, tb), 0, 300, 500).value();
-    const Tensor alone = matmul(slice(a, 0, 300, 500), b, false, tb).value();
+    const Tensor whole = slice(matmul(a, b, false, tb), 0, 301, 501).value();
+    const Tensor alone = matmul(slice(a, 0, 301, 501), b, false, tb).value();
     EXPECT_EQ(MaxAbsDiff(whole, alone), 0.0) << "tb " << tb;
   }
 }
