@@ -234,5 +234,10 @@ Tensor SumToTensor(const Tensor& x, const Shape& shape);
 // Repeats x to `shape`, to which x's shape must broadcast.
 Tensor BroadcastToTensor(const Tensor& x, const Shape& shape);
 
+// g o gelu'(x) from the derivative gelu'(x) kept at the forward pass: the
+// VJP of gelu and linear_gelu without create_graph (ops_elementwise.cc).
+// `op` names the caller in the error for mismatched shapes.
+Tensor GeluGradient(const Tensor& g, const Tensor& derivative, const char* op);
+
 }  // namespace internal
 }  // namespace stillpoint

@@ -117,6 +117,11 @@ Var matmul(const Var& a, const Var& b, bool transpose_a = false, bool transpose_
 // added to each block of the product while it is in cache (one pass and
 // one tensor fewer).
 Var linear(const Var& x, const Var& weight, const Var& bias);
+// gelu(linear(x, weight, bias)) in one pass: each block of the product gets
+// its bias and GELU (and, when recording, gelu' for the backward) while it
+// is in cache, so the pre-activation is never written out. Bitwise the
+// values and gradients of the two ops in sequence.
+Var linear_gelu(const Var& x, const Var& weight, const Var& bias);
 
 // ------------------------------------------------------- shape and index
 

@@ -344,20 +344,7 @@ Var gelu(const Var& x) {
                            });
   return RecordOp("gelu", out, {x}, [derivative](const VarList& in, const Var& self, const Var& g) {
     if (!GradModeEnabled()) {
-      const Tensor& gv = g.value();
-      SP_CHECK(gv.shape() == derivative.shape() && gv.dtype() == derivative.dtype(),
-               "gelu: gradient ", gv.shape(), " for input ", derivative.shape());
-      Tensor dx(gv.shape(), gv.dtype());
-      DispatchDType(gv.dtype(), [&](auto zero) {
-        using T = decltype(zero);
-        const T* gp = gv.data<T>();
-        const T* dd = derivative.data<T>();
-        T* dp = dx.data<T>();
-        internal::ParallelRange(0, gv.numel(), internal::kMinChunk, [&](int64_t lo, int64_t hi) {
-          for (int64_t i = lo; i < hi; ++i) dp[i] = gp[i] * dd[i];
-        });
-      });
-      return VarList{constant(dx)};
+      return VarList{constant(internal::GeluGradient(g.value(), derivative, "gelu"))};
     }
     // The same derivative as GeluDerivative, in differentiable ops of x.
     const Var& v = in[0];
@@ -371,6 +358,26 @@ Var gelu(const Var& x) {
     return VarList{mul(g, add(first, second))};
   });
 }
+
+namespace internal {
+
+Tensor GeluGradient(const Tensor& g, const Tensor& derivative, const char* op) {
+  SP_CHECK(g.shape() == derivative.shape() && g.dtype() == derivative.dtype(), op, ": gradient ",
+           g.shape(), " for input ", derivative.shape());
+  Tensor dx(g.shape(), g.dtype());
+  DispatchDType(g.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* gp = g.data<T>();
+    const T* dd = derivative.data<T>();
+    T* dp = dx.data<T>();
+    ParallelRange(0, g.numel(), kMinChunk, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) dp[i] = gp[i] * dd[i];
+    });
+  });
+  return dx;
+}
+
+}  // namespace internal
 
 Var softplus(const Var& x) {
   Tensor out = MapUnary(x.value(), [](auto v) { return StableSoftplus(v); });

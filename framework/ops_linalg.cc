@@ -9,12 +9,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
+#include "framework/elementwise_kernels.h"
 #include "framework/gemm.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
+#include "framework/vector_math.h"
 
 namespace stillpoint {
 namespace {
@@ -117,14 +120,23 @@ void GemmBlock(const T* a,
                     a_rows, lda, b_cols, transpose_b ? k : n, c + row_begin * n + col_begin, n);
 }
 
+// Applied by a product's work unit to the block of C it has just written
+// (rows [row_begin, row_end) x columns [col_begin, col_end) of out, bias
+// added), while the block is still in cache: an elementwise map fused into
+// the product (linear_gelu). Rank-2 products only.
+using BlockEpilogue = std::function<void(
+    Tensor& out, int64_t row_begin, int64_t row_end, int64_t col_begin, int64_t col_end)>;
+
 // The forward kernel: a tensor-only product (no graph). When bias is given
-// (a [n] vector; rank-2 products only) it is added to each output row.
+// (a [n] vector; rank-2 products only) it is added to each output row, then
+// the epilogue, if any, maps each block.
 Tensor MatmulValue(const Tensor& a,
                    const Tensor& b,
                    const MatmulGeometry& geo,
                    bool transpose_a,
                    bool transpose_b,
-                   const Tensor* bias = nullptr) {
+                   const Tensor* bias = nullptr,
+                   const BlockEpilogue& epilogue = {}) {
   Tensor out(geo.out_shape, a.dtype());
   if (out.numel() == 0) return out;
   // A shared B with an untransposed A is one tall product: fold the batch
@@ -184,6 +196,7 @@ Tensor MatmulValue(const Tensor& a,
             for (int64_t j = col_begin; j < col_end; ++j) row[j] += bias_data[j];
           }
         }
+        if (epilogue) epilogue(out, row_begin, row_end, col_begin, col_end);
       }
     });
   });
@@ -240,27 +253,79 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
                   });
 }
 
-Var linear(const Var& x, const Var& weight, const Var& bias) {
-  SP_CHECK(x.defined() && weight.defined(), "linear: an input is undefined");
-  SP_CHECK(x.rank() == 2 && weight.rank() == 2 && x.dim(1) == weight.dim(0), "linear: x ",
-           x.shape(), " must be [m, k] and weight ", weight.shape(), " [k, n]");
+namespace {
+
+void CheckLinearOperands(const Var& x, const Var& weight, const Var& bias, const char* op) {
+  SP_CHECK(x.defined() && weight.defined(), op, ": an input is undefined");
+  SP_CHECK(x.rank() == 2 && weight.rank() == 2 && x.dim(1) == weight.dim(0), op, ": x ", x.shape(),
+           " must be [m, k] and weight ", weight.shape(), " [k, n]");
   if (bias.defined()) {
-    SP_CHECK(bias.shape() == Shape{weight.dim(1)}, "linear: bias ", bias.shape(), " must be [",
+    SP_CHECK(bias.shape() == Shape{weight.dim(1)}, op, ": bias ", bias.shape(), " must be [",
              weight.dim(1), "] for weight ", weight.shape());
-    SP_CHECK(bias.dtype() == weight.dtype(), "linear: bias is ", ToString(bias.dtype()),
+    SP_CHECK(bias.dtype() == weight.dtype(), op, ": bias is ", ToString(bias.dtype()),
              " but weight is ", ToString(weight.dtype()));
   }
+}
+
+// The VJP of y = x weight + bias for the output gradient g (in = {x, weight,
+// bias}), in differentiable ops.
+VarList LinearVjp(const VarList& in, const Var& g) {
+  Var dx, dw, db;
+  if (WantsInputGrad(in, 0)) dx = matmul(g, in[1], false, true);
+  if (WantsInputGrad(in, 1)) dw = matmul(in[0], g, true, false);
+  if (WantsInputGrad(in, 2)) db = sum(g, 0);
+  return VarList{dx, dw, db};
+}
+
+}  // namespace
+
+Var linear(const Var& x, const Var& weight, const Var& bias) {
+  CheckLinearOperands(x, weight, bias, "linear");
   const MatmulGeometry geo = ResolveMatmul(x, weight, false, false);
   const Tensor bias_value = bias.defined() ? bias.value() : Tensor();
   Tensor out = MatmulValue(x.value(), weight.value(), geo, false, false,
                            bias.defined() ? &bias_value : nullptr);
   return RecordOp("linear", out, {x, weight, bias},
-                  [](const VarList& in, const Var&, const Var& g) {
-                    Var dx, dw, db;
-                    if (WantsInputGrad(in, 0)) dx = matmul(g, in[1], false, true);
-                    if (WantsInputGrad(in, 1)) dw = matmul(in[0], g, true, false);
-                    if (WantsInputGrad(in, 2)) db = sum(g, 0);
-                    return VarList{dx, dw, db};
+                  [](const VarList& in, const Var&, const Var& g) { return LinearVjp(in, g); });
+}
+
+Var linear_gelu(const Var& x, const Var& weight, const Var& bias) {
+  CheckLinearOperands(x, weight, bias, "linear_gelu");
+  const MatmulGeometry geo = ResolveMatmul(x, weight, false, false);
+  const Tensor bias_value = bias.defined() ? bias.value() : Tensor();
+  // As gelu does when recording: gelu'(u) computed with gelu(u), kept for
+  // the backward. u itself is never stored.
+  const bool recording =
+      GradModeEnabled() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
+  Tensor derivative = recording ? Tensor(geo.out_shape, x.dtype()) : Tensor();
+  const BlockEpilogue gelu_in_place = [&](Tensor& out, int64_t row_begin, int64_t row_end,
+                                          int64_t col_begin, int64_t col_end) {
+    DispatchDType(out.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      for (int64_t r = row_begin; r < row_end; ++r) {
+        T* u = out.data<T>() + r * geo.n + col_begin;
+        if (recording) {
+          internal::VecGeluWithDerivative(u, u, derivative.data<T>() + r * geo.n + col_begin,
+                                          col_end - col_begin);
+        } else {
+          internal::VecGelu(u, u, col_end - col_begin);
+        }
+      }
+    });
+  };
+  Tensor out = MatmulValue(x.value(), weight.value(), geo, false, false,
+                           bias.defined() ? &bias_value : nullptr, gelu_in_place);
+  return RecordOp("linear_gelu", out, {x, weight, bias},
+                  [derivative](const VarList& in, const Var&, const Var& g) {
+                    if (!GradModeEnabled()) {
+                      return LinearVjp(in, constant(internal::GeluGradient(g.value(), derivative,
+                                                                           "linear_gelu")));
+                    }
+                    // create_graph: gelu's VJP at u = x weight + bias recomputed
+                    // as a recorded op, so the gradient carries its dependence on
+                    // every input.
+                    const Var u = linear(in[0], in[1], in[2]);
+                    return LinearVjp(in, grad({gelu(u)}, {u}, {g}, {.create_graph = true})[0]);
                   });
 }
 

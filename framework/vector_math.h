@@ -327,7 +327,8 @@ inline void VecGeluDerivative(const double* x, double* out, int64_t n) {
 
 // out = gelu(x) and derivative = gelu'(x) in one pass, sharing the exp and
 // the division: bitwise the results of VecGelu and VecGeluDerivative (the
-// tail is padded with 0 as in MapFloatPackets).
+// tail is padded with 0 as in MapFloatPackets). out may be x (each input is
+// read before its outputs are written), not derivative.
 inline void VecGeluWithDerivative(const float* x, float* out, float* derivative, int64_t n) {
   namespace ei = Eigen::internal;
   auto both = [](const FloatPacket& xp, float* y, float* d) {
@@ -351,8 +352,9 @@ inline void VecGeluWithDerivative(const float* x, float* out, float* derivative,
 }
 inline void VecGeluWithDerivative(const double* x, double* out, double* derivative, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = GeluValue(x[i]);
-    derivative[i] = GeluDerivative(x[i]);
+    const double v = x[i];  // read before out[i] is written: out may be x
+    out[i] = GeluValue(v);
+    derivative[i] = GeluDerivative(v);
   }
 }
 

@@ -54,7 +54,7 @@ Var DEQCell::Forward(const Var& z, const Var& u, const std::vector<int64_t>& sam
   // Residual sums go straight into the fused norms (same values as add then
   // LayerNorm, without the intermediate tensors).
   const Var h = ln1_->Forward(VarList{z, attended, u});
-  Var ffn = fc2_->Forward(gelu(fc1_->Forward(h)));
+  Var ffn = fc2_->Forward(fc1_->ForwardGelu(h));
   if (ffn_dropout_) {
     ffn = sample_ids.empty() ? ffn_dropout_->Forward(ffn) : ffn_dropout_->Forward(ffn, sample_ids);
   }

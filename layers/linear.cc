@@ -28,7 +28,11 @@ std::string Linear::Name() const {
   return out.str();
 }
 
-Var Linear::Forward(const Var& x) const {
+Var Linear::Forward(const Var& x) const { return Apply(x, &linear); }
+
+Var Linear::ForwardGelu(const Var& x) const { return Apply(x, &linear_gelu); }
+
+Var Linear::Apply(const Var& x, Var (*op)(const Var&, const Var&, const Var&)) const {
   SP_CHECK(x.defined(), "Linear: input is undefined");
   const Shape& shape = x.shape();
   SP_CHECK(shape.rank() >= 1 && shape[-1] == in_features_, "Linear(", in_features_, " -> ",
@@ -37,7 +41,7 @@ Var Linear::Forward(const Var& x) const {
            " but the weight is ", stillpoint::ToString(weight_.dtype()));
   // Fold the leading axes into rows: one GEMM instead of a batch of small ones.
   const int64_t rows = shape.numel() / in_features_;
-  const Var y = linear(reshape(x, Shape{rows, in_features_}), weight_, bias_);
+  const Var y = op(reshape(x, Shape{rows, in_features_}), weight_, bias_);
   std::vector<int64_t> dims = shape.dims();
   dims.back() = out_features_;
   return reshape(y, Shape(dims));

@@ -39,6 +39,9 @@ class Linear : public Module {
 
   // x [..., in] -> [..., out].
   Var Forward(const Var& x) const;
+  // gelu(Forward(x)), bitwise, in one pass over the output (linear_gelu in
+  // framework/ops.h): the feed-forward sublayer's first half.
+  Var ForwardGelu(const Var& x) const;
 
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -47,6 +50,9 @@ class Linear : public Module {
   const Var& bias() const { return bias_; }
 
  private:
+  // x [..., in] folded into rows, op(rows, weight, bias), unfolded.
+  Var Apply(const Var& x, Var (*op)(const Var&, const Var&, const Var&)) const;
+
   int64_t in_features_;
   int64_t out_features_;
   Var weight_;

@@ -2,6 +2,8 @@
 // gradients for every layout (2-D with all transposes, batched 3-D and 4-D,
 // batched with a shared rank-2 operand), float32, errors, and independence
 // from the thread count. linear: the fused bias against matmul + add.
+// linear_gelu: values and gradients against gelu(linear(...)), gradients
+// against finite differences.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -272,6 +274,67 @@ TEST(LinearTest, ErrorsNameTheOpAndShapes) {
   EXPECT_NE(inner.find("[5, 4]"), std::string::npos) << inner;
   const std::string bias = ErrorOf([&] { linear(x, w, Random(Shape{4}, 41)); });
   EXPECT_NE(bias.find("linear: bias [4]"), std::string::npos) << bias;
+}
+
+// The fused GELU runs on each block a work unit of the product writes: row
+// blocks (600 rows), column blocks (one short, wide product: 40 rows, 100
+// columns in blocks of 32), widths with a partial last packet, one and two
+// threads, with and without bias, recording or not.
+TEST(LinearGeluTest, ValuesAndGradientsAreThoseOfGeluOfLinearBitwise) {
+  struct Case {
+    int64_t m, k, n;
+  };
+  uint64_t seed = 60;
+  for (const Case c : {Case{600, 24, 45}, Case{40, 64, 100}}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+      for (bool with_bias : {true, false}) {
+        const Var x(Random(Shape{c.m, c.k}, ++seed, dtype).value(), true);
+        const Var w(Random(Shape{c.k, c.n}, ++seed, dtype).value(), true);
+        const Var b = with_bias ? Var(Random(Shape{c.n}, ++seed, dtype).value(), true) : Var();
+        const Var g = Random(Shape{c.m, c.n}, ++seed, dtype);
+        const VarList wrt = with_bias ? VarList{x, w, b} : VarList{x, w};
+        const std::string label = "[" + std::to_string(c.m) + ", " + std::to_string(c.k) + "] x [" +
+                                  std::to_string(c.n) + "] " + ToString(dtype) +
+                                  (with_bias ? " with bias" : " without bias");
+        for (int threads : {1, 2}) {
+          ScopedNumThreads scoped(threads);
+          const Var fused = linear_gelu(x, w, b);
+          const Var unfused = gelu(linear(x, w, b));
+          EXPECT_EQ(MaxAbsDiff(fused.value(), unfused.value()), 0.0) << label << ", " << threads;
+          const VarList fused_grads = grad({fused}, wrt, {g});
+          const VarList unfused_grads = grad({unfused}, wrt, {g});
+          for (std::size_t i = 0; i < wrt.size(); ++i) {
+            EXPECT_EQ(MaxAbsDiff(fused_grads[i].value(), unfused_grads[i].value()), 0.0)
+                << label << ", " << threads << " threads, gradient " << i;
+          }
+          const GradModeGuard no_grad(false);
+          EXPECT_EQ(MaxAbsDiff(linear_gelu(x, w, b).value(), unfused.value()), 0.0)
+              << label << ", not recording, " << threads << " threads";
+        }
+      }
+    }
+  }
+}
+
+TEST(LinearGeluTest, FirstAndSecondOrderGradients) {
+  const auto fn = [](const VarList& in) { return square(linear_gelu(in[0], in[1], in[2])); };
+  const VarList inputs{Random(Shape{5, 4}, 70), Random(Shape{4, 3}, 71), Random(Shape{3}, 72)};
+  auto first = CheckGradients(fn, inputs);
+  EXPECT_TRUE(first) << first;
+  auto second = CheckSecondOrderGradients(fn, inputs);
+  EXPECT_TRUE(second) << second;
+  auto no_bias = CheckGradients([](const VarList& in) { return linear_gelu(in[0], in[1], Var()); },
+                                {Random(Shape{5, 4}, 73), Random(Shape{4, 3}, 74)});
+  EXPECT_TRUE(no_bias) << no_bias;
+}
+
+TEST(LinearGeluTest, ErrorsNameTheOpAndShapes) {
+  const Var x = Random(Shape{5, 4}, 75);
+  const Var w = Random(Shape{4, 3}, 76);
+  const std::string inner = ErrorOf([&] { linear_gelu(x, Random(Shape{5, 3}, 77), Var()); });
+  EXPECT_NE(inner.find("linear_gelu: x [5, 4]"), std::string::npos) << inner;
+  const std::string bias = ErrorOf([&] { linear_gelu(x, w, Random(Shape{4}, 78)); });
+  EXPECT_NE(bias.find("linear_gelu: bias [4]"), std::string::npos) << bias;
 }
 
 }  // namespace

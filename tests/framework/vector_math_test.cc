@@ -70,6 +70,26 @@ TEST(VectorMathTest, GeluAndItsDerivativeAreAccurate) {
   for (int64_t i = 0; i < n; i += 997) EXPECT_EQ(y2[i], 2.0f * y[i]) << x[i];
 }
 
+// linear_gelu maps each block of its product in place: out = x must give
+// what separate buffers give, in float (packets and the padded tail) and in
+// double.
+TEST(VectorMathTest, GeluWithDerivativeInPlaceMatchesSeparateBuffers) {
+  const std::vector<float> x = Grid(-6.0f, 6.0f, 1003);  // 1003 = 125 packets + a tail of 3
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> y(x.size()), d(x.size()), d_in_place(x.size());
+  VecGeluWithDerivative(x.data(), y.data(), d.data(), n);
+  std::vector<float> in_place = x;
+  VecGeluWithDerivative(in_place.data(), in_place.data(), d_in_place.data(), n);
+  EXPECT_EQ(in_place, y);
+  EXPECT_EQ(d_in_place, d);
+  std::vector<double> xd(x.begin(), x.end());
+  std::vector<double> yd(xd.size()), dd(xd.size()), dd_in_place(xd.size());
+  VecGeluWithDerivative(xd.data(), yd.data(), dd.data(), n);
+  VecGeluWithDerivative(xd.data(), xd.data(), dd_in_place.data(), n);
+  EXPECT_EQ(xd, yd);
+  EXPECT_EQ(dd_in_place, dd);
+}
+
 TEST(VectorMathTest, SpecialValues) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const std::vector<float> x = {-kInf, -1000.0f, -88.5f, 0.0f, 100.0f, kInf, nan};

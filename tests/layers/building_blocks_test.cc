@@ -67,6 +67,26 @@ TEST(LinearTest, ComputesXTimesWPlusB) {
   EXPECT_DOUBLE_EQ(y.at(2), -7.0);
 }
 
+TEST(LinearTest, ForwardGeluIsGeluOfForwardBitwise) {
+  Rng rng(6);
+  for (DType dtype : {kF64, DType::kFloat32}) {
+    Linear layer(4, 3, rng, {.dtype = dtype});
+    Perturb(layer, rng);
+    const Var x(RandomNormal(Shape{2, 5, 4}, 0.0, 1.0, dtype, rng), true);
+    const Var fused = layer.ForwardGelu(x);
+    const Var unfused = gelu(layer.Forward(x));
+    ASSERT_EQ(fused.shape(), Shape({2, 5, 3}));
+    EXPECT_EQ(MaxAbsDiff(fused.value(), unfused.value()), 0.0) << ToString(dtype);
+    const VarList wrt{x, layer.weight(), layer.bias()};
+    const VarList fused_grads = grad({sum(fused)}, wrt);
+    const VarList unfused_grads = grad({sum(unfused)}, wrt);
+    for (std::size_t i = 0; i < wrt.size(); ++i) {
+      EXPECT_EQ(MaxAbsDiff(fused_grads[i].value(), unfused_grads[i].value()), 0.0)
+          << ToString(dtype) << ", gradient " << i;
+    }
+  }
+}
+
 TEST(LinearTest, NamesAndInitialisation) {
   Rng rng(3);
   Linear layer(16, 8, rng);
