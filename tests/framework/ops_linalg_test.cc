@@ -254,26 +254,39 @@ TEST(LinearTest, EqualsMatmulPlusBiasBitwise) {
   }
 }
 
-TEST(LinearTest, FirstAndSecondOrderGradients) {
-  const auto fn = [](const VarList& in) { return square(linear(in[0], in[1], in[2])); };
-  const VarList inputs{Random(Shape{5, 4}, 33), Random(Shape{4, 3}, 34), Random(Shape{3}, 35)};
+using LinearOp = Var (*)(const Var& x, const Var& weight, const Var& bias);
+
+// First and second order gradients of square(op(x, w, b)) against finite
+// differences (float64), and first order without a bias.
+void ExpectGradientsMatchFiniteDifferences(LinearOp op, uint64_t seed) {
+  const auto fn = [op](const VarList& in) { return square(op(in[0], in[1], in[2])); };
+  const VarList inputs{Random(Shape{5, 4}, seed), Random(Shape{4, 3}, seed + 1),
+                       Random(Shape{3}, seed + 2)};
   auto first = CheckGradients(fn, inputs);
   EXPECT_TRUE(first) << first;
   auto second = CheckSecondOrderGradients(fn, inputs);
   EXPECT_TRUE(second) << second;
-  auto no_bias = CheckGradients([](const VarList& in) { return linear(in[0], in[1], Var()); },
-                                {Random(Shape{5, 4}, 36), Random(Shape{4, 3}, 37)});
+  auto no_bias = CheckGradients([op](const VarList& in) { return op(in[0], in[1], Var()); },
+                                {Random(Shape{5, 4}, seed + 3), Random(Shape{4, 3}, seed + 4)});
   EXPECT_TRUE(no_bias) << no_bias;
 }
 
+TEST(LinearTest, FirstAndSecondOrderGradients) {
+  ExpectGradientsMatchFiniteDifferences(&linear, 33);
+}
+
+// A wrong inner extent and a wrong bias length: errors naming op and shapes.
+void ExpectErrorsNameTheOpAndShapes(LinearOp op, const std::string& name, uint64_t seed) {
+  const Var x = Random(Shape{5, 4}, seed);
+  const Var w = Random(Shape{4, 3}, seed + 1);
+  const std::string inner = ErrorOf([&] { op(x, Random(Shape{5, 3}, seed + 2), Var()); });
+  EXPECT_NE(inner.find(name + ": x [5, 4]"), std::string::npos) << inner;
+  const std::string bias = ErrorOf([&] { op(x, w, Random(Shape{4}, seed + 3)); });
+  EXPECT_NE(bias.find(name + ": bias [4]"), std::string::npos) << bias;
+}
+
 TEST(LinearTest, ErrorsNameTheOpAndShapes) {
-  const Var x = Random(Shape{5, 4}, 38);
-  const Var w = Random(Shape{4, 3}, 39);
-  const std::string inner = ErrorOf([&] { linear(x, Random(Shape{5, 3}, 40), Var()); });
-  EXPECT_NE(inner.find("linear"), std::string::npos) << inner;
-  EXPECT_NE(inner.find("[5, 4]"), std::string::npos) << inner;
-  const std::string bias = ErrorOf([&] { linear(x, w, Random(Shape{4}, 41)); });
-  EXPECT_NE(bias.find("linear: bias [4]"), std::string::npos) << bias;
+  ExpectErrorsNameTheOpAndShapes(&linear, "linear", 38);
 }
 
 // The fused GELU runs on each block a work unit of the product writes: row
@@ -317,24 +330,11 @@ TEST(LinearGeluTest, ValuesAndGradientsAreThoseOfGeluOfLinearBitwise) {
 }
 
 TEST(LinearGeluTest, FirstAndSecondOrderGradients) {
-  const auto fn = [](const VarList& in) { return square(linear_gelu(in[0], in[1], in[2])); };
-  const VarList inputs{Random(Shape{5, 4}, 70), Random(Shape{4, 3}, 71), Random(Shape{3}, 72)};
-  auto first = CheckGradients(fn, inputs);
-  EXPECT_TRUE(first) << first;
-  auto second = CheckSecondOrderGradients(fn, inputs);
-  EXPECT_TRUE(second) << second;
-  auto no_bias = CheckGradients([](const VarList& in) { return linear_gelu(in[0], in[1], Var()); },
-                                {Random(Shape{5, 4}, 73), Random(Shape{4, 3}, 74)});
-  EXPECT_TRUE(no_bias) << no_bias;
+  ExpectGradientsMatchFiniteDifferences(&linear_gelu, 70);
 }
 
 TEST(LinearGeluTest, ErrorsNameTheOpAndShapes) {
-  const Var x = Random(Shape{5, 4}, 75);
-  const Var w = Random(Shape{4, 3}, 76);
-  const std::string inner = ErrorOf([&] { linear_gelu(x, Random(Shape{5, 3}, 77), Var()); });
-  EXPECT_NE(inner.find("linear_gelu: x [5, 4]"), std::string::npos) << inner;
-  const std::string bias = ErrorOf([&] { linear_gelu(x, w, Random(Shape{4}, 78)); });
-  EXPECT_NE(bias.find("linear_gelu: bias [4]"), std::string::npos) << bias;
+  ExpectErrorsNameTheOpAndShapes(&linear_gelu, "linear_gelu", 75);
 }
 
 }  // namespace
