@@ -1,9 +1,10 @@
 // The one place stillpoint runs work in parallel. Every parallel loop in the
 // project goes through ParallelFor, which cuts the range into chunks whose
-// bounds depend only on the range and the thread count, and hands them to
-// oneTBB's threads as they become free (so each index is handled by exactly
-// one task, and results that are computed per index are bitwise identical run
-// to run); it runs inline on the calling thread when the thread count is 1.
+// bounds depend only on the range and the thread count (so each index is
+// handled by exactly one task, and results that are computed per index are
+// bitwise identical run to run). Each of oneTBB's threads first takes the
+// chunks of its own share of the range, then helps with what the others have
+// left; it runs inline on the calling thread when the thread count is 1.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,9 @@ int NumThreads();
 // Calls fn(begin, end) on disjoint chunks that cover [begin, end). Chunks
 // hold at least min_chunk indices; fn must not write shared state except at
 // its own indices. Nested calls run inline. The tasks run with the
-// caller's grad mode (GradModeEnabled, autograd.h).
+// caller's grad mode (GradModeEnabled, autograd.h). When fn throws, no
+// further chunks are started and the exception reaches the caller once the
+// chunks already running have returned.
 void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
                  const std::function<void(int64_t, int64_t)>& fn);
 

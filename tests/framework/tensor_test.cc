@@ -7,7 +7,6 @@
 #include <string>
 
 #include "framework/buffer_pool.h"
-#include "framework/parallel.h"
 #include "framework/random.h"
 
 namespace stillpoint {
@@ -106,25 +105,6 @@ TEST(BufferPoolTest, FreedBuffersAreReusedInsteadOfReallocated) {
 TEST(BufferPoolTest, BuffersAreSixtyFourByteAligned) {
   Tensor t(Shape{3}, DType::kFloat64);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data<double>()) % 64, 0u);
-}
-
-TEST(ParallelTest, ParallelForCoversEveryIndexOnce) {
-  ScopedNumThreads threads(2);
-  std::vector<int> hits(10007, 0);
-  ParallelFor(0, static_cast<int64_t>(hits.size()), 100, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) hits[i]++;
-  });
-  for (int h : hits) ASSERT_EQ(h, 1);
-}
-
-TEST(ParallelTest, ThreadCountIsRespectedAndRestored) {
-  EXPECT_EQ(NumThreads(), 1);
-  {
-    ScopedNumThreads threads(2);
-    EXPECT_EQ(NumThreads(), 2);
-  }
-  EXPECT_EQ(NumThreads(), 1);
-  EXPECT_THROW(SetNumThreads(0), Error);
 }
 
 TEST(RngTest, SeedsReproduceAndStateRoundTrips) {

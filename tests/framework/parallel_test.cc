@@ -1,0 +1,121 @@
+#include "framework/parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "framework/check.h"
+
+namespace stillpoint {
+namespace {
+
+TEST(ParallelTest, ParallelForCoversEveryIndexOnce) {
+  for (int threads : {2, 3}) {
+    ScopedNumThreads scoped(threads);
+    for (int64_t count : {1, 7, 100, 101, 10007}) {
+      std::vector<int> hits(count, 0);
+      ParallelFor(0, count, 3, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) hits[i]++;
+      });
+      for (int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(hits[i], 1) << "index " << i << " of " << count << ", " << threads << " threads";
+      }
+    }
+  }
+}
+
+TEST(ParallelTest, ChunkBoundsDependOnlyOnTheRangeAndThreadCount) {
+  ScopedNumThreads scoped(2);
+  auto bounds_of_one_call = [] {
+    std::mutex mutex;
+    std::vector<std::pair<int64_t, int64_t>> bounds;
+    ParallelFor(5, 1005, 10, [&](int64_t lo, int64_t hi) {
+      std::lock_guard<std::mutex> lock(mutex);
+      bounds.emplace_back(lo, hi);
+    });
+    std::sort(bounds.begin(), bounds.end());
+    return bounds;
+  };
+  const auto first = bounds_of_one_call();
+  EXPECT_EQ(first.size(), 32u);  // 16 chunks per thread
+  for (int call = 0; call < 50; ++call) ASSERT_EQ(bounds_of_one_call(), first);
+}
+
+// A thread stuck in its first chunk must not hold up the rest of its share:
+// the other thread takes it. (Without that, this test waits out its timeout.)
+TEST(ParallelTest, ChunksOfAStalledThreadAreTakenByTheOther) {
+  ScopedNumThreads scoped(2);
+  constexpr int64_t kCount = 320;
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> timed_out{false};
+  ParallelFor(0, kCount, 10, [&](int64_t lo, int64_t hi) {
+    if (lo == 0) {
+      // The first chunk of the first thread's share waits for every other.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (done < kCount - (hi - lo)) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          timed_out = true;
+          break;
+        }
+        std::this_thread::yield();
+      }
+    }
+    done += hi - lo;
+  });
+  EXPECT_FALSE(timed_out) << "only " << done << " of " << kCount << " indices were done";
+  EXPECT_EQ(done, kCount);
+}
+
+TEST(ParallelTest, AnExceptionStopsTheLoopAndReachesTheCaller) {
+  ScopedNumThreads scoped(2);
+  std::atomic<int> calls{0};
+  // The first chunk fails at once; each of the other 31 takes 2 ms.
+  EXPECT_THROW(ParallelFor(0, 1000, 10,
+                           [&](int64_t lo, int64_t) {
+                             ++calls;
+                             if (lo == 0) throw std::runtime_error("chunk failed");
+                             std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                           }),
+               std::runtime_error);
+  // Chunks already running finish, but none starts after the failure (else
+  // the other thread would run about 30).
+  EXPECT_LE(calls, 8);
+  // The failure leaves no trace: a later loop is cut into chunks again
+  // (a thread still marked as inside a loop would run it as one call).
+  std::atomic<int> later_calls{0};
+  ParallelFor(0, 1000, 10, [&](int64_t, int64_t) { ++later_calls; });
+  EXPECT_EQ(later_calls, 32);
+}
+
+TEST(ParallelTest, NestedCallsRunInline) {
+  ScopedNumThreads scoped(2);
+  std::atomic<int> inner_calls{0};
+  ParallelFor(0, 4, 1, [&](int64_t, int64_t) {
+    ParallelFor(0, 1000, 10, [&](int64_t lo, int64_t hi) {
+      EXPECT_EQ(lo, 0);
+      EXPECT_EQ(hi, 1000);
+      ++inner_calls;
+    });
+  });
+  EXPECT_EQ(inner_calls, 4);
+}
+
+TEST(ParallelTest, ThreadCountIsRespectedAndRestored) {
+  EXPECT_EQ(NumThreads(), 1);
+  {
+    ScopedNumThreads threads(2);
+    EXPECT_EQ(NumThreads(), 2);
+  }
+  EXPECT_EQ(NumThreads(), 1);
+  EXPECT_THROW(SetNumThreads(0), Error);
+}
+
+}  // namespace
+}  // namespace stillpoint
