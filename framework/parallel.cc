@@ -113,8 +113,8 @@ void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
   }
   // A fixed number of chunks whose bounds depend only on the range and the
   // thread count, so each chunk's work depends only on its indices. The
-  // chunks are not split evenly up front: on a shared (virtual) machine one
-  // core often runs slower for a while, and a static split made the other
+  // chunks are not bound to threads up front: on a shared (virtual) machine
+  // one core often runs slower for a while, and a static split made the other
   // wait for it at every join. Up to sixteen chunks per thread keep that
   // wait to a fraction of a region. (W2 on 2 threads, 5 interleaved runs
   // each: median step time 4% lower for the implicit model and 10% for the
@@ -155,9 +155,8 @@ void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
     tbb::task_group group;
     for (int t = 1; t < threads; ++t) group.run(run_lanes);
     try {
-      run_lanes();
+      run_lanes();  // a chunk that throws has already set failed
     } catch (...) {
-      failed = true;
       group.wait();  // the others' running chunks still use this frame
       throw;
     }
