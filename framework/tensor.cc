@@ -219,6 +219,8 @@ bool Tensor::SameStorage(const Tensor& other) const {
   return buffer_ == other.buffer_ && offset_ == other.offset_;
 }
 
+bool Tensor::HoldsStorageAlone() const { return buffer_ && buffer_.use_count() == 1; }
+
 std::string Tensor::ToString(int max_entries) const {
   std::ostringstream out;
   if (!defined()) return "Tensor(empty)";

@@ -126,6 +126,9 @@ class Tensor {
 
   // True if both share storage and offset (the same view).
   bool SameStorage(const Tensor& other) const;
+  // True if no other tensor shares this one's storage, so it can be handed
+  // over (moved into another tensor) without any other view seeing changes.
+  bool HoldsStorageAlone() const;
 
   std::string ToString(int max_entries = 16) const;
 

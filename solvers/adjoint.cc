@@ -56,13 +56,26 @@ bool IsWholeBatch(const std::vector<int64_t>& ids, int64_t batch) {
   return true;
 }
 
-// out += addend (same shape and dtype), spread over threads.
-void AddInPlace(const Tensor& addend, Tensor* out) {
+// out = a + b (same shape and dtype), spread over threads.
+void AddInto(const Tensor& a, const Tensor& b, Tensor* out) {
   DispatchDType(out->dtype(), [&](auto zero) {
     using T = decltype(zero);
-    T* o = out->data<T>();
-    internal::BinaryLoop(o, addend.data<T>(), o, out->numel(), [](T x, T y) { return x + y; });
+    internal::BinaryLoop(a.data<T>(), b.data<T>(), out->data<T>(), out->numel(),
+                         [](T x, T y) { return x + y; });
   });
+}
+
+// Calls the VJP with *out as its preallocated output and returns the tensor
+// that holds the result: *out, or the tensor the VJP rebound its output to
+// (BatchedVjp). *out itself keeps its own storage, so it is never shared with
+// whatever the VJP returned.
+Tensor CallVjp(const BatchedVjp& vjp, const Tensor& v, const Tensor& out) {
+  Tensor result = out;
+  vjp(v, &result);
+  SP_CHECK(result.shape() == out.shape() && result.dtype() == out.dtype(),
+           "SolveAdjoint: the VJP gave a ", ToString(result.dtype()), " tensor of shape ",
+           result.shape(), " but ", ToString(out.dtype()), " ", out.shape(), " was expected");
+  return result;
 }
 
 // The operator of (*) on float64 rows: ApplyTransposedJacobian gives J^T v,
@@ -77,9 +90,9 @@ class AdjointOperator {
 
   void ApplyTransposedJacobian(const RowMatrix& v, RowMatrix* out) {
     MatrixToTensor(v, &input_);
-    vjp_(input_, &output_);
+    const Tensor jt_v = CallVjp(vjp_, input_, output_);
     ++calls_;
-    TensorToMatrix(output_, out);
+    TensorToMatrix(jt_v, out);
   }
 
   void Apply(const RowMatrix& v, RowMatrix* out) {
@@ -324,7 +337,11 @@ class NormalisedAdjointMap {
   NormalisedAdjointMap(const BatchedVjp& vjp,
                        const Tensor& g,
                        const std::vector<double>& inverse_norm)
-      : vjp_(vjp), g_(g), inverse_norm_(inverse_norm), unit_gradient_(g.shape(), g.dtype()) {
+      : vjp_(vjp),
+        g_(g),
+        inverse_norm_(inverse_norm),
+        unit_gradient_(g.shape(), g.dtype()),
+        jt_u_(g.shape(), g.dtype()) {
     ScaleRows(g, inverse_norm, &unit_gradient_);
   }
 
@@ -349,11 +366,12 @@ class NormalisedAdjointMap {
 
  private:
   // Every sample at once (each iteration of a fixed budget): the VJP reads u
-  // and writes out as they are.
+  // as it is, and its result plus the unit gradient is written into out in
+  // one pass.
   void EvaluateWholeBatch(const Tensor& u, Tensor* out) {
-    vjp_(u, out);
+    const Tensor jt_u = CallVjp(vjp_, u, jt_u_);
     ++vjp_calls_;
-    AddInPlace(unit_gradient_, out);
+    AddInto(jt_u, unit_gradient_, out);
     last_input_ = u;
     last_output_ = *out;
   }
@@ -376,14 +394,14 @@ class NormalisedAdjointMap {
         const T* row = u.data<T>() + i * n;
         std::copy(row, row + n, batch_in_.data<T>() + ids[i] * n);
       }
-      vjp_(batch_in_, &batch_out_);
+      const Tensor jt_u = CallVjp(vjp_, batch_in_, batch_out_);
       ++vjp_calls_;
       for (size_t i = 0; i < ids.size(); ++i) {
         const double* unit = unit_gradient.data<double>() + ids[i] * n;
-        const T* jt_u = batch_out_.data<T>() + ids[i] * n;
+        const T* jt_u_row = jt_u.data<T>() + ids[i] * n;
         T* result = out->data<T>() + i * n;
         for (int64_t j = 0; j < n; ++j) {
-          result[j] = static_cast<T>(unit[j] + static_cast<double>(jt_u[j]));
+          result[j] = static_cast<T>(unit[j] + static_cast<double>(jt_u_row[j]));
         }
       }
     });
@@ -406,6 +424,7 @@ class NormalisedAdjointMap {
   const std::vector<double>& inverse_norm_;
   Tensor unit_gradient_;         // g_b / ||g_b|| in the state's dtype
   Tensor unit_gradient64_;       // the same in float64 (float32 states, partial calls)
+  Tensor jt_u_;                  // [B, n], the VJP's output for whole-batch calls
   Tensor batch_in_, batch_out_;  // [B, n], for partial calls
   Tensor last_input_, last_output_;
   int64_t vjp_calls_ = 0;

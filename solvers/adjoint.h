@@ -173,8 +173,11 @@ struct AdjointSummary {
   std::string FullReport() const;
 };
 
-// J^T v for every sample: v and *out are [B, n] in the dtype of the solve;
-// *out is preallocated. Must not keep references to v or out.
+// J^T v for every sample: v and *out are [B, n] in the dtype of the solve.
+// Writes J^T v into *out, which is preallocated, or rebinds *out to a
+// tensor of that shape and dtype holding it (the tensor the VJP's own
+// computation made, so it need not be copied); the solver only reads it.
+// Must not keep references to v or out.
 using BatchedVjp = std::function<void(const Tensor& v, Tensor* out)>;
 
 // Solves (*) for every sample with options.solver (options.mode is not

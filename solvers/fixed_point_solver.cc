@@ -680,7 +680,18 @@ bool FixedPointSolver::CallMap(const std::vector<int64_t>& samples, const Tensor
   SP_CHECK(result.shape() == out->shape() && result.dtype() == out->dtype(),
            "FixedPointSolver: the map wrote a ", ToString(result.dtype()), " tensor of shape ",
            result.shape(), " but ", ToString(out->dtype()), " ", out->shape(), " was expected");
-  if (!result.SameStorage(*out)) out->CopyFrom(result);
+  if (!result.SameStorage(*out)) {
+    // A map that rebinds its output (to the tensor its computation made)
+    // hands that storage over when nothing else holds it, instead of having
+    // it copied: a W2 forward solve would otherwise copy its whole [8, 16384]
+    // state, on one thread, at every evaluation. Anything else that shares
+    // it (z itself, for a map that returns its input) is copied.
+    if (result.HoldsStorageAlone()) {
+      *out = std::move(result);
+    } else {
+      out->CopyFrom(result);
+    }
+  }
   return true;
 }
 

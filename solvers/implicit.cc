@@ -226,7 +226,12 @@ ImplicitResult SolveImplicit(const CellFn& f,
   problem.map = [&](const Tensor& z, const std::vector<int64_t>& ids, Tensor* out) {
     const int64_t k = static_cast<int64_t>(ids.size());
     Var y = EvaluateCell(f, Var(z.Reshape(RowsShape(shape, k))), ids);
-    out->CopyFrom(y.value());
+    const Tensor& value = y.value();
+    if (value.dtype() == out->dtype() && value.numel() == out->numel()) {
+      *out = value.Reshape(out->shape());  // the solver takes it over (BatchedMap)
+    } else {
+      out->CopyFrom(value);
+    }
     if (latest.defined()) {
       for (int64_t i = 0; i < k; ++i) {
         latest.SliceRows(ids[i], ids[i] + 1).CopyFrom(z.SliceRows(i, i + 1));
@@ -348,7 +353,12 @@ ImplicitResult SolveImplicit(const CellFn& f,
           VarList jt_v =
               grad({f_star_input}, {z_leaf}, {Var(v.Reshape(shape))}, {.retain_graph = true});
           if (jt_v[0].defined()) {
-            out->CopyFrom(jt_v[0].value());
+            const Tensor& value = jt_v[0].value();
+            if (value.dtype() == out->dtype() && value.numel() == out->numel()) {
+              *out = value.Reshape(out->shape());  // read, not copied (BatchedVjp)
+            } else {
+              out->CopyFrom(value);
+            }
           } else {
             out->Fill(0.0);
           }

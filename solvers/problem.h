@@ -22,8 +22,10 @@ namespace stillpoint {
 
 // Evaluates f on a subset of samples: z is [k, n] holding the states of the
 // samples listed in sample_ids (k = sample_ids.size(), increasing order);
-// writes f(z) into *out, a preallocated [k, n] tensor of z's dtype. Must not
-// keep references to z or out. Returns false if it could not evaluate (the
+// writes f(z) into *out, a preallocated [k, n] tensor of z's dtype, or
+// rebinds *out to a [k, n] tensor of that dtype holding f(z) (the solver
+// then takes that storage over when nothing else shares it, else copies
+// it). Must not keep references to z or out. Returns false if it could not evaluate (the
 // solver reports FAILURE for those samples); non-finite values are fine to
 // return and are detected by the solver.
 using BatchedMap =

@@ -61,6 +61,21 @@ TEST(TensorTest, ReshapeAndSliceRowsAreViewsSharingStorage) {
   EXPECT_THROW(t.SliceRows(2, 4), Error);
 }
 
+TEST(TensorTest, HoldsStorageAloneUntilAViewSharesIt) {
+  EXPECT_FALSE(Tensor().HoldsStorageAlone());
+  Tensor t = Tensor::Zeros(Shape{3, 2}, DType::kFloat32);
+  EXPECT_TRUE(t.HoldsStorageAlone());
+  {
+    const Tensor rows = t.SliceRows(1, 2);
+    EXPECT_FALSE(t.HoldsStorageAlone());
+    EXPECT_FALSE(rows.HoldsStorageAlone());
+  }
+  EXPECT_TRUE(t.HoldsStorageAlone());
+  const Tensor copy = t;  // shares, like a view
+  EXPECT_FALSE(t.HoldsStorageAlone());
+  EXPECT_TRUE(t.Clone().HoldsStorageAlone());
+}
+
 TEST(TensorTest, CloneIsDeepAndToConvertsDtype) {
   Tensor t = Tensor::FromVector(Shape{2}, {1.25, -3.5}, DType::kFloat64);
   Tensor c = t.Clone();

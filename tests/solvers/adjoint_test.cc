@@ -440,6 +440,49 @@ void ExpectBitwiseEqual(const Tensor& actual, const Tensor& expected, const std:
   });
 }
 
+TEST(AdjointSolver, AVjpThatRebindsItsOutputGivesTheSameSolve) {
+  // BatchedVjp may hand back the tensor its computation made instead of
+  // writing into *out. Each result here is also scribbled over with NaN at
+  // the next call, through a handle the VJP keeps: the solvers must read it
+  // before then and never keep it. Same solution and iterations, bitwise,
+  // as the VJP that writes into *out: with every sample iterating (calls on
+  // the whole batch) and with sample 1 at g = 0, which ends at once (the
+  // fixed-point solvers' calls on some samples only).
+  for (AdjointSolverType type : AllAdjointSolverTypes()) {
+    for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+      for (bool zero_sample : {false, true}) {
+        SCOPED_TRACE(std::string(ToString(type)) + " " + ToString(dtype) +
+                     (zero_sample ? ", sample 1 at g = 0" : ""));
+        LinearAdjoint linear = MakeLinear(3, 10, 0.6, true, 11);
+        Tensor g = RandomRhs(3, 10, 12, dtype);
+        if (zero_sample) {
+          for (int64_t i = 0; i < 10; ++i) g.set(10 + i, 0.0);
+        }
+        const BackwardOptions options = Options(type, dtype == DType::kFloat64 ? 1e-10 : 1e-5);
+        Tensor reference;
+        const AdjointSummary reference_summary = SolveAdjoint(options, linear.Vjp(), g, &reference);
+        ASSERT_TRUE(reference_summary.IsUsable()) << reference_summary.FullReport();
+
+        const BatchedVjp writes = linear.Vjp();
+        std::vector<Tensor> returned;
+        const BatchedVjp rebinds = [&](const Tensor& v, Tensor* out) {
+          for (Tensor& earlier : returned) earlier.Fill(std::numeric_limits<double>::quiet_NaN());
+          Tensor fresh(out->shape(), out->dtype());
+          writes(v, &fresh);
+          returned.push_back(fresh);
+          *out = fresh;
+        };
+        Tensor w;
+        const AdjointSummary summary = SolveAdjoint(options, rebinds, g, &w);
+        ASSERT_TRUE(summary.IsUsable()) << summary.FullReport();
+        EXPECT_GT(returned.size(), 1u);
+        ExpectBitwiseEqual(w, reference, ToString(type));
+        EXPECT_EQ(summary.sample_iterations, reference_summary.sample_iterations);
+      }
+    }
+  }
+}
+
 // Sample b of w (n entries per sample) is w_K of the plain recurrence
 // w_{k+1} = g + J_b^T w_k from w_0 = start, in float64, K = budget.
 void ExpectPlainRecurrence(const Tensor& w,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -365,6 +366,38 @@ TEST_P(ForwardConformanceTest, SolvesInFloat32) {
   EXPECT_LE(MaxAbsDifference(z, p.Solution()), tolerances().float32_solution);
 }
 
+TEST_P(ForwardConformanceTest, AMapThatRebindsItsOutputGivesTheSameSolve) {
+  // BatchedMap may hand back the tensor it computed instead of writing into
+  // *out. One map returns fresh tensors (the solver takes them over); the
+  // other keeps a handle on each and scribbles NaN over all of them at its
+  // next call (the solver must copy those, since they are not its alone).
+  // Both give the solve of the map that writes into *out, bitwise; the
+  // mixed batch ends its samples at different iterations, so calls on some
+  // samples only are covered too.
+  zoo::ZooProblem p = zoo::MakeMixedBatchProblem();
+  Tensor reference = p.InitialPoint();
+  const SolverSummary reference_summary = SolveFixedPoint(options(), p.problem, &reference);
+  const BatchedMap writes = p.problem.map;
+  for (bool keeps_handles : {false, true}) {
+    SCOPED_TRACE(keeps_handles ? "keeps handles" : "fresh tensors");
+    std::vector<Tensor> kept;
+    FixedPointProblem rebinding = p.problem;
+    rebinding.map = [&](const Tensor& z, const std::vector<int64_t>& ids, Tensor* out) {
+      for (Tensor& earlier : kept) earlier.Fill(std::numeric_limits<double>::quiet_NaN());
+      Tensor fresh(out->shape(), out->dtype());
+      const bool ok = writes(z, ids, &fresh);
+      if (keeps_handles) kept.push_back(fresh);
+      *out = fresh;
+      return ok;
+    };
+    Tensor z = p.InitialPoint();
+    const SolverSummary s = SolveFixedPoint(options(), rebinding, &z);
+    EXPECT_EQ(MaxAbsDiff(z, reference), 0.0) << s.FullReport();
+    EXPECT_EQ(s.sample_iterations, reference_summary.sample_iterations);
+    EXPECT_EQ(s.termination_type, reference_summary.termination_type);
+  }
+}
+
 TEST_P(ForwardConformanceTest, RejectsWrongShapes) {
   const zoo::ZooProblem p = zoo::MakeCosProblem();
   Tensor wrong = Tensor::Zeros(Shape{2, 1}, DType::kFloat64);
@@ -386,6 +419,47 @@ TEST(ForwardConformance, EveryTypeIsCovered) {
   for (ForwardSolverType type : AllForwardSolverTypes()) {
     EXPECT_NE(std::find(covered.begin(), covered.end(), type), covered.end()) << ToString(type);
   }
+}
+
+TEST(ForwardSolverMapOutput, TakesOverAResultItAloneHoldsAndCopiesAShared) {
+  const zoo::ZooProblem p = zoo::MakeAffineContraction();
+  const BatchedMap writes = p.problem.map;
+  Tensor expected(Shape{p.problem.batch_size, p.problem.state_size}, DType::kFloat64);
+  std::vector<int64_t> every_sample(p.problem.batch_size);
+  for (int64_t b = 0; b < p.problem.batch_size; ++b) every_sample[b] = b;
+  ASSERT_TRUE(writes(p.InitialPoint(), every_sample, &expected));
+  const ForwardSolverOptions options = BaseOptions(ForwardSolverType::kPicard);
+
+  // A fresh tensor nothing else holds: its storage becomes the map value.
+  const double* fresh_data = nullptr;
+  FixedPointProblem fresh_problem = p.problem;
+  fresh_problem.map = [&](const Tensor& z, const std::vector<int64_t>& ids, Tensor* out) {
+    Tensor fresh(out->shape(), out->dtype());
+    const bool ok = writes(z, ids, &fresh);
+    fresh_data = fresh.data<double>();
+    *out = fresh;
+    return ok;
+  };
+  auto taker = FixedPointSolver::Create(options);
+  taker->Init(fresh_problem, p.InitialPoint());
+  EXPECT_EQ(taker->current_map_value().data<double>(), fresh_data);
+  EXPECT_EQ(MaxAbsDiff(taker->current_map_value(), expected), 0.0);
+
+  // A tensor the map keeps: copied, so changing it later leaves the solver's
+  // map value alone.
+  Tensor kept;
+  FixedPointProblem kept_problem = p.problem;
+  kept_problem.map = [&](const Tensor& z, const std::vector<int64_t>& ids, Tensor* out) {
+    kept = Tensor(out->shape(), out->dtype());
+    const bool ok = writes(z, ids, &kept);
+    *out = kept;
+    return ok;
+  };
+  auto copier = FixedPointSolver::Create(options);
+  copier->Init(kept_problem, p.InitialPoint());
+  EXPECT_NE(copier->current_map_value().data<double>(), kept.data<double>());
+  kept.Fill(-7.0);
+  EXPECT_EQ(MaxAbsDiff(copier->current_map_value(), expected), 0.0);
 }
 
 TEST(ForwardConformance, LbfgsWithoutEnergyIsMisuse) {
