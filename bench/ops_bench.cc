@@ -81,6 +81,27 @@ BENCHMARK(BM_MatmulW1Projection)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
+// A weight gradient x^T g of a W2 layer: x [B*T, in], g [B*T, out], depth
+// B*T = 2048. Args: in, out, threads.
+void BM_WeightGradientW2(benchmark::State& state) {
+  const int64_t rows = 8 * 256, in = state.range(0), out = state.range(1);
+  SetThreads(state, 2);
+  NoGrad no_grad;
+  Var x = RandomVar(Shape{rows, in}, 1), g = RandomVar(Shape{rows, out}, 2);
+  for (auto _ : state) benchmark::DoNotOptimize(matmul(x, g, true, false).value().data<float>());
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * 2.0 * rows * in * out / 1e9,
+      benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_WeightGradientW2)
+    ->ComputeStatistics("min", Min)
+    ->ArgsProduct({{64}, {64, 128, 192}, {1, 2}})
+    ->Args({128, 64, 1})
+    ->Args({128, 64, 2})
+    ->ArgNames({"in", "out", "threads"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 // Attention-shaped batched products: scores Q K^T then P V for [B*H, T, 16].
 // Args: T, threads.
 void BM_BatchedAttentionMatmuls(benchmark::State& state) {

@@ -33,6 +33,10 @@ namespace {
 constexpr int64_t kRowsPerUnit = 132;
 // Columns per work unit when a product is cut into column blocks.
 constexpr int64_t kMinColsPerUnit = 32;
+// A weight gradient cut into column blocks is also cut along its depth into
+// parts of at least this many rows, until it has kMinSplitUnits units.
+constexpr int64_t kMinDepthPerPart = 512;
+constexpr int64_t kMinSplitUnits = 8;
 // Roughly how many multiply-adds a task should get before splitting pays.
 constexpr int64_t kFlopsPerTask = 1 << 15;
 
@@ -152,10 +156,21 @@ Tensor MatmulValue(const Tensor& a,
                           m * geo.k * geo.n >= 4 * kFlopsPerTask;
   const int64_t cols_per_unit = split_cols ? kMinColsPerUnit : geo.n;
   const int64_t col_units = (geo.n + cols_per_unit - 1) / cols_per_unit;
-  const int64_t units_per_entry = row_units * col_units;
+  // A weight gradient x^T g has only a few column blocks (2-6 in W2), so a
+  // thread that falls behind leaves the other idle for up to a block at the
+  // end of the region. Its depth (the rows of x and g) is cut too, into
+  // parts that write separate partial results, added in part order after
+  // the region: the cut depends only on the shapes, so results stay
+  // independent of the thread count.
+  const int64_t depth_parts =
+      split_cols && transpose_a && !transpose_b && bias == nullptr && !epilogue
+          ? std::clamp<int64_t>((kMinSplitUnits + col_units - 1) / col_units, 1,
+                                std::max<int64_t>(1, geo.k / kMinDepthPerPart))
+          : 1;
+  const int64_t units_per_entry = row_units * col_units * depth_parts;
   const int64_t units = batch * units_per_entry;
   const int64_t flops_per_unit =
-      std::max<int64_t>(1, std::min(m, kRowsPerUnit) * geo.k * cols_per_unit);
+      std::max<int64_t>(1, std::min(m, kRowsPerUnit) * (geo.k / depth_parts) * cols_per_unit);
   const int64_t min_chunk = std::max<int64_t>(1, kFlopsPerTask / flops_per_unit);
   DispatchDType(a.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -178,6 +193,31 @@ Tensor MatmulValue(const Tensor& a,
         packed_b.Pack(transpose_b, geo.k, geo.n, b_data, transpose_b ? geo.k : geo.n);
         shared_b = &packed_b;
       }
+    }
+    // Part p > 0 of a depth-cut product goes to partials[p - 1] ([m, n] each).
+    std::vector<Tensor> partials;
+    for (int64_t part = 1; part < depth_parts; ++part)
+      partials.emplace_back(geo.out_shape, a.dtype());
+    if (depth_parts > 1) {
+      ParallelFor(0, units, min_chunk, [&](int64_t begin, int64_t end) {
+        for (int64_t unit = begin; unit < end; ++unit) {
+          const int64_t part = unit % depth_parts;
+          const int64_t col_begin = (unit / depth_parts) * cols_per_unit;
+          const int64_t col_end = std::min(geo.n, col_begin + cols_per_unit);
+          const int64_t k_begin = part * geo.k / depth_parts;
+          const int64_t k_end = (part + 1) * geo.k / depth_parts;
+          T* c = part == 0 ? c_data : partials[part - 1].data<T>();
+          // op(A) = A^T and B are [depth, m] and [depth, n]: a depth part is a
+          // block of their rows.
+          GemmBlock<T>(a_data + k_begin * m, b_data + k_begin * geo.n, c, m, k_end - k_begin, geo.n,
+                       true, false, 0, m, col_begin, col_end);
+        }
+      });
+      for (const Tensor& partial : partials) {
+        const T* p = partial.data<T>();
+        internal::BinaryLoop(c_data, p, c_data, out.numel(), [](T x, T y) { return x + y; });
+      }
+      return;
     }
     ParallelFor(0, units, min_chunk, [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit) {

@@ -233,6 +233,37 @@ TEST(MatmulTest, BatchedResultIsBitwiseIndependentOfThreadCount) {
   }
 }
 
+TEST(MatmulTest, WeightGradientCutAlongItsDepthMatchesNaiveAndIsThreadIndependent) {
+  // x^T g with x [1536, 21], g [1536, 70]: a short, deep product, cut into
+  // column blocks (32 columns: 3 blocks, the last partial) and along its depth
+  // into parts summed in order (3 parts of 512 rows). Values against the
+  // naive loop, each part's rows against the product of those rows alone,
+  // and bitwise the same result on one and two threads.
+  for (DType dtype : {DType::kFloat64, DType::kFloat32}) {
+    SCOPED_TRACE(ToString(dtype));
+    Var x = Random(Shape{1536, 21}, 23, dtype);
+    Var g = Random(Shape{1536, 70}, 24, dtype);
+    std::vector<Tensor> results;
+    for (int threads : {1, 2}) {
+      ScopedNumThreads scoped(threads);
+      results.push_back(matmul(x, g, true, false).value());
+    }
+    EXPECT_EQ(MaxAbsDiff(results[0], results[1]), 0.0);
+    const Tensor expected =
+        NaiveMatmul(x.value().To(DType::kFloat64), g.value().To(DType::kFloat64), true, false);
+    EXPECT_LT(MaxAbsDiff(results[0].To(DType::kFloat64), expected),
+              dtype == DType::kFloat64 ? 1e-11 : 1e-3);
+    // The parts in order: ((x_0^T g_0 + x_1^T g_1) + x_2^T g_2), rows [512 p, 512 (p + 1)).
+    Var parts;
+    for (int64_t p = 0; p < 3; ++p) {
+      Var part = matmul(slice(x, 0, 512 * p, 512 * (p + 1)), slice(g, 0, 512 * p, 512 * (p + 1)),
+                        true, false);
+      parts = p == 0 ? part : add(parts, part);
+    }
+    EXPECT_EQ(MaxAbsDiff(results[0], parts.value()), 0.0);
+  }
+}
+
 TEST(MatmulTest, EmptyInnerExtentGivesZeros) {
   Var a(Tensor::Zeros(Shape{2, 0}, DType::kFloat64));
   Var b(Tensor::Zeros(Shape{0, 3}, DType::kFloat64));
