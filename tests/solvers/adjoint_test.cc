@@ -324,6 +324,28 @@ TEST(AdjointSolver, ShapeMismatchIsMisuse) {
   EXPECT_THROW(SolveAdjoint(Options(AdjointSolverType::kGmres), linear.Vjp(), g, &w), Error);
 }
 
+TEST(AdjointSolver, AVjpThatRebindsItsOutputToTheWrongShapeIsNamed) {
+  // Both ways a solver reads the VJP: the fixed-point iteration on the
+  // state's rows and GMRES on float64 rows.
+  LinearAdjoint linear = MakeLinear(2, 4, 0.5, false, 30);
+  const Tensor g = RandomRhs(2, 4, 31);
+  const BatchedVjp wrong = [](const Tensor&, Tensor* out) {
+    *out = Tensor::Zeros(Shape{2, 5}, out->dtype());
+  };
+  for (AdjointSolverType type : {AdjointSolverType::kFixedPoint, AdjointSolverType::kGmres}) {
+    Tensor w;
+    try {
+      SolveAdjoint(Options(type), wrong, g, &w);
+      FAIL() << "expected an error for " << ToString(type);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("VJP"), std::string::npos) << what;
+      EXPECT_NE(what.find("[2, 5]"), std::string::npos) << what;
+      EXPECT_NE(what.find("[2, 4]"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(BackwardOptions, IsValidNamesTheField) {
   BackwardOptions options;
   std::string error;

@@ -462,6 +462,25 @@ TEST(ForwardSolverMapOutput, TakesOverAResultItAloneHoldsAndCopiesAShared) {
   EXPECT_EQ(MaxAbsDiff(copier->current_map_value(), expected), 0.0);
 }
 
+TEST(ForwardSolverMapOutput, AResultOfTheWrongShapeIsNamed) {
+  const zoo::ZooProblem p = zoo::MakeAffineContraction();
+  FixedPointProblem wrong = p.problem;
+  wrong.map = [](const Tensor&, const std::vector<int64_t>& ids, Tensor* out) {
+    *out = Tensor::Zeros(Shape{static_cast<int64_t>(ids.size()), 7}, out->dtype());
+    return true;
+  };
+  Tensor z = p.InitialPoint();
+  try {
+    SolveFixedPoint(BaseOptions(ForwardSolverType::kAnderson), wrong, &z);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("map wrote"), std::string::npos) << what;
+    EXPECT_NE(what.find("[3, 7]"), std::string::npos) << what;
+    EXPECT_NE(what.find("[3, 200]"), std::string::npos) << what;
+  }
+}
+
 TEST(ForwardConformance, LbfgsWithoutEnergyIsMisuse) {
   const zoo::ZooProblem p = zoo::MakeTanhProblem();  // no energy
   Tensor z = p.InitialPoint();
