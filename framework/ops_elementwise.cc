@@ -367,12 +367,8 @@ Tensor GeluGradient(const Tensor& g, const Tensor& derivative, const char* op) {
   Tensor dx(g.shape(), g.dtype());
   DispatchDType(g.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    const T* gp = g.data<T>();
-    const T* dd = derivative.data<T>();
-    T* dp = dx.data<T>();
-    ParallelRange(0, g.numel(), kMinChunk, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) dp[i] = gp[i] * dd[i];
-    });
+    BinaryLoop(g.data<T>(), derivative.data<T>(), dx.data<T>(), g.numel(),
+               [](T a, T b) { return a * b; });
   });
   return dx;
 }

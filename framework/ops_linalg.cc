@@ -194,11 +194,12 @@ Tensor MatmulValue(const Tensor& a,
         shared_b = &packed_b;
       }
     }
-    // Part p > 0 of a depth-cut product goes to partials[p - 1] ([m, n] each).
-    std::vector<Tensor> partials;
-    for (int64_t part = 1; part < depth_parts; ++part)
-      partials.emplace_back(geo.out_shape, a.dtype());
     if (depth_parts > 1) {
+      // Part p > 0 goes to partials[p - 1] ([m, n] each).
+      std::vector<Tensor> partials;
+      for (int64_t part = 1; part < depth_parts; ++part) {
+        partials.emplace_back(geo.out_shape, a.dtype());
+      }
       ParallelFor(0, units, min_chunk, [&](int64_t begin, int64_t end) {
         for (int64_t unit = begin; unit < end; ++unit) {
           const int64_t part = unit % depth_parts;

@@ -472,16 +472,13 @@ void FixedPointSolver::JudgeSamples(const std::vector<int64_t>& samples) {
     }
   }
   // The improved states become the returned ones, copied in parallel: on a
-  // W2 step these copies are a whole [B, n] state per iteration. Chunks of
-  // at least an elementwise chunk's worth of entries, so small states are
-  // copied inline instead of paying for a parallel region every iteration.
-  const int64_t min_rows =
-      std::max<int64_t>(1, internal::kMinChunk / std::max<int64_t>(1, state_size()));
-  ParallelFor(0, static_cast<int64_t>(improved_.size()), min_rows, [this](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      CopyRow(state_, improved_[i], &best_state_, improved_[i]);
-    }
-  });
+  // W2 step these copies are a whole [B, n] state per iteration.
+  ParallelFor(0, static_cast<int64_t>(improved_.size()), MinRowsPerTask(),
+              [this](int64_t lo, int64_t hi) {
+                for (int64_t i = lo; i < hi; ++i) {
+                  CopyRow(state_, improved_[i], &best_state_, improved_[i]);
+                }
+              });
   abs_trace_.push_back(max_abs);
   rel_trace_.push_back(max_rel);
   active_.erase(
@@ -650,6 +647,10 @@ void FixedPointSolver::LineSearch(const std::vector<int64_t>& samples,
     search_pending_.swap(search_next_);
     place_trials(search_pending_);
   }
+}
+
+int64_t FixedPointSolver::MinRowsPerTask() const {
+  return std::max<int64_t>(1, internal::kMinChunk / std::max<int64_t>(1, state_size()));
 }
 
 double FixedPointSolver::ElapsedSeconds() const {

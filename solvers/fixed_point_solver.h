@@ -137,6 +137,9 @@ class FixedPointSolver {
   DType dtype() const { return state_.dtype(); }
   int64_t batch_size() const { return problem_.batch_size; }
   int64_t state_size() const { return problem_.state_size; }
+  // The fewest rows a ParallelFor task over whole states should get: an
+  // elementwise chunk's worth of entries, so small states stay inline.
+  int64_t MinRowsPerTask() const;
   Tensor& state() { return state_; }
   Tensor& map_value() { return map_value_; }
   // Residuals of the current iterate as judged at the end of the last step

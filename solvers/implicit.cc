@@ -13,6 +13,17 @@
 namespace stillpoint {
 namespace {
 
+// Gives the solver `value` as the output of its map or VJP: *out is rebound
+// to it (no copy; BatchedMap and BatchedVjp allow that) when it has out's
+// dtype and size, else it is copied into *out, converting.
+void HandOver(const Tensor& value, Tensor* out) {
+  if (value.dtype() == out->dtype() && value.numel() == out->numel()) {
+    *out = value.Reshape(out->shape());
+  } else {
+    out->CopyFrom(value);
+  }
+}
+
 // The shape of the rows of `count` samples: z0's shape with extent `count`
 // on axis 0.
 Shape RowsShape(const Shape& full, int64_t count) {
@@ -226,12 +237,7 @@ ImplicitResult SolveImplicit(const CellFn& f,
   problem.map = [&](const Tensor& z, const std::vector<int64_t>& ids, Tensor* out) {
     const int64_t k = static_cast<int64_t>(ids.size());
     Var y = EvaluateCell(f, Var(z.Reshape(RowsShape(shape, k))), ids);
-    const Tensor& value = y.value();
-    if (value.dtype() == out->dtype() && value.numel() == out->numel()) {
-      *out = value.Reshape(out->shape());  // the solver takes it over (BatchedMap)
-    } else {
-      out->CopyFrom(value);
-    }
+    HandOver(y.value(), out);
     if (latest.defined()) {
       for (int64_t i = 0; i < k; ++i) {
         latest.SliceRows(ids[i], ids[i] + 1).CopyFrom(z.SliceRows(i, i + 1));
@@ -353,12 +359,7 @@ ImplicitResult SolveImplicit(const CellFn& f,
           VarList jt_v =
               grad({f_star_input}, {z_leaf}, {Var(v.Reshape(shape))}, {.retain_graph = true});
           if (jt_v[0].defined()) {
-            const Tensor& value = jt_v[0].value();
-            if (value.dtype() == out->dtype() && value.numel() == out->numel()) {
-              *out = value.Reshape(out->shape());  // read, not copied (BatchedVjp)
-            } else {
-              out->CopyFrom(value);
-            }
+            HandOver(jt_v[0].value(), out);
           } else {
             out->Fill(0.0);
           }

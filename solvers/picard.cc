@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "framework/elementwise_kernels.h"
 #include "framework/parallel.h"
 
 namespace stillpoint {
@@ -22,20 +21,19 @@ void PicardSolver::StepSolver() {
     const T t = static_cast<T>(tau);
     const T keep = static_cast<T>(1.0 - tau);
     // Rows spread over the threads (a W2 adjoint step moves a whole [8, 16384]
-    // state), at least an elementwise chunk's worth of entries per task so
-    // small states stay inline.
-    const int64_t min_rows = std::max<int64_t>(1, internal::kMinChunk / std::max<int64_t>(1, n));
-    ParallelFor(0, static_cast<int64_t>(samples.size()), min_rows, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        T* zb = z + samples[i] * n;
-        const T* fb = f + samples[i] * n;
-        if (tau == 1.0) {
-          std::copy(fb, fb + n, zb);
-        } else {
-          for (int64_t j = 0; j < n; ++j) zb[j] = keep * zb[j] + t * fb[j];
-        }
-      }
-    });
+    // state).
+    ParallelFor(0, static_cast<int64_t>(samples.size()), MinRowsPerTask(),
+                [&](int64_t lo, int64_t hi) {
+                  for (int64_t i = lo; i < hi; ++i) {
+                    T* zb = z + samples[i] * n;
+                    const T* fb = f + samples[i] * n;
+                    if (tau == 1.0) {
+                      std::copy(fb, fb + n, zb);
+                    } else {
+                      for (int64_t j = 0; j < n; ++j) zb[j] = keep * zb[j] + t * fb[j];
+                    }
+                  }
+                });
   });
   EvaluateRows(samples, state(), &map_value());
 }

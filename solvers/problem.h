@@ -25,9 +25,9 @@ namespace stillpoint {
 // writes f(z) into *out, a preallocated [k, n] tensor of z's dtype, or
 // rebinds *out to a [k, n] tensor of that dtype holding f(z) (the solver
 // then takes that storage over when nothing else shares it, else copies
-// it). Must not keep references to z or out. Returns false if it could not evaluate (the
-// solver reports FAILURE for those samples); non-finite values are fine to
-// return and are detected by the solver.
+// it). Must not keep references to z or out. Returns false if it could not
+// evaluate (the solver reports FAILURE for those samples); non-finite values
+// are fine to return and are detected by the solver.
 using BatchedMap =
     std::function<bool(const Tensor& z, const std::vector<int64_t>& sample_ids, Tensor* out)>;
 
