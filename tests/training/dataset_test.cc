@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <set>
+#include <vector>
 
 #include "tests/scratch_path.h"
 
@@ -147,15 +148,19 @@ TEST(SliceBatchTest, TakesTheExamplesTokensTargetsAndFeaturesOfARange) {
 
 class FileTest : public ::testing::Test {
  protected:
+  // Each call writes into its own directory; a test may write several files.
   std::string Write(const std::string& name, const std::string& text) {
-    dir_ = testing_support::ScratchPathForThisTest("dataset_" + name);
-    std::filesystem::create_directories(dir_);
-    const std::string path = (dir_ / "data.csv").string();
+    const std::filesystem::path dir = testing_support::ScratchPathForThisTest("dataset_" + name);
+    dirs_.push_back(dir);
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / "data.csv").string();
     std::ofstream(path) << text;
     return path;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::filesystem::path dir_;
+  void TearDown() override {
+    for (const std::filesystem::path& dir : dirs_) std::filesystem::remove_all(dir);
+  }
+  std::vector<std::filesystem::path> dirs_;
 };
 
 std::string ErrorOf(const std::function<void()>& fn) {
