@@ -112,8 +112,9 @@ void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
     return;
   }
   // A fixed number of chunks whose bounds depend only on the range and the
-  // thread count, so each chunk's work depends only on its indices. The
-  // chunks are not bound to threads up front: on a shared (virtual) machine
+  // thread count, so each chunk's work depends only on its indices. Each
+  // thread starts on its own lane of chunks (ChunkLanes), but a thread that
+  // runs out takes what is left of the others: on a shared (virtual) machine
   // one core often runs slower for a while, and a static split made the other
   // wait for it at every join. Up to sixteen chunks per thread keep that
   // wait to a fraction of a region. (W2 on 2 threads, 5 interleaved runs
