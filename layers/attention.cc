@@ -77,6 +77,25 @@ Var MultiHeadAttention::Forward(const Var& x, const AttentionMask& mask) const {
   return wo_->Forward(multi_head_self_attention(qkv, heads_, scale_, causal_));
 }
 
+Var MultiHeadAttention::ForwardAtZero(int64_t batch, int64_t length) const {
+  SP_CHECK(batch >= 1 && length >= 1,
+           "MultiHeadAttention: ForwardAtZero needs batch and length >= 1, got ", batch, " and ",
+           length);
+  const Var value = wv_->bias().defined()
+                        ? reshape(wv_->bias(), Shape{1, dim_})
+                        : constant(Tensor::Zeros(Shape{1, dim_}, wv_->weight().dtype()));
+  Var row = reshape(wo_->Forward(value), Shape{1, 1, dim_});
+  // Plus 0 x (the sum of each projection the output does not depend on), so
+  // those get a gradient of zeros, as through Forward(zeros), not none: the
+  // optimizer then treats them alike (weight decay) and gradient sums over
+  // shards find every parameter.
+  for (const Var& unused :
+       {wq_->weight(), wq_->bias(), wk_->weight(), wk_->bias(), wv_->weight()}) {
+    if (unused.defined()) row = add(row, mul_scalar(sum(unused), 0.0));
+  }
+  return broadcast_to(row, Shape{batch, length, dim_});
+}
+
 Var MultiHeadAttention::Forward(const Var& x, const Var& context, const AttentionMask& mask) const {
   SP_CHECK(x.defined() && context.defined(), "MultiHeadAttention: an input is undefined");
   SP_CHECK(x.rank() == 3 && x.dim(2) == dim_, "MultiHeadAttention(dim ", dim_, "): queries ",

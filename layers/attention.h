@@ -65,6 +65,14 @@ class MultiHeadAttention : public Module {
   // context [B, Tk, dim] -> [B, Tq, dim].
   Var Forward(const Var& x, const Var& context, const AttentionMask& mask = {}) const;
 
+  // Self-attention of a zero input [batch, length, dim], for the cost of one
+  // row: every query, key and value is its projection's bias, so a query's
+  // scores are all equal and its weights average copies of one value; the
+  // result is wo(bv) at every position, with or without the causal mask.
+  // Gradients reach wv's bias and wo; wq, wk and wv's weight get zeros (the
+  // output does not depend on them).
+  Var ForwardAtZero(int64_t batch, int64_t length) const;
+
   int64_t dim() const { return dim_; }
   int64_t heads() const { return heads_; }
   int64_t head_dim() const { return dim_ / heads_; }

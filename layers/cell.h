@@ -23,6 +23,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/ops.h"
 #include "framework/tensor.h"
 
 namespace stillpoint {
@@ -53,6 +54,13 @@ class Cell : public Module {
  public:
   // f(z; u) for the samples sample_ids (see above). z, u: [k, ...] -> z's shape.
   virtual Var Forward(const Var& z, const Var& u, const std::vector<int64_t>& sample_ids) const = 0;
+  // f(0; u): the map at the zero state, where every stacked or unrolled
+  // model starts. Equal to Forward(zeros_like(u), u, sample_ids) up to
+  // rounding, values and gradients alike. A cell that can evaluate it for
+  // less overrides it (DEQCell: attention over a zero state is one row).
+  virtual Var ForwardAtZero(const Var& u, const std::vector<int64_t>& sample_ids) const {
+    return Forward(zeros_like(u), u, sample_ids);
+  }
 };
 
 }  // namespace stillpoint

@@ -46,14 +46,28 @@ Var DEQCell::Forward(const Var& z, const Var& u, const std::vector<int64_t>& sam
   SP_CHECK(z.rank() == 3 && z.dim(2) == options_.dim && z.shape() == u.shape(), "DEQCell(dim ",
            options_.dim, "): state ", z.shape(), " and injection ", u.shape(),
            " must both be [k, T, ", options_.dim, "]");
-  Var attended = attention_->Forward(z);
+  return AfterAttention(z, attention_->Forward(z), u, sample_ids);
+}
+
+Var DEQCell::ForwardAtZero(const Var& u, const std::vector<int64_t>& sample_ids) const {
+  SP_CHECK(u.defined(), "DEQCell: the injection is undefined");
+  SP_CHECK(u.rank() == 3 && u.dim(2) == options_.dim, "DEQCell(dim ", options_.dim, "): injection ",
+           u.shape(), " must be [k, T, ", options_.dim, "]");
+  return AfterAttention(Var(), attention_->ForwardAtZero(u.dim(0), u.dim(1)), u, sample_ids);
+}
+
+Var DEQCell::AfterAttention(const Var& residual,
+                            Var attended,
+                            const Var& u,
+                            const std::vector<int64_t>& sample_ids) const {
   if (attention_dropout_) {
     attended = sample_ids.empty() ? attention_dropout_->Forward(attended)
                                   : attention_dropout_->Forward(attended, sample_ids);
   }
   // Residual sums go straight into the fused norms (same values as add then
   // LayerNorm, without the intermediate tensors).
-  const Var h = ln1_->Forward(VarList{z, attended, u});
+  const Var h = residual.defined() ? ln1_->Forward(VarList{residual, attended, u})
+                                   : ln1_->Forward(VarList{attended, u});
   Var ffn = fc2_->Forward(fc1_->ForwardGelu(h));
   if (ffn_dropout_) {
     ffn = sample_ids.empty() ? ffn_dropout_->Forward(ffn) : ffn_dropout_->Forward(ffn, sample_ids);

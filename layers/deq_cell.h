@@ -41,11 +41,22 @@ class DEQCell : public Cell {
   // z, u [k, T, dim] -> [k, T, dim].
   Var Forward(const Var& z, const Var& u, const std::vector<int64_t>& sample_ids) const override;
   Var Forward(const Var& z, const Var& u) const { return Forward(z, u, {}); }
+  // f(0; u) with the attention of the zero state as one row
+  // (MultiHeadAttention::ForwardAtZero) and no z in the first residual sum.
+  Var ForwardAtZero(const Var& u, const std::vector<int64_t>& sample_ids) const override;
 
   const CellOptions& options() const { return options_; }
   const MultiHeadAttention& attention() const { return *attention_; }
 
  private:
+  // Everything after the attention: dropout on `attended`, then
+  // LN1(residual + attended + u) and the feed-forward block. residual: z, or
+  // undefined at the zero state.
+  Var AfterAttention(const Var& residual,
+                     Var attended,
+                     const Var& u,
+                     const std::vector<int64_t>& sample_ids) const;
+
   CellOptions options_;
   // Not registered itself: its projections are registered as wq..wo, so the
   // parameter names are those of the reference cell.

@@ -188,14 +188,15 @@ Var SequenceModel::EncodeInjection(const Var& u) {
     ReleaseDropoutMasks(*cells_[0]);
     FreezeDropoutMasks(*cells_[0]);
     const int64_t steps = depth_override_ > 0 ? depth_override_ : options_.unroll_steps;
-    Var z = zeros_like(u);
-    for (int64_t k = 0; k < steps; ++k) z = cells_[0]->Forward(z, u, {});
+    Var z = cells_[0]->ForwardAtZero(u, {});
+    for (int64_t k = 1; k < steps; ++k) z = cells_[0]->Forward(z, u, {});
     return z;
   }
   switch (options_.kind) {
     case ModelKind::kExplicit: {
-      Var z = zeros_like(u);
-      for (const auto& cell : cells_) z = cell->Forward(z, u, {});
+      // z0 = 0: the first cell starts from the zero state.
+      Var z = cells_[0]->ForwardAtZero(u, {});
+      for (std::size_t k = 1; k < cells_.size(); ++k) z = cells_[k]->Forward(z, u, {});
       return z;
     }
     case ModelKind::kTied:  // handled above

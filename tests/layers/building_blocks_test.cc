@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "framework/gradcheck.h"
@@ -231,6 +232,47 @@ INSTANTIATE_TEST_SUITE_P(CausalAndNot,
                            return info.param ? "Causal" : "NonCausal";
                          });
 
+// Self-attention of a zero input, computed as one row, against the full
+// computation on zeros: values and every parameter's gradient, with and
+// without the causal mask and the projections' biases.
+class AttentionAtZeroTest : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(AttentionAtZeroTest, OneRowMatchesTheFullComputationOnZeros) {
+  const auto [causal, bias] = GetParam();
+  Rng rng(21);
+  MultiHeadAttention attention(6, 2, rng, {.causal = causal, .bias = bias, .dtype = kF64});
+  Perturb(attention, rng);
+  const Var zeros(Tensor::Zeros({2, 5, 6}, kF64));
+  const Var full = attention.Forward(zeros);
+  const Var one_row = attention.ForwardAtZero(2, 5);
+  ASSERT_EQ(one_row.shape(), full.shape());
+  EXPECT_LT(MaxAbsDiff(one_row.value(), full.value()), 1e-13);
+  // With biases the row is wo(bv), not zero; without, attention of zeros is 0.
+  const double size = MaxAbsDiff(one_row.value(), Tensor::Zeros({2, 5, 6}, kF64));
+  if (bias) {
+    EXPECT_GT(size, 1e-2);
+  } else {
+    EXPECT_EQ(size, 0.0);
+  }
+
+  const VarList parameters = attention.parameters();
+  const Var probe(RandomNormal({2, 5, 6}, 0.0, 1.0, kF64, rng));
+  const VarList full_grads = grad({sum(mul(full, probe))}, parameters);
+  const VarList row_grads = grad({sum(mul(one_row, probe))}, parameters);
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    ASSERT_TRUE(row_grads[i].defined()) << "parameter " << i;
+    EXPECT_LT(MaxAbsDiff(row_grads[i].value(), full_grads[i].value()), 1e-12) << "parameter " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CausalAndBias,
+                         AttentionAtZeroTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<bool, bool>>& info) {
+                           return std::string(std::get<0>(info.param) ? "Causal" : "NonCausal") +
+                                  (std::get<1>(info.param) ? "WithBias" : "NoBias");
+                         });
+
 TEST(AttentionTest, GradientsOfCrossAttentionWithMasks) {
   Rng rng(10);
   MultiHeadAttention attention(4, 2, rng, {.dtype = kF64});
@@ -328,6 +370,45 @@ TEST(DEQCellTest, DropoutCellWithFrozenMasksIsDifferentiable) {
   const Tensor train_out = cell.Forward(z, u).value();
   cell.Eval();
   EXPECT_GT(MaxAbsDiff(train_out, cell.Forward(z, u).value()), 1e-3);
+}
+
+TEST(DEQCellTest, ForwardAtZeroGradientsWrtInjectionAndParameters) {
+  Rng rng(22);
+  DEQCell cell({.dim = 4, .heads = 2, .hidden = 6, .dtype = kF64}, rng);
+  Perturb(cell, rng);
+  const Var u = RandomVar({2, 3, 4}, rng);
+  auto r = CheckModuleGradients(
+      cell, [&](const VarList& in) { return cell.ForwardAtZero(in[0], {}); }, {u});
+  EXPECT_TRUE(r) << r;
+}
+
+// f(0; u) by the shortcut equals Forward(zeros, u), also with frozen dropout
+// masks (the same masks must land on the same entries) and a causal mask.
+TEST(DEQCellTest, ForwardAtZeroMatchesForwardOnZeros) {
+  for (const double dropout : {0.0, 0.3}) {
+    for (const bool causal : {false, true}) {
+      Rng rng(23);
+      DEQCell cell(
+          {.dim = 8, .heads = 2, .hidden = 12, .causal = causal, .dropout = dropout, .dtype = kF64},
+          rng);
+      Perturb(cell, rng);
+      if (dropout > 0.0) FreezeDropoutMasks(cell);
+      const Var u(RandomNormal({3, 5, 8}, 0.0, 1.0, kF64, rng), true);
+      const Var full = cell.Forward(Var(Tensor::Zeros({3, 5, 8}, kF64)), u, {});
+      const Var one_row = cell.ForwardAtZero(u, {});
+      EXPECT_LT(MaxAbsDiff(one_row.value(), full.value()), 1e-12)
+          << "dropout " << dropout << ", causal " << causal;
+      VarList inputs = {u};
+      for (const Var& parameter : cell.parameters()) inputs.push_back(parameter);
+      const Var probe(RandomNormal({3, 5, 8}, 0.0, 1.0, kF64, rng));
+      const VarList full_grads = grad({sum(mul(full, probe))}, inputs);
+      const VarList row_grads = grad({sum(mul(one_row, probe))}, inputs);
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        EXPECT_LT(MaxAbsDiff(row_grads[i].value(), full_grads[i].value()), 1e-11)
+            << "input " << i << ", dropout " << dropout << ", causal " << causal;
+      }
+    }
+  }
 }
 
 TEST(DEQCellTest, RejectsUnknownExtraOption) {
