@@ -238,7 +238,9 @@ def step(model, optimizer, x, y):
 
 
 def step_flops(cfg, kind, iters):
-    """The analytic FLOP count of stillpoint's TransformerStepFlops (see bench_command.h)."""
+    """The analytic FLOP count of the products this peer runs: TransformerStepFlops of
+    bench_command.h, except that every explicit cell counts in full (this peer runs the first
+    cell's attention over z0 = 0; stillpoint reduces it to one row)."""
     bt = cfg["B"] * cfg["T"]
     d = cfg["d"]
     linear_f = 2.0 * bt * (4 * d * d + 2 * d * cfg["hidden"])

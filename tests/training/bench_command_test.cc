@@ -333,12 +333,12 @@ TEST(BenchCommandTest, TinyExplicitLossAfterOneStepMatchesIndependentReference) 
 TEST(BenchCommandTest, StepFlopsFollowTheStatedFormula) {
   const TransformerShapes w1 = W1Shapes();
   // W1: L = 2*1024*(4*64^2 + 2*64*128) = 67108864, A = 4*1024*32*64 = 8388608,
-  // H = 6*1024*64*16 = 6291456.
-  const double l = 67108864, a = 8388608, h = 6291456;
+  // H = 6*1024*64*16 = 6291456, M = 4*1024*64*128 = 33554432.
+  const double l = 67108864, a = 8388608, h = 6291456, m = 33554432;
   EXPECT_DOUBLE_EQ(TransformerStepFlops(w1, ModelKind::kImplicit, 16),
                    18 * (l + a) + 16 * (l + 2 * a) + (2 * l + 2 * a) + h);
   EXPECT_DOUBLE_EQ(TransformerStepFlops(w1, ModelKind::kExplicit, 16),
-                   6 * ((l + a) + (2 * l + 2 * a)) + h);
+                   5 * ((l + a) + (2 * l + 2 * a)) + 3 * m + h);
 }
 
 TEST(BenchCommandTest, ReversalBatchTargetsAreTheReversedInput) {
