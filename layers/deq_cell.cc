@@ -5,6 +5,22 @@
 #include "framework/ops.h"
 
 namespace stillpoint {
+namespace {
+
+// Stops at the first nonzero entry, so a state that is not zero costs
+// almost nothing to rule out.
+bool IsAllZero(const Tensor& x) {
+  return DispatchDType(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    const T* data = x.data<T>();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      if (data[i] != T(0)) return false;
+    }
+    return true;
+  });
+}
+
+}  // namespace
 
 DEQCell::DEQCell(const CellOptions& options, Rng& rng) : options_(options) {
   SP_CHECK(options.extra.empty(), "DEQCell: unknown option '",
@@ -46,6 +62,11 @@ Var DEQCell::Forward(const Var& z, const Var& u, const std::vector<int64_t>& sam
   SP_CHECK(z.rank() == 3 && z.dim(2) == options_.dim && z.shape() == u.shape(), "DEQCell(dim ",
            options_.dim, "): state ", z.shape(), " and injection ", u.shape(),
            " must both be [k, T, ", options_.dim, "]");
+  // An exactly zero state whose gradient nobody asks for (a solver's first
+  // evaluation from z0 = 0) is the zero state: one attention row.
+  if (!(GradModeEnabled() && z.requires_grad()) && IsAllZero(z.value())) {
+    return ForwardAtZero(u, sample_ids);
+  }
   return AfterAttention(z, attention_->Forward(z), u, sample_ids);
 }
 

@@ -38,7 +38,8 @@ class DEQCell : public Cell {
 
   std::string Name() const override;
 
-  // z, u [k, T, dim] -> [k, T, dim].
+  // z, u [k, T, dim] -> [k, T, dim]. A z that is exactly zero and needs no
+  // gradient goes to ForwardAtZero.
   Var Forward(const Var& z, const Var& u, const std::vector<int64_t>& sample_ids) const override;
   Var Forward(const Var& z, const Var& u) const { return Forward(z, u, {}); }
   // f(0; u) with the attention of the zero state as one row

@@ -411,6 +411,30 @@ TEST(DEQCellTest, ForwardAtZeroMatchesForwardOnZeros) {
   }
 }
 
+// Forward recognises a zero state that needs no gradient and takes the
+// one-row path: bitwise ForwardAtZero (T = 7, so the full computation's
+// average of seven copies would round differently). A zero state that
+// needs a gradient takes the full path and gets one.
+TEST(DEQCellTest, ForwardOnAZeroStateWithoutGradientIsTheOneRowPath) {
+  Rng rng(24);
+  DEQCell cell({.dim = 8, .heads = 2, .hidden = 12, .dtype = DType::kFloat32}, rng);
+  Perturb(cell, rng);
+  const Var u(RandomNormal({3, 7, 8}, 0.0, 1.0, DType::kFloat32, rng));
+  const Tensor zeros = Tensor::Zeros({3, 7, 8}, DType::kFloat32);
+  const Tensor one_row = cell.ForwardAtZero(u, {}).value();
+  EXPECT_EQ(MaxAbsDiff(cell.Forward(Var(zeros), u).value(), one_row), 0.0);
+  {
+    NoGrad no_grad;
+    EXPECT_EQ(MaxAbsDiff(cell.Forward(Var(zeros, true), u).value(), one_row), 0.0);
+  }
+  const Var z(zeros, true);
+  const Var out = cell.Forward(z, u);
+  EXPECT_LT(MaxAbsDiff(out.value(), one_row), 1e-5);
+  const VarList dz = grad({sum(out)}, {z});
+  ASSERT_TRUE(dz[0].defined());
+  EXPECT_GT(MaxAbsDiff(dz[0].value(), zeros), 1e-3);
+}
+
 TEST(DEQCellTest, RejectsUnknownExtraOption) {
   Rng rng(15);
   CellOptions options;
