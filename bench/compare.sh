@@ -39,8 +39,10 @@
 #                set, and glibc's malloc told to keep freed blocks
 #                (bench/SPEC.md "Running the peer fairly"); set ONLY in the
 #                peer's own command.
-# Workload keys: w1i w1e w2i w2e (W1/W2 implicit/explicit), w3 (peer iterates
-# the whole batch), w3a (peer with per-query exit). Extras (stillpoint only
+# Workload keys: w1i w1e w2i w2e (W1/W2 implicit/explicit), w1er w2er (the
+# explicit models again, the peer computing the first cell's attention over
+# z0 = 0 as the one row it equals, as stillpoint does: the per-op speed alone),
+# w3 (peer iterates the whole batch), w3a (peer with per-query exit). Extras (stillpoint only
 # unless noted): W1 implicit with 64 iterations (memory), W2 implicit and explicit with 1
 # thread next to W2 with --threads (scaling, paired per repetition), float32 GEMM
 # throughput of torch (tuned).
@@ -52,7 +54,7 @@ STEPS=20
 WARMUP=3
 THREADS=2
 W1_SHARDS=""
-ONLY="w1i w1e w2i w2e w3 w3a"
+ONLY="w1i w1e w1er w2i w2e w2er w3 w3a"
 PEERS="user tuned"
 OUT=""
 EXTRAS=1
@@ -110,9 +112,9 @@ peer_tuned() {
 workload_args() {
   case "$1" in
     w1i) echo "w1 --model implicit" ;;
-    w1e) echo "w1 --model explicit" ;;
+    w1e|w1er) echo "w1 --model explicit" ;;
     w2i) echo "w2 --model implicit" ;;
-    w2e) echo "w2 --model explicit" ;;
+    w2e|w2er) echo "w2 --model explicit" ;;
     w3|w3a) echo "w3" ;;
     *) echo "compare.sh: unknown workload key $1" >&2; exit 2 ;;
   esac
@@ -128,6 +130,7 @@ peer_extra() {
   case "$1" in
     w3) echo "--w3-mode batch" ;;
     w3a) echo "--w3-mode active" ;;
+    w1er|w2er) echo "--zero-state row" ;;
   esac
 }
 
@@ -249,6 +252,21 @@ sys.exit(0 if ok else 1)
 EOF
   done
 done
+# The peer's zero-state shortcut (w1er, w2er) computes the same model.
+line=$("$PY" "$PEER" w1 --weights "$OUT/tiny.json" --model explicit --dtype float64 \
+         --zero-state row --steps 1 --warmup 1 --threads 1 --json | tail -n 1)
+if ! "$PY" - "$OUT/tiny.json" "$line" <<'EOF'; then AGREE=1; fi
+import json, sys
+full = json.load(open(sys.argv[1]))["peer"]["explicit_float64"]
+row = json.loads(sys.argv[2])
+ok = True
+for key in ("loss_first", "loss_after_one_step"):
+    rel = abs(row[key] - full[key]) / abs(full[key])
+    ok &= rel <= 1e-10
+    print(f"  {'OK    ' if rel <= 1e-10 else 'NOT OK'} explicit float64 {key:20s} torch, zero state "
+          f"as one row {row[key]:.10f}  in full {full[key]:.10f}  rel diff {rel:.1e} (tol 1e-10)")
+sys.exit(0 if ok else 1)
+EOF
 
 # ---- summary
 echo
@@ -269,8 +287,10 @@ def ratio(key, config, field="median_ms"):
     values = [peer[k] / sp[k] for k in sp if k in peer]
     return (statistics.median(values), min(values), max(values)) if values else None
 
-names = {"w1i": "W1 implicit step", "w1e": "W1 explicit step", "w2i": "W2 implicit step",
-         "w2e": "W2 explicit step", "w3": "W3 retrieval (peer: whole batch)",
+names = {"w1i": "W1 implicit step", "w1e": "W1 explicit step",
+         "w1er": "W1 explicit step (peer: zero state as one row)", "w2i": "W2 implicit step",
+         "w2e": "W2 explicit step", "w2er": "W2 explicit step (peer: zero state as one row)",
+         "w3": "W3 retrieval (peer: whole batch)",
          "w3a": "W3 retrieval (peer: per-query exit)"}
 print("| workload | stillpoint ms | torch user ms | torch tuned ms | ratio user/sp | "
       "ratio tuned/sp (min-max) | CPU-time ratio tuned/sp | RSS sp MiB | RSS tuned MiB | "

@@ -3,6 +3,7 @@
 
     /usr/bin/python3 bench/torch_peer.py w1|w2|w3 [--model implicit|explicit] [--iters K]
         [--threads 2] [--steps 20] [--warmup 3] [--json] [--weights FILE] [--dtype float32]
+        [--zero-state full|row]
     /usr/bin/python3 bench/torch_peer.py export FILE
 
 W1/W2 are written the way DEQ code in PyTorch is usually written: the forward Anderson solve
@@ -112,10 +113,14 @@ def linear(x, w, b):
     return torch.addmm(b, x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[1])
 
 
-def cell(p, pre, z, u, heads):
-    """The W1 cell: h = LN1(z + MHA(z) + u); f = LN2(h + W2 GELU(W1 h + b1) + b2)."""
+def cell(p, pre, z, u, heads, zero_state=False):
+    """The W1 cell: h = LN1(z + MHA(z) + u); f = LN2(h + W2 GELU(W1 h + b1) + b2).
+    zero_state: z is zero, so MHA(z) is wo(bv) at every position, computed as one row."""
     B, T, d = z.shape
     dh = d // heads
+    if zero_state:
+        attn = linear(p[pre + "wv.bias"].view(1, d), p[pre + "wo.weight"], p[pre + "wo.bias"])
+        return cell_after_attention(p, pre, None, attn.view(1, 1, d), u)
 
     def project(name):
         return linear(z, p[pre + name + ".weight"], p[pre + name + ".bias"]) \
@@ -125,7 +130,13 @@ def cell(p, pre, z, u, heads):
     scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))
     o = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(B, T, d)
     attn = linear(o, p[pre + "wo.weight"], p[pre + "wo.bias"])
-    h = F.layer_norm(z + attn + u, (d,), p[pre + "ln1.gain"], p[pre + "ln1.bias"], 1e-5)
+    return cell_after_attention(p, pre, z, attn, u)
+
+
+def cell_after_attention(p, pre, z, attn, u):
+    d = u.shape[-1]
+    residual = attn + u if z is None else z + attn + u
+    h = F.layer_norm(residual, (d,), p[pre + "ln1.gain"], p[pre + "ln1.bias"], 1e-5)
     ff = linear(F.gelu(linear(h, p[pre + "fc1.weight"], p[pre + "fc1.bias"]), approximate="tanh"),
                 p[pre + "fc2.weight"], p[pre + "fc2.bias"])
     return F.layer_norm(h + ff, (d,), p[pre + "ln2.gain"], p[pre + "ln2.bias"], 1e-5)
@@ -177,8 +188,9 @@ def anderson(f, z0, iters, m=ANDERSON_MEMORY, lam=ANDERSON_LAMBDA, beta=ANDERSON
 
 
 class Model:
-    def __init__(self, cfg, kind, params, iters):
+    def __init__(self, cfg, kind, params, iters, zero_state_row=False):
         self.cfg, self.kind, self.p, self.iters = cfg, kind, params, iters
+        self.zero_state_row = zero_state_row
 
     def encode(self, x):
         cfg, p = self.cfg, self.p
@@ -186,7 +198,8 @@ class Model:
         if self.kind == "explicit":
             z = torch.zeros_like(u)
             for l in range(cfg["layers"]):
-                z = cell(p, f"cells.{l}.", z, u, cfg["heads"])
+                z = cell(p, f"cells.{l}.", z, u, cfg["heads"],
+                         zero_state=self.zero_state_row and l == 0)
             return z
         with torch.no_grad():
             z_star = anderson(lambda z: cell(p, "cell.", z, u, cfg["heads"]),
@@ -237,18 +250,22 @@ def step(model, optimizer, x, y):
     return loss.item()
 
 
-def step_flops(cfg, kind, iters):
+def step_flops(cfg, kind, iters, zero_state_row=False):
     """The analytic FLOP count of the products this peer runs: TransformerStepFlops of
-    bench_command.h, except that every explicit cell counts in full (this peer runs the first
-    cell's attention over z0 = 0; stillpoint reduces it to one row)."""
+    bench_command.h, except that without zero_state_row every explicit cell counts in full
+    (this peer then runs the first cell's attention over z0 = 0; stillpoint reduces it to one
+    row)."""
     bt = cfg["B"] * cfg["T"]
     d = cfg["d"]
-    linear_f = 2.0 * bt * (4 * d * d + 2 * d * cfg["hidden"])
+    feed_forward = 4.0 * bt * d * cfg["hidden"]
+    linear_f = 8.0 * bt * d * d + feed_forward
     attention = 4.0 * bt * cfg["T"] * d
     f = linear_f + attention
     vjp_state = linear_f + 2 * attention
     vjp_all = 2 * linear_f + 2 * attention
     head = 6.0 * bt * d * cfg["V"]
+    if kind == "explicit" and zero_state_row:
+        return (cfg["layers"] - 1) * (f + vjp_all) + 3 * feed_forward + head
     if kind == "explicit":
         return cfg["layers"] * (f + vjp_all) + head
     return (iters + 2) * f + iters * vjp_state + vjp_all + head
@@ -420,7 +437,7 @@ def run_transformer(args, dtype):
         cfg = W1 if args.workload == "w1" else W2
         params = init_params(cfg, kind, dtype, args.seed)
         x, y = reversal_batch(cfg, args.seed)
-    model = Model(cfg, kind, params, iters)
+    model = Model(cfg, kind, params, iters, args.zero_state == "row")
     optimizer = make_optimizer(params)
     losses, seconds, cpu = [], [], []
     for i in range(args.warmup + args.steps):
@@ -432,7 +449,8 @@ def run_transformer(args, dtype):
             seconds.append(elapsed)
             cpu.append(time.process_time() - cpu_start)
     return {"model": kind, "iters": iters, "seconds": seconds, "cpu": cpu,
-            "flops": step_flops(cfg, kind, iters), "loss_first": losses[0],
+            "flops": step_flops(cfg, kind, iters, args.zero_state == "row"),
+            "loss_first": losses[0],
             "loss_after_one_step": losses[1] if len(losses) > 1 else None,
             "loss_last": losses[-1]}
 
@@ -508,9 +526,15 @@ def main():
     parser.add_argument("--w3-mode", choices=["batch", "active"], default="batch",
                         help="w3: iterate the whole batch until all converge, or only the "
                              "queries still above the tolerance")
+    parser.add_argument("--zero-state", choices=["full", "row"], default="full",
+                        help="explicit model: compute the first cell's attention over z0 = 0 in "
+                             "full (as autograd code does), or as the one row it equals, as "
+                             "stillpoint does (for comparing the two sides' per-op cost alone)")
     args = parser.parse_args()
     if args.iters < 0 or args.threads < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("--iters >= 0, --threads >= 1, --steps >= 1 and --warmup >= 0 are required")
+    if args.zero_state == "row" and args.model != "explicit":
+        parser.error("--zero-state row applies to --model explicit only")
     torch.set_num_threads(args.threads)
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     if args.workload == "export":
