@@ -14,7 +14,7 @@
 # runs its own share of the batch instead. W2 runs unsharded (its ops are
 # long; shards made no measurable difference there).
 #
-# --reps defaults to 5 (about 6-7 minutes in all on 2 cores): a workload's
+# --reps defaults to 5 (about 7-8 minutes in all on 2 cores): a workload's
 # ratio is a median over repetitions, and on a shared machine the peer's
 # step time alone moves by tens of percent between repetitions. With --out,
 # the records stay in DIR/results.jsonl; bench/pool_runs.py pools the
