@@ -382,8 +382,9 @@ TEST(DEQCellTest, ForwardAtZeroGradientsWrtInjectionAndParameters) {
   EXPECT_TRUE(r) << r;
 }
 
-// f(0; u) by the shortcut equals Forward(zeros, u), also with frozen dropout
-// masks (the same masks must land on the same entries) and a causal mask.
+// f(0; u) by the shortcut equals the full computation on zeros, also with
+// frozen dropout masks (the same masks must land on the same entries) and a
+// causal mask.
 TEST(DEQCellTest, ForwardAtZeroMatchesForwardOnZeros) {
   for (const double dropout : {0.0, 0.3}) {
     for (const bool causal : {false, true}) {
@@ -394,7 +395,8 @@ TEST(DEQCellTest, ForwardAtZeroMatchesForwardOnZeros) {
       Perturb(cell, rng);
       if (dropout > 0.0) FreezeDropoutMasks(cell);
       const Var u(RandomNormal({3, 5, 8}, 0.0, 1.0, kF64, rng), true);
-      const Var full = cell.Forward(Var(Tensor::Zeros({3, 5, 8}, kF64)), u, {});
+      // A zero state that needs a gradient takes Forward's full path.
+      const Var full = cell.Forward(Var(Tensor::Zeros({3, 5, 8}, kF64), true), u, {});
       const Var one_row = cell.ForwardAtZero(u, {});
       EXPECT_LT(MaxAbsDiff(one_row.value(), full.value()), 1e-12)
           << "dropout " << dropout << ", causal " << causal;
