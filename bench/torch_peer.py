@@ -252,9 +252,9 @@ def step(model, optimizer, x, y):
 
 def step_flops(cfg, kind, iters, zero_state_row=False):
     """The analytic FLOP count of the products this peer runs: TransformerStepFlops of
-    bench_command.h, except that without zero_state_row every explicit cell counts in full
-    (this peer then runs the first cell's attention over z0 = 0; stillpoint reduces it to one
-    row)."""
+    bench_command.h, except that the implicit model's first evaluation and, without
+    zero_state_row, the explicit model's first cell count in full (this peer runs their
+    attention over z0 = 0; stillpoint reduces it to one row)."""
     bt = cfg["B"] * cfg["T"]
     d = cfg["d"]
     feed_forward = 4.0 * bt * d * cfg["hidden"]

@@ -366,8 +366,10 @@ double TransformerStepFlops(const TransformerShapes& s, ModelKind kind, int iter
     // done in full, forward and backward.
     return static_cast<double>(s.num_layers - 1) * (cell + vjp_all) + 3.0 * feed_forward + head;
   }
+  // The solver's first evaluation, at z0 = 0, is likewise the feed-forward
+  // block alone (DEQCell::Forward on a zero state).
   const double k = static_cast<double>(iterations);
-  return (k + 2.0) * cell + k * vjp_state + vjp_all + head;
+  return (k + 1.0) * cell + feed_forward + k * vjp_state + vjp_all + head;
 }
 
 int64_t PeakResidentBytes() {

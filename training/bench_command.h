@@ -144,11 +144,12 @@ class TransformerBench {
 // Vp = 2 L + 2 A                   (VJP w.r.t. state, injection and weights),
 // H  = 6 B T d V                   (head forward and backward),
 // M  = 4 B T d hidden              (the feed-forward part of L):
-//   implicit, K iterations: (K + 2) F + K Vz + Vp + H
+//   implicit, K iterations: (K + 1) F + M + K Vz + Vp + H
 //   explicit, L cells:      (num_layers - 1) (F + Vp) + 3 M + H
-// The explicit model's first cell starts from z = 0, where its attention is
-// one row (MultiHeadAttention::ForwardAtZero), so only its feed-forward
-// products are counted (forward, and input and weight gradients).
+// At z = 0 a cell's attention is one row (MultiHeadAttention::ForwardAtZero),
+// so only the feed-forward products are counted for the explicit model's
+// first cell (forward, and input and weight gradients) and for the implicit
+// solver's first evaluation, from z0 = 0.
 double TransformerStepFlops(const TransformerShapes& shapes, ModelKind kind, int iterations);
 
 // The peak resident set size of this process (VmHWM of /proc/self/status),
