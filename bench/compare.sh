@@ -229,13 +229,12 @@ echo
 echo "loss after one step, shared tiny configuration (weights exported by the peer):"
 "$PY" "$PEER" export "$OUT/tiny.json" > "$OUT/tiny_peer.json"
 AGREE=0
-for model in implicit explicit; do
-  for dtype in float32 float64; do
-    line=$("$SP" bench w1 --weights "$OUT/tiny.json" --model "$model" --dtype "$dtype" \
-             --steps 1 --warmup 1 --threads 1 --json)
-    if ! "$PY" - "$OUT/tiny.json" "$model" "$dtype" "$line" <<'EOF'; then AGREE=1; fi
+# agree MODEL DTYPE LABEL LINE: LINE's losses (a --json result labelled LABEL)
+# against the peer's exported ones; sets AGREE=1 if they differ.
+agree() {
+  if ! "$PY" - "$OUT/tiny.json" "$@" <<'EOF'; then AGREE=1; fi
 import json, sys
-path, model, dtype, line = sys.argv[1:5]
+path, model, dtype, label, line = sys.argv[1:6]
 peer = json.load(open(path))["peer"][f"{model}_{dtype}"]
 ours = json.loads(line)
 # float32: a few ulps of the loss after 16 solver iterations and an AdamW
@@ -246,32 +245,30 @@ for key in ("loss_first", "loss_after_one_step"):
     a, b = ours[key], peer[key]
     rel = abs(a - b) / abs(b)
     ok &= rel <= tol
-    print(f"  {'OK    ' if rel <= tol else 'NOT OK'} {model:8s} {dtype} {key:20s} stillpoint "
+    print(f"  {'OK    ' if rel <= tol else 'NOT OK'} {model:8s} {dtype} {key:20s} {label} "
           f"{a:.10f}  torch {b:.10f}  rel diff {rel:.1e} (tol {tol:g})")
 sys.exit(0 if ok else 1)
 EOF
+}
+for model in implicit explicit; do
+  for dtype in float32 float64; do
+    line=$("$SP" bench w1 --weights "$OUT/tiny.json" --model "$model" --dtype "$dtype" \
+             --steps 1 --warmup 1 --threads 1 --json)
+    agree "$model" "$dtype" stillpoint "$line"
   done
 done
 # The peer's zero-state shortcut (w1er, w2er) computes the same model.
 line=$("$PY" "$PEER" w1 --weights "$OUT/tiny.json" --model explicit --dtype float64 \
          --zero-state row --steps 1 --warmup 1 --threads 1 --json | tail -n 1)
-if ! "$PY" - "$OUT/tiny.json" "$line" <<'EOF'; then AGREE=1; fi
-import json, sys
-full = json.load(open(sys.argv[1]))["peer"]["explicit_float64"]
-row = json.loads(sys.argv[2])
-ok = True
-for key in ("loss_first", "loss_after_one_step"):
-    rel = abs(row[key] - full[key]) / abs(full[key])
-    ok &= rel <= 1e-10
-    print(f"  {'OK    ' if rel <= 1e-10 else 'NOT OK'} explicit float64 {key:20s} torch, zero state "
-          f"as one row {row[key]:.10f}  in full {full[key]:.10f}  rel diff {rel:.1e} (tol 1e-10)")
-sys.exit(0 if ok else 1)
-EOF
+agree explicit float64 "torch, zero state as one row," "$line"
 
 # ---- summary
 echo
-"$PY" - "$RESULTS" "$OUT/gemm.txt" <<'EOF'
+"$PY" - "$RESULTS" "$OUT/gemm.txt" "$ROOT/bench" <<'EOF'
 import collections, json, statistics, sys
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, sys.argv[3])
+from pool_runs import WORKLOADS  # the workload keys and their names
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 by = collections.defaultdict(list)
 for r in rows:
@@ -287,11 +284,7 @@ def ratio(key, config, field="median_ms"):
     values = [peer[k] / sp[k] for k in sp if k in peer]
     return (statistics.median(values), min(values), max(values)) if values else None
 
-names = {"w1i": "W1 implicit step", "w1e": "W1 explicit step",
-         "w1er": "W1 explicit step (peer: zero state as one row)", "w2i": "W2 implicit step",
-         "w2e": "W2 explicit step", "w2er": "W2 explicit step (peer: zero state as one row)",
-         "w3": "W3 retrieval (peer: whole batch)",
-         "w3a": "W3 retrieval (peer: per-query exit)"}
+names = {key: name for key, name, _ in WORKLOADS}
 print("| workload | stillpoint ms | torch user ms | torch tuned ms | ratio user/sp | "
       "ratio tuned/sp (min-max) | CPU-time ratio tuned/sp | RSS sp MiB | RSS tuned MiB | "
       "RSS ratio |")
