@@ -258,4 +258,10 @@ double MaxAbsDiff(const Tensor& a, const Tensor& b) {
   return worst;
 }
 
+bool BitwiseEqual(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  return std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
 }  // namespace stillpoint

@@ -139,6 +139,7 @@ class Tensor {
   DType dtype_ = DType::kFloat32;
 
   void* raw_data() const;
+  friend bool BitwiseEqual(const Tensor& a, const Tensor& b);
 };
 
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
@@ -148,6 +149,11 @@ bool HasNonFinite(const Tensor& tensor);
 
 // The largest |a - b| over all elements (same shape required).
 double MaxAbsDiff(const Tensor& a, const Tensor& b);
+
+// True if a and b have the same shape and dtype and every element's bytes
+// are equal (so -0 differs from +0, and a NaN equals the same NaN); two
+// undefined tensors are equal.
+bool BitwiseEqual(const Tensor& a, const Tensor& b);
 
 // Calls fn with a typed zero (float or double) matching dtype, so generic
 // kernels are written once: DispatchDType(t.dtype(), [&](auto zero) {

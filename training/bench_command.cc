@@ -367,9 +367,10 @@ double TransformerStepFlops(const TransformerShapes& s, ModelKind kind, int iter
     return static_cast<double>(s.num_layers - 1) * (cell + vjp_all) + 3.0 * feed_forward + head;
   }
   // The solver's first evaluation, at z0 = 0, is likewise the feed-forward
-  // block alone (DEQCell::Forward on a zero state).
+  // block alone (DEQCell::Forward on a zero state); its last, at z*, is the
+  // recorded one (SolveImplicit), so there are K full evaluations.
   const double k = static_cast<double>(iterations);
-  return (k + 1.0) * cell + feed_forward + k * vjp_state + vjp_all + head;
+  return k * cell + feed_forward + k * vjp_state + vjp_all + head;
 }
 
 int64_t PeakResidentBytes() {

@@ -9,8 +9,8 @@
 //   "deq_transformer", so the product code path is what is measured:
 //   - implicit: Anderson (m 5, lambda 1e-4, beta 1, safeguard off) for
 //     exactly K iterations (tolerance 0, no early stop; the map is also
-//     evaluated at z0, so K + 1 unrecorded cell evaluations), one recorded
-//     evaluation at z*, and the IFT backward with the plain fixed-point
+//     evaluated at z0, so K + 1 cell evaluations, of which the last, at z*,
+//     is recorded: docs/solvers.md), and the IFT backward with the plain fixed-point
 //     adjoint iteration w <- g + J^T w for exactly K iterations from w0 = g.
 //   - explicit: 6 untied cells, ordinary backprop.
 //   --shards S (default 1) cuts the batch into S shards of whole sequences
@@ -144,12 +144,14 @@ class TransformerBench {
 // Vp = 2 L + 2 A                   (VJP w.r.t. state, injection and weights),
 // H  = 6 B T d V                   (head forward and backward),
 // M  = 4 B T d hidden              (the feed-forward part of L):
-//   implicit, K iterations: (K + 1) F + M + K Vz + Vp + H
+//   implicit, K iterations: K F + M + K Vz + Vp + H
 //   explicit, L cells:      (num_layers - 1) (F + Vp) + 3 M + H
 // At z = 0 a cell's attention is one row (MultiHeadAttention::ForwardAtZero),
 // so only the feed-forward products are counted for the explicit model's
 // first cell (forward, and input and weight gradients) and for the implicit
-// solver's first evaluation, from z0 = 0.
+// solver's first evaluation, from z0 = 0. The implicit model's recorded
+// evaluation at z* is the solver's last (docs/solvers.md), so K + 1
+// evaluations in all.
 double TransformerStepFlops(const TransformerShapes& shapes, ModelKind kind, int iterations);
 
 // The peak resident set size of this process (VmHWM of /proc/self/status),

@@ -104,6 +104,26 @@ TEST(TensorTest, DtypeNamesRoundTrip) {
   EXPECT_FALSE(StringToDType("int8", &d));
 }
 
+TEST(TensorTest, BitwiseEqualComparesBytesShapeAndDtype) {
+  const Tensor a = Tensor::FromVector(Shape{2, 2}, {1.0, -2.0, 0.0, 3.5}, DType::kFloat32);
+  EXPECT_TRUE(BitwiseEqual(a, a.Clone()));
+  EXPECT_FALSE(BitwiseEqual(a, a.Reshape(Shape{4})));
+  EXPECT_FALSE(BitwiseEqual(a, a.To(DType::kFloat64)));
+  Tensor b = a.Clone();
+  b.set(2, -0.0);  // equal as a number, not as bytes
+  EXPECT_FALSE(BitwiseEqual(a, b));
+  b.set(2, 0.0);
+  b.set(3, std::nextafter(3.5, 4.0));  // rounds back to 3.5 in float32
+  EXPECT_TRUE(BitwiseEqual(a, b));
+  b.set(3, std::nextafter(3.5f, 4.0f));  // one float32 ulp apart
+  EXPECT_FALSE(BitwiseEqual(a, b));
+  // Views compare their own elements: the second row of a against a copy.
+  EXPECT_TRUE(BitwiseEqual(a.SliceRows(1, 2), a.SliceRows(1, 2).Clone()));
+  EXPECT_FALSE(BitwiseEqual(a.SliceRows(0, 1), a.SliceRows(1, 2)));
+  EXPECT_TRUE(BitwiseEqual(Tensor(), Tensor()));
+  EXPECT_FALSE(BitwiseEqual(a, Tensor()));
+}
+
 TEST(BufferPoolTest, FreedBuffersAreReusedInsteadOfReallocated) {
   ResetBufferPoolStats();
   { Tensor warm(Shape{1000}, DType::kFloat32); }

@@ -296,6 +296,82 @@ TEST(ImplicitGrad, RecordsOneCellEvaluation) {
   EXPECT_STREQ(result.z_star.op_name(), "implicit");
 }
 
+// p's cell, counting its evaluations in *calls.
+CellFn CountingCell(const CellFn& cell, int* calls) {
+  return [cell, calls](const Var& z, const std::vector<int64_t>& ids) {
+    ++*calls;
+    return cell(z, ids);
+  };
+}
+
+// Exactly `iterations` steps of `type`: tolerance 0 is a fixed budget; a
+// tolerance no sample meets runs the same steps without being one.
+ForwardSolverOptions Steps(ForwardSolverType type,
+                           StopMode mode,
+                           int iterations,
+                           double tolerance) {
+  ForwardSolverOptions options;
+  options.type = type;
+  options.max_iterations = iterations;
+  options.stop_mode = mode;
+  options.absolute_tolerance = tolerance;
+  options.relative_tolerance = tolerance;
+  options.stagnation_window = 0;
+  options.divergence_factor = 0;
+  return options;
+}
+
+TEST(ImplicitGrad, FixedBudgetRecordsTheSolversLastEvaluation) {
+  // The same 8 Anderson steps with a fixed budget (the last evaluation is
+  // recorded and is the one at z*) and without (f is evaluated at z* once
+  // more): one evaluation fewer, the same value and gradients bitwise.
+  ImplicitProblem p = TanhProblem(3, 4, 3, 71);
+  const Tensor probe = Probe(p);
+  int calls[2] = {0, 0};
+  std::vector<ImplicitResult> results;
+  std::vector<VarList> grads;
+  for (int run = 0; run < 2; ++run) {
+    ImplicitOptions options;
+    options.forward =
+        Steps(ForwardSolverType::kAnderson, StopMode::kRelative, 8, run == 0 ? 0.0 : 1e-300);
+    ASSERT_EQ(options.forward.FixedBudget(), run == 0);
+    results.push_back(SolveImplicit(CountingCell(p.cell, &calls[run]), p.z0, options));
+    grads.push_back(grad({ProbeLoss(results[run].z_star, probe)}, p.params));
+    EXPECT_EQ(results[run].forward.iterations, 8);
+  }
+  EXPECT_EQ(results[0].forward.map_calls, results[1].forward.map_calls);
+  EXPECT_EQ(calls[0], results[0].forward.map_calls);
+  EXPECT_EQ(calls[1], results[1].forward.map_calls + 1);
+  EXPECT_TRUE(BitwiseEqual(results[0].z_star.value(), results[1].z_star.value()));
+  for (size_t i = 0; i < p.params.size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(grads[0][i].value(), grads[1][i].value())) << p.param_names[i];
+  }
+  EXPECT_EQ(CountGraphNodes({results[0].z_star}), CountGraphNodes({results[1].z_star}));
+}
+
+TEST(ImplicitGrad, FixedBudgetEvaluatesAgainWhenTheSolutionIsAnEarlierIterate) {
+  // Picard on f(z) = 2 z + b moves away from the fixed point -b: the
+  // residual |z + b| grows, so the solver returns z0 = 0, not its last
+  // iterate, and the recorded last evaluation must not stand for f(z*).
+  Var b(Tensor::FromVector(Shape{1, 2}, {0.5, -0.25}, DType::kFloat64), true);
+  int calls = 0;
+  const CellFn cell = [b, &calls](const Var& z, const std::vector<int64_t>&) {
+    ++calls;
+    return add(mul_scalar(z, 2.0), b);
+  };
+  ImplicitOptions options;
+  options.forward = Steps(ForwardSolverType::kPicard, StopMode::kAbsolute, 5, 0.0);
+  options.backward.mode = BackwardMode::kJfb;
+  const ImplicitResult result =
+      SolveImplicit(cell, Tensor::Zeros(Shape{1, 2}, DType::kFloat64), options);
+  EXPECT_EQ(calls, result.forward.map_calls + 1);
+  EXPECT_TRUE(BitwiseEqual(result.z_star.value(), b.value()));  // f(0) = b
+  // Jacobian-free: dL/db = dL/dz* for L = <z*, probe>.
+  const Tensor probe = Tensor::FromVector(Shape{1, 2}, {0.3, 0.7}, DType::kFloat64);
+  const VarList db = grad({ProbeLoss(result.z_star, probe)}, {b});
+  EXPECT_TRUE(BitwiseEqual(db[0].value(), probe));
+}
+
 TEST(ImplicitGrad, SecondBackwardWithoutRetainGraphThrows) {
   ImplicitProblem p = TanhProblem(2, 4, 3, 61);
   const Tensor probe = Probe(p);

@@ -336,7 +336,7 @@ TEST(BenchCommandTest, StepFlopsFollowTheStatedFormula) {
   // H = 6*1024*64*16 = 6291456, M = 4*1024*64*128 = 33554432.
   const double l = 67108864, a = 8388608, h = 6291456, m = 33554432;
   EXPECT_DOUBLE_EQ(TransformerStepFlops(w1, ModelKind::kImplicit, 16),
-                   17 * (l + a) + m + 16 * (l + 2 * a) + (2 * l + 2 * a) + h);
+                   16 * (l + a) + m + 16 * (l + 2 * a) + (2 * l + 2 * a) + h);
   EXPECT_DOUBLE_EQ(TransformerStepFlops(w1, ModelKind::kExplicit, 16),
                    5 * ((l + a) + (2 * l + 2 * a)) + 3 * m + h);
 }
