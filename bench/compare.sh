@@ -14,7 +14,7 @@
 # runs its own share of the batch instead. W2 runs unsharded (its ops are
 # long; shards made no measurable difference there).
 #
-# --reps defaults to 5 (about 7-8 minutes in all on 2 cores): a workload's
+# --reps defaults to 5 (about 10 minutes in all on 2 cores): a workload's
 # ratio is a median over repetitions, and on a shared machine the peer's
 # step time alone moves by tens of percent between repetitions. With --out,
 # the records stay in DIR/results.jsonl; bench/pool_runs.py pools the
@@ -39,10 +39,12 @@
 #                set, and glibc's malloc told to keep freed blocks
 #                (bench/SPEC.md "Running the peer fairly"); set ONLY in the
 #                peer's own command.
-# Workload keys: w1i w1e w2i w2e (W1/W2 implicit/explicit), w1er w2er (the
-# explicit models again, the peer computing the first cell's attention over
-# z0 = 0 as the one row it equals, as stillpoint does: the per-op speed alone),
-# w3 (peer iterates the whole batch), w3a (peer with per-query exit). Extras (stillpoint only
+# Workload keys: w1i w1e w2i w2e (W1/W2 implicit/explicit); w1ir w1er w2ir
+# w2er (the same models again, the peer doing only the work stillpoint does:
+# a cell's attention at z = 0 as the one row it equals, and the implicit
+# solver's last evaluation recorded and used at z*; torch_peer.py
+# --zero-state row --record-last; against the tuned peer only: the per-op
+# speed alone); w3 (peer iterates the whole batch), w3a (peer with per-query exit). Extras (stillpoint only
 # unless noted): W1 implicit with 64 iterations (memory), W2 implicit and explicit with 1
 # thread next to W2 with --threads (scaling, paired per repetition), float32 GEMM
 # throughput of torch (tuned).
@@ -54,7 +56,7 @@ STEPS=20
 WARMUP=3
 THREADS=2
 W1_SHARDS=""
-ONLY="w1i w1e w1er w2i w2e w2er w3 w3a"
+ONLY="w1i w1ir w1e w1er w2i w2ir w2e w2er w3 w3a"
 PEERS="user tuned"
 OUT=""
 EXTRAS=1
@@ -101,7 +103,10 @@ if [[ -z "${PEER_CORETYPE:-}" ]]; then
 fi
 TUNABLES=glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824
 
+# (Both are called through `run`.)
+# shellcheck disable=SC2317
 peer_user() { "$PY" "$PEER" "$@"; }
+# shellcheck disable=SC2317
 peer_tuned() {
   env -u OPENBLAS_L2_SIZE LD_LIBRARY_PATH="$OPENBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     OPENBLAS_CORETYPE="$PEER_CORETYPE" GLIBC_TUNABLES="$TUNABLES" \
@@ -111,9 +116,9 @@ peer_tuned() {
 # Arguments of a workload key (the same for both sides, plus the peer's mode).
 workload_args() {
   case "$1" in
-    w1i) echo "w1 --model implicit" ;;
+    w1i|w1ir) echo "w1 --model implicit" ;;
     w1e|w1er) echo "w1 --model explicit" ;;
-    w2i) echo "w2 --model implicit" ;;
+    w2i|w2ir) echo "w2 --model implicit" ;;
     w2e|w2er) echo "w2 --model explicit" ;;
     w3|w3a) echo "w3" ;;
     *) echo "compare.sh: unknown workload key $1" >&2; exit 2 ;;
@@ -131,7 +136,17 @@ peer_extra() {
     w3) echo "--w3-mode batch" ;;
     w3a) echo "--w3-mode active" ;;
     w1er|w2er) echo "--zero-state row" ;;
+    w1ir|w2ir) echo "--zero-state row --record-last" ;;
   esac
+}
+
+# The peer configurations a workload key runs against.
+peers_of() {
+  case "$1" in
+    w1ir|w1er|w2ir|w2er) [[ " $PEERS " == *" tuned "* ]] && echo tuned ;;
+    *) echo "$PEERS" ;;
+  esac
+  return 0
 }
 
 # run KEY CONFIG REP COMMAND...: one process, its JSON line tagged and kept.
@@ -163,21 +178,19 @@ COMMON="--steps $STEPS --warmup $WARMUP --threads $THREADS"
 for rep in $(seq 1 "$REPS"); do
   echo "repetition $rep of $REPS (load $(cut -d' ' -f1 /proc/loadavg))"
   for key in $ONLY; do
-    # shellcheck disable=SC2046
     args=$(workload_args "$key")
-    # shellcheck disable=SC2206
-    order=(sp $PEERS)
+    # shellcheck disable=SC2207
+    order=(sp $(peers_of "$key"))
     # Rotate which side goes first, so neither always runs on a warmer or
     # quieter machine.
     shift_by=$(( (rep - 1) % ${#order[@]} ))
     order=("${order[@]:$shift_by}" "${order[@]:0:$shift_by}")
     for side in "${order[@]}"; do
+      # (Word splitting of $args, $COMMON and the extras is intended.)
+      # shellcheck disable=SC2046,SC2086
       case $side in
-        # shellcheck disable=SC2086
         sp) run "$key" stillpoint "$rep" "$SP" bench $args $COMMON $(sp_extra "$key") ;;
-        # shellcheck disable=SC2086
         user) run "$key" torch-user "$rep" peer_user $args $COMMON $(peer_extra "$key") ;;
-        # shellcheck disable=SC2086
         tuned) run "$key" torch-tuned "$rep" peer_tuned $args $COMMON $(peer_extra "$key") ;;
       esac
     done
@@ -257,10 +270,14 @@ for model in implicit explicit; do
     agree "$model" "$dtype" stillpoint "$line"
   done
 done
-# The peer's zero-state shortcut (w1er, w2er) computes the same model.
+# The peer doing only stillpoint's work (w1ir, w1er, w2ir, w2er) computes the
+# same models.
 line=$("$PY" "$PEER" w1 --weights "$OUT/tiny.json" --model explicit --dtype float64 \
          --zero-state row --steps 1 --warmup 1 --threads 1 --json | tail -n 1)
 agree explicit float64 "torch, zero state as one row," "$line"
+line=$("$PY" "$PEER" w1 --weights "$OUT/tiny.json" --model implicit --dtype float64 \
+         --zero-state row --record-last --steps 1 --warmup 1 --threads 1 --json | tail -n 1)
+agree implicit float64 "torch, zero state as one row, last evaluation recorded," "$line"
 
 # ---- summary
 echo

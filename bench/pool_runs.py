@@ -26,11 +26,13 @@ import sys
 # bench/RESULTS.md tables (peer / stillpoint at least this).
 WORKLOADS = [
     ("w1i", "W1 implicit step", 3.0),
+    ("w1ir", "W1 implicit step (peer: stillpoint's work only)", 3.0),
     ("w1e", "W1 explicit step", 3.0),
-    ("w1er", "W1 explicit step (peer: zero state as one row)", 3.0),
+    ("w1er", "W1 explicit step (peer: stillpoint's work only)", 3.0),
     ("w2i", "W2 implicit step", 3.0),
+    ("w2ir", "W2 implicit step (peer: stillpoint's work only)", 3.0),
     ("w2e", "W2 explicit step", 2.5),
-    ("w2er", "W2 explicit step (peer: zero state as one row)", 2.5),
+    ("w2er", "W2 explicit step (peer: stillpoint's work only)", 2.5),
     ("w3", "W3 retrieval (peer: whole batch)", 1.2),
     ("w3a", "W3 retrieval (peer: per-query exit)", 1.2),
 ]

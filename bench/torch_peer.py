@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/torch_peer.py w1|w2|w3 [--model implicit|explicit] [--iters K]
         [--threads 2] [--steps 20] [--warmup 3] [--json] [--weights FILE] [--dtype float32]
-        [--zero-state full|row]
+        [--zero-state full|row] [--record-last]
     /usr/bin/python3 bench/torch_peer.py export FILE
 
 W1/W2 are written the way DEQ code in PyTorch is usually written: the forward Anderson solve
@@ -12,6 +12,12 @@ requires grad); a hook on that result solves the adjoint equation w = g + J^T w 
 fixed-point iteration, each iteration one torch.autograd.grad VJP through the recorded f, and
 returns w, which autograd then pushes through f into the parameters and the injection. The
 explicit model is ordinary autograd through 6 cells. The optimizer is torch.optim.AdamW.
+
+Two options make the peer do the work stillpoint does, so that the two sides' per-op speed can be
+told apart from work stillpoint skips: --zero-state row computes the attention of a cell at z = 0
+(the explicit model's first cell, the implicit solver's first evaluation) as the one row it equals,
+and --record-last (implicit) records the solver's last evaluation and uses it as the evaluation at
+z* when z* is that iterate, instead of evaluating f there a second time.
 
 Anderson is the same algorithm as stillpoint's (type II, differences of iterates and residuals
 in a ring of m columns, Tikhonov lambda * trace(H) / m, mixing beta, the per-sample iterate
@@ -142,14 +148,16 @@ def cell_after_attention(p, pre, z, attn, u):
     return F.layer_norm(h + ff, (d,), p[pre + "ln2.gain"], p[pre + "ln2.bias"], 1e-5)
 
 
-def anderson(f, z0, iters, m=ANDERSON_MEMORY, lam=ANDERSON_LAMBDA, beta=ANDERSON_BETA):
+def anderson(f, z0, iters, m=ANDERSON_MEMORY, lam=ANDERSON_LAMBDA, beta=ANDERSON_BETA,
+             f_first=None, f_last=None):
     """Exactly `iters` Anderson iterations (type II) from z0 [B, ...], batched over samples.
-    Returns the per-sample iterate with the lowest relative residual (z0 included)."""
+    Returns the per-sample iterate with the lowest relative residual (z0 included).
+    f_first, f_last: if given, used in place of f for the evaluation at z0 and for the last one."""
     shape = z0.shape
     B = shape[0]
     z = z0.reshape(B, -1).clone()
     n = z.shape[1]
-    fz = f(z.view(shape)).reshape(B, -1)
+    fz = (f_first or f)(z.view(shape)).reshape(B, -1)
     g = fz - z
     best_z = z.clone()
     best_rel = g.norm(dim=1) / (fz.norm(dim=1) + REL_EPSILON)
@@ -158,7 +166,7 @@ def anderson(f, z0, iters, m=ANDERSON_MEMORY, lam=ANDERSON_LAMBDA, beta=ANDERSON
     H = torch.zeros(B, m, m, dtype=torch.float64)
     count, head = 0, 0
     prev_z = prev_g = None
-    for _ in range(iters):
+    for it in range(iters):
         if prev_z is not None:
             dZ[:, head] = z - prev_z
             dG[:, head] = g - prev_g
@@ -178,7 +186,7 @@ def anderson(f, z0, iters, m=ANDERSON_MEMORY, lam=ANDERSON_LAMBDA, beta=ANDERSON
             gamma = torch.linalg.solve(h, rhs).to(z.dtype)  # [B, count, 1]
             mix = dZ[:, :count] + beta * dG[:, :count]
             z = prev_z + beta * prev_g - torch.bmm(gamma.transpose(1, 2), mix).squeeze(1)
-        fz = f(z.view(shape)).reshape(B, -1)
+        fz = (f_last if f_last and it == iters - 1 else f)(z.view(shape)).reshape(B, -1)
         g = fz - z
         rel = g.norm(dim=1) / (fz.norm(dim=1) + REL_EPSILON)
         better = rel < best_rel
@@ -188,9 +196,10 @@ def anderson(f, z0, iters, m=ANDERSON_MEMORY, lam=ANDERSON_LAMBDA, beta=ANDERSON
 
 
 class Model:
-    def __init__(self, cfg, kind, params, iters, zero_state_row=False):
+    def __init__(self, cfg, kind, params, iters, zero_state_row=False, record_last=False):
         self.cfg, self.kind, self.p, self.iters = cfg, kind, params, iters
         self.zero_state_row = zero_state_row
+        self.record_last = record_last
 
     def encode(self, x):
         cfg, p = self.cfg, self.p
@@ -201,11 +210,27 @@ class Model:
                 z = cell(p, f"cells.{l}.", z, u, cfg["heads"],
                          zero_state=self.zero_state_row and l == 0)
             return z
+        f = lambda z: cell(p, "cell.", z, u, cfg["heads"])
+        f_first = lambda z: cell(p, "cell.", z, u, cfg["heads"], zero_state=True)
+        recorded = []  # [z leaf, f(z leaf)] of the solver's last evaluation (record_last)
+
+        def f_last(z):
+            with torch.enable_grad():
+                leaf = z.detach().clone().requires_grad_()
+                out = f(leaf)
+            recorded[:] = [leaf, out]
+            return out.detach()
+
+        record_last = self.record_last and torch.is_grad_enabled()
         with torch.no_grad():
-            z_star = anderson(lambda z: cell(p, "cell.", z, u, cfg["heads"]),
-                              torch.zeros_like(u), self.iters)
-        z_star = z_star.requires_grad_()
-        f_star = cell(p, "cell.", z_star, u, cfg["heads"])  # the one recorded evaluation
+            z_star = anderson(f, torch.zeros_like(u), self.iters,
+                              f_first=f_first if self.zero_state_row else None,
+                              f_last=f_last if record_last else None)
+        if recorded and recorded[1].requires_grad and torch.equal(recorded[0], z_star):
+            z_star, f_star = recorded  # the solver's last evaluation is the one at z*
+        else:
+            z_star = z_star.requires_grad_()
+            f_star = cell(p, "cell.", z_star, u, cfg["heads"])  # the one recorded evaluation
         if f_star.requires_grad:
             iters = self.iters
             # The hook lives on f_star: hold f_star and z_star through a list it empties, so
@@ -250,11 +275,11 @@ def step(model, optimizer, x, y):
     return loss.item()
 
 
-def step_flops(cfg, kind, iters, zero_state_row=False):
+def step_flops(cfg, kind, iters, zero_state_row=False, record_last=False):
     """The analytic FLOP count of the products this peer runs: TransformerStepFlops of
-    bench_command.h, except that the implicit model's first evaluation and, without
-    zero_state_row, the explicit model's first cell count in full (this peer runs their
-    attention over z0 = 0; stillpoint reduces it to one row)."""
+    bench_command.h with both options, else with the work stillpoint skips added: without
+    zero_state_row the first cell (explicit) or the solver's first evaluation (implicit) in full
+    (their attention over z0 = 0), without record_last one more evaluation at z*."""
     bt = cfg["B"] * cfg["T"]
     d = cfg["d"]
     feed_forward = 4.0 * bt * d * cfg["hidden"]
@@ -268,7 +293,8 @@ def step_flops(cfg, kind, iters, zero_state_row=False):
         return (cfg["layers"] - 1) * (f + vjp_all) + 3 * feed_forward + head
     if kind == "explicit":
         return cfg["layers"] * (f + vjp_all) + head
-    return (iters + 2) * f + iters * vjp_state + vjp_all + head
+    evaluations = iters * f + (feed_forward if zero_state_row else f) + (0 if record_last else f)
+    return evaluations + iters * vjp_state + vjp_all + head
 
 
 # ---------------------------------------------------------------- W3
@@ -437,7 +463,7 @@ def run_transformer(args, dtype):
         cfg = W1 if args.workload == "w1" else W2
         params = init_params(cfg, kind, dtype, args.seed)
         x, y = reversal_batch(cfg, args.seed)
-    model = Model(cfg, kind, params, iters, args.zero_state == "row")
+    model = Model(cfg, kind, params, iters, args.zero_state == "row", args.record_last)
     optimizer = make_optimizer(params)
     losses, seconds, cpu = [], [], []
     for i in range(args.warmup + args.steps):
@@ -449,7 +475,7 @@ def run_transformer(args, dtype):
             seconds.append(elapsed)
             cpu.append(time.process_time() - cpu_start)
     return {"model": kind, "iters": iters, "seconds": seconds, "cpu": cpu,
-            "flops": step_flops(cfg, kind, iters, args.zero_state == "row"),
+            "flops": step_flops(cfg, kind, iters, args.zero_state == "row", args.record_last),
             "loss_first": losses[0],
             "loss_after_one_step": losses[1] if len(losses) > 1 else None,
             "loss_last": losses[-1]}
@@ -527,14 +553,19 @@ def main():
                         help="w3: iterate the whole batch until all converge, or only the "
                              "queries still above the tolerance")
     parser.add_argument("--zero-state", choices=["full", "row"], default="full",
-                        help="explicit model: compute the first cell's attention over z0 = 0 in "
-                             "full (as autograd code does), or as the one row it equals, as "
-                             "stillpoint does (for comparing the two sides' per-op cost alone)")
+                        help="compute the attention of a cell at z = 0 (explicit: the first "
+                             "cell; implicit: the solver's first evaluation) in full, as autograd "
+                             "code does, or as the one row it equals, as stillpoint does (for "
+                             "comparing the two sides' per-op cost alone)")
+    parser.add_argument("--record-last", action="store_true",
+                        help="implicit model: record the solver's last evaluation and use it at "
+                             "z* when z* is that iterate, as stillpoint does, instead of "
+                             "evaluating f at z* once more")
     args = parser.parse_args()
     if args.iters < 0 or args.threads < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("--iters >= 0, --threads >= 1, --steps >= 1 and --warmup >= 0 are required")
-    if args.zero_state == "row" and args.model != "explicit":
-        parser.error("--zero-state row applies to --model explicit only")
+    if args.record_last and args.model == "explicit":
+        parser.error("--record-last applies to the implicit model only")
     torch.set_num_threads(args.threads)
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     if args.workload == "export":
