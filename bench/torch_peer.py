@@ -279,7 +279,9 @@ def step_flops(cfg, kind, iters, zero_state_row=False, record_last=False):
     """The analytic FLOP count of the products this peer runs: TransformerStepFlops of
     bench_command.h with both options, else with the work stillpoint skips added: without
     zero_state_row the first cell (explicit) or the solver's first evaluation (implicit) in full
-    (their attention over z0 = 0), without record_last one more evaluation at z*."""
+    (their attention over z0 = 0), without record_last one more evaluation at z*. With
+    record_last the count assumes the recording is used, as it is when z* is the last iterate
+    (every W2 step checked; W1 falls back to evaluating at z* in some steps)."""
     bt = cfg["B"] * cfg["T"]
     d = cfg["d"]
     feed_forward = 4.0 * bt * d * cfg["hidden"]

@@ -151,7 +151,9 @@ class TransformerBench {
 // first cell (forward, and input and weight gradients) and for the implicit
 // solver's first evaluation, from z0 = 0. The implicit model's recorded
 // evaluation at z* is the solver's last (docs/solvers.md), so K + 1
-// evaluations in all.
+// evaluations in all. (That holds when z* is the last iterate: every W2
+// step checked; W1, in float32, evaluates at z* once more in some steps,
+// which the count leaves out.)
 double TransformerStepFlops(const TransformerShapes& shapes, ModelKind kind, int iterations);
 
 // The peak resident set size of this process (VmHWM of /proc/self/status),
