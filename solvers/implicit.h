@@ -17,11 +17,13 @@
 //     leaf holding z*. (With a fixed budget the solver's last evaluation is
 //     recorded instead, tape on, and is f_star when z* is bitwise its input:
 //     no second evaluation at the same point.) The result is a node
-//     "implicit" with value f(z*) and the single input f_star. Its VJP receives g = dL/dz* and
-//     returns the adjoint w, solving w = g + J^T w (kIft; each iteration one VJP through f_star, J
-//     = df/dz at z*) or w = g (kJfb); the engine then pushes w through f_star into the parameters
-//     and the injection (one more VJP). The recorded graph is that of one cell evaluation, whatever
-//     the number of forward iterations.
+//     "implicit" with value f(z*) and the single input f_star. Its VJP
+//     receives g = dL/dz* and returns the adjoint w, solving w = g + J^T w
+//     (kIft; each iteration one VJP through f_star, J = df/dz at z*) or
+//     w = g (kJfb); the engine then pushes w through f_star into the
+//     parameters and the injection (one more VJP). The recorded graph is
+//     that of one cell evaluation, whatever the number of forward
+//     iterations.
 //   kPhantom. After the solve, k damped steps z <- (1 - tau) z + tau f(z)
 //     from z* (detached) are recorded; the value is their result.
 //   kUnrolled. No solver: k plain steps z <- f(z) from z0 are recorded (the

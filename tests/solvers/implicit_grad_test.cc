@@ -296,7 +296,7 @@ TEST(ImplicitGrad, RecordsOneCellEvaluation) {
   EXPECT_STREQ(result.z_star.op_name(), "implicit");
 }
 
-// p's cell, counting its evaluations in *calls.
+// `cell`, counting its evaluations in *calls.
 CellFn CountingCell(const CellFn& cell, int* calls) {
   return [cell, calls](const Var& z, const std::vector<int64_t>& ids) {
     ++*calls;
@@ -354,16 +354,15 @@ TEST(ImplicitGrad, FixedBudgetEvaluatesAgainWhenTheSolutionIsAnEarlierIterate) {
   // residual |z + b| grows, so the solver returns z0 = 0, not its last
   // iterate, and the recorded last evaluation must not stand for f(z*).
   Var b(Tensor::FromVector(Shape{1, 2}, {0.5, -0.25}, DType::kFloat64), true);
-  int calls = 0;
-  const CellFn cell = [b, &calls](const Var& z, const std::vector<int64_t>&) {
-    ++calls;
+  const CellFn away = [b](const Var& z, const std::vector<int64_t>&) {
     return add(mul_scalar(z, 2.0), b);
   };
+  int calls = 0;
   ImplicitOptions options;
   options.forward = Steps(ForwardSolverType::kPicard, StopMode::kAbsolute, 5, 0.0);
   options.backward.mode = BackwardMode::kJfb;
-  const ImplicitResult result =
-      SolveImplicit(cell, Tensor::Zeros(Shape{1, 2}, DType::kFloat64), options);
+  const ImplicitResult result = SolveImplicit(CountingCell(away, &calls),
+                                              Tensor::Zeros(Shape{1, 2}, DType::kFloat64), options);
   EXPECT_EQ(calls, result.forward.map_calls + 1);
   EXPECT_TRUE(BitwiseEqual(result.z_star.value(), b.value()));  // f(0) = b
   // Jacobian-free: dL/db = dL/dz* for L = <z*, probe>.
