@@ -46,8 +46,9 @@
 # --zero-state row --record-last; against the tuned peer only: the per-op
 # speed alone); w3 (peer iterates the whole batch), w3a (peer with per-query exit). Extras (stillpoint only
 # unless noted): W1 implicit with 64 iterations (memory), W2 implicit and explicit with 1
-# thread next to W2 with --threads (scaling, paired per repetition), float32 GEMM
-# throughput of torch (tuned).
+# thread next to W2 with --threads (scaling, paired per repetition), W2 implicit and
+# explicit with --scaling (scaling again: 1-thread and --threads steps alternating in one
+# process), float32 GEMM throughput of torch (tuned).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -211,6 +212,10 @@ for rep in $(seq 1 "$REPS"); do
         run "$key-t1" stillpoint "$rep" "$SP" bench w2 --model $model $ONE
         # shellcheck disable=SC2086
         run "$key-tN" stillpoint "$rep" "$SP" bench w2 --model $model $COMMON
+        # The same ratio from steps alternating in one process, so both
+        # thread counts see the machine in the same state.
+        # shellcheck disable=SC2086
+        run "$key-rounds" stillpoint "$rep" "$SP" bench w2 --model $model $COMMON --scaling
       done
     fi
   fi
@@ -346,6 +351,15 @@ for key in ("w2i", "w2e"):
               f"{pairs[0][2]} threads {statistics.median([p[1] for p in pairs]):.1f} ms "
               f"(adjacent runs): {statistics.median(ratios):.2f}x "
               f"({min(ratios):.2f}-{max(ratios):.2f})")
+    # Per process, the median over its rounds of 1-thread step / multi-thread
+    # step; the median of those over the repetitions.
+    rounds = [r["result"] for r in by.get((key + "-rounds", "stillpoint"), [])]
+    if rounds:
+        per_process = [r["scaling_median"] for r in rounds]
+        print(f"{key}: 1 thread {statistics.median([r['one_thread_median_ms'] for r in rounds]):.1f} ms, "
+              f"{rounds[0]['threads']} threads {statistics.median([r['median_ms'] for r in rounds]):.1f} ms "
+              f"(alternating steps in one process): {statistics.median(per_process):.2f}x "
+              f"({min(per_process):.2f}-{max(per_process):.2f})")
 for key in ("w1i", "w1e", "w2i", "w2e"):
     g = med(key, "stillpoint", "gflops_per_s")
     gt = med(key, "torch-tuned", "gflops_per_s")

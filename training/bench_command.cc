@@ -85,6 +85,10 @@ struct BenchReport {
   std::string dtype;
   TimeStats time;         // seconds
   double cpu_median = 0;  // process CPU seconds per timed unit, median
+  // --scaling: the 1-thread steps (seconds) and the per-round ratios.
+  bool scaling = false;
+  TimeStats one_thread;
+  TimeStats ratio;
   double flops = 0;       // per timed unit (step, or whole retrieval)
   int64_t peak_bytes = 0;
   // W1/W2.
@@ -112,6 +116,13 @@ void PrintText(const BenchReport& r, std::ostream& out) {
       << r.cpu_median * ms << " ms; " << r.flops / 1e9 << " GFLOP, " << std::setprecision(1)
       << r.flops / r.time.median / 1e9 << " GFLOP/s; peak RSS " << std::setprecision(1)
       << static_cast<double>(r.peak_bytes) / (1 << 20) << " MiB\n";
+  if (r.scaling) {
+    out << std::setprecision(3) << "  scaling: 1 thread median " << r.one_thread.median * ms
+        << " ms (IQR " << r.one_thread.p25 * ms << "-" << r.one_thread.p75 * ms << "), "
+        << r.threads << " threads " << r.time.median * ms << " ms; per-round ratio median "
+        << std::setprecision(2) << r.ratio.median << "x (min " << r.ratio.min << ", max "
+        << r.ratio.max << ") over " << r.steps << " rounds\n";
+  }
   if (!r.losses.empty()) {
     out << std::setprecision(6) << "  loss: first " << r.losses.front();
     if (r.losses.size() > 1) out << ", after one step " << r.losses[1];
@@ -144,6 +155,14 @@ void PrintJson(const BenchReport& r, std::ostream& out) {
       << ", \"flops\": " << JsonNumber(r.flops)
       << ", \"gflops_per_s\": " << JsonNumber(r.flops / r.time.median / 1e9)
       << ", \"peak_rss_mb\": " << JsonNumber(static_cast<double>(r.peak_bytes) / (1 << 20));
+  if (r.scaling) {
+    out << ", \"one_thread_median_ms\": " << JsonNumber(r.one_thread.median * ms)
+        << ", \"one_thread_p25_ms\": " << JsonNumber(r.one_thread.p25 * ms)
+        << ", \"one_thread_p75_ms\": " << JsonNumber(r.one_thread.p75 * ms)
+        << ", \"scaling_median\": " << JsonNumber(r.ratio.median)
+        << ", \"scaling_min\": " << JsonNumber(r.ratio.min)
+        << ", \"scaling_max\": " << JsonNumber(r.ratio.max);
+  }
   if (!r.losses.empty()) {
     out << ", \"loss_first\": " << JsonNumber(r.losses.front())
         << ", \"loss_after_one_step\": " << (r.losses.size() > 1 ? JsonNumber(r.losses[1]) : "null")
@@ -243,19 +262,45 @@ BenchReport RunTransformerBench(const BenchArgs& args,
                          weights != nullptr ? weights->batch : ReversalBatch(shapes, args.seed),
                          weights != nullptr ? weights->parameters : NamedTensors{}, args.shards);
   BenchReport report;
-  std::vector<double> seconds, cpu;
-  for (int64_t step = 0; step < args.warmup + args.steps; ++step) {
+  // One step on `threads` threads: its wall and CPU seconds.
+  auto timed_step = [&](int threads, double* wall, double* cpu_seconds) {
+    SetNumThreads(threads);
     const double cpu_start = ProcessCpuSeconds();
     const Clock::time_point start = Clock::now();
     report.losses.push_back(bench.Step());
-    const double elapsed = Seconds(start);
-    if (step >= args.warmup) {
-      seconds.push_back(elapsed);
-      cpu.push_back(ProcessCpuSeconds() - cpu_start);
+    *wall = Seconds(start);
+    *cpu_seconds = ProcessCpuSeconds() - cpu_start;
+  };
+  std::vector<double> seconds, cpu, one_thread_seconds, ratios;
+  for (int64_t round = 0; round < args.warmup + args.steps; ++round) {
+    double wall = 0, cpu_seconds = 0;
+    if (!args.scaling) {
+      timed_step(args.threads, &wall, &cpu_seconds);
+    } else {
+      // The 1-thread step first in even rounds and second in odd ones, so
+      // neither always runs on caches the other warmed.
+      double one_wall = 0, one_cpu = 0;
+      if (round % 2 == 0) timed_step(1, &one_wall, &one_cpu);
+      timed_step(args.threads, &wall, &cpu_seconds);
+      if (round % 2 == 1) timed_step(1, &one_wall, &one_cpu);
+      if (round >= args.warmup) {
+        one_thread_seconds.push_back(one_wall);
+        ratios.push_back(one_wall / wall);
+      }
+    }
+    if (round >= args.warmup) {
+      seconds.push_back(wall);
+      cpu.push_back(cpu_seconds);
     }
   }
+  SetNumThreads(args.threads);
   report.time = Summarise(seconds);
   report.cpu_median = Summarise(cpu).median;
+  if (args.scaling) {
+    report.scaling = true;
+    report.one_thread = Summarise(one_thread_seconds);
+    report.ratio = Summarise(ratios);
+  }
   report.flops = TransformerStepFlops(shapes, kind, iterations);
   if (const Implicit* implicit = bench.model().implicit()) {
     report.forward_iterations = implicit->forward_summary().iterations;
@@ -543,6 +588,10 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
     SP_CHECK(transformer || args.shards == 1, "--shards does not apply to w3 (Hopfield retrieval)");
     SP_CHECK(args.steps >= 1, "--steps must be >= 1, got ", args.steps);
     SP_CHECK(args.warmup >= 0, "--warmup must be >= 0, got ", args.warmup);
+    SP_CHECK(!args.scaling || transformer, "--scaling does not apply to w3 (Hopfield retrieval)");
+    SP_CHECK(!args.scaling || args.threads >= 2,
+             "--scaling compares 1 thread with --threads, which must then be >= 2, got ",
+             args.threads);
     SP_CHECK(StringToDType(args.dtype, &dtype), "--dtype: '", args.dtype,
              "' is not float32 or float64");
     if (!args.weights_path.empty()) weights = LoadWeightsExport(args.weights_path, kind);

@@ -58,6 +58,12 @@ struct BenchArgs {
   int64_t shards = 1;  // W1, W2: data-parallel shards of the batch
   int64_t steps = 20;
   int64_t warmup = 3;
+  // W1, W2: every step (warm-up included) becomes a round of two steps, one
+  // on 1 thread and one on `threads`, the order alternating by round; also
+  // reports the 1-thread steps and the per-round ratios 1-thread time /
+  // `threads` time. Both steps of a round run on the machine in the same
+  // state, which adjacent processes do not on a shared machine.
+  bool scaling = false;
   bool json = false;
   std::string weights_path;  // empty: SPEC shapes with a seeded initialisation
   std::string dtype = "float32";

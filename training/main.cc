@@ -82,6 +82,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_cmd->add_option("--steps", bench.steps, "Timed steps")->capture_default_str();
   bench_cmd->add_option("--warmup", bench.warmup, "Untimed warm-up steps")->capture_default_str();
+  bench_cmd->add_flag(
+      "--scaling", bench.scaling,
+      "Alternate 1-thread and --threads steps; report both and their ratio (w1, w2)");
   bench_cmd->add_flag("--json", bench.json, "Print the result as one JSON object");
   bench_cmd->add_option("--weights", bench.weights_path,
                         "Start from exported weights and batch (deq_tiny.json layout)");

@@ -79,6 +79,42 @@ class PoolRunsTest(unittest.TestCase):
                          ["W2 explicit step", ">= 2.5x", "1", "1", "4.00x", "4.00-4.00",
                           "4.00-4.00", "1 of 1"])
 
+    def test_pools_the_scaling_ratios_both_ways(self):
+        # Adjacent processes: run C 80/40 = 2.0 and 90/60 = 1.5 (median 1.75,
+        # meets 1.7x), run D 70/50 = 1.4 (misses); a 1-thread process without
+        # its multi-thread partner does not count. Alternating steps: each
+        # process's own median ratio, C 1.9 and 1.8, D 1.6.
+        def rounds(rep, scaling_median):
+            r = record("w2e-rounds", "stillpoint", rep, 45.0)
+            r["result"]["scaling_median"] = scaling_median
+            return r
+        c = write_run(self.root, "C", [
+            record("w2e-t1", "stillpoint", 1, 80.0), record("w2e-tN", "stillpoint", 1, 40.0),
+            record("w2e-t1", "stillpoint", 2, 90.0), record("w2e-tN", "stillpoint", 2, 60.0),
+            record("w2e-t1", "stillpoint", 3, 99.0), rounds(1, 1.9), rounds(2, 1.8),
+        ])
+        d = write_run(self.root, "D", [
+            record("w2e-t1", "stillpoint", 1, 70.0), record("w2e-tN", "stillpoint", 1, 50.0),
+            rounds(1, 1.6),
+        ])
+        result = run(c, d)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(row(result.stdout, "W2 explicit, 2 threads vs 1 (adjacent processes)"),
+                         ["W2 explicit, 2 threads vs 1 (adjacent processes)", ">= 1.7x", "2",
+                          "3", "1.50x", "1.45-1.75", "1.40-2.00", "1 of 2"])
+        self.assertEqual(
+            row(result.stdout, "W2 explicit, 2 threads vs 1 (alternating steps in one process)"),
+            ["W2 explicit, 2 threads vs 1 (alternating steps in one process)", ">= 1.7x", "2",
+             "3", "1.80x", "1.70-1.85", "1.60-1.90", "1 of 2"])
+        self.assertIsNone(row(result.stdout, "W2 implicit, 2 threads vs 1 (adjacent processes)"))
+
+    def test_a_rounds_record_without_its_ratio_is_named(self):
+        bad = write_run(self.root, "bad", [record("w2i-rounds", "stillpoint", 1, 120.0)])
+        result = run(bad)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("results.jsonl line 1: not a compare.sh record", result.stderr)
+        self.assertIn("scaling_median", result.stderr)
+
     def test_a_directory_without_results_is_named(self):
         missing = os.path.join(self.root, "nothing here")
         result = run(self.a, missing)

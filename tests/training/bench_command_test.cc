@@ -6,6 +6,7 @@
 //     the loss after one AdamW step match values computed here independently:
 //     a plain-loop float64 forward of the model, the reference's exact
 //     implicit gradients and a hand-written first AdamW step;
+//   - --scaling alternates 1-thread and multi-thread steps of one training;
 //   - bad arguments exit with 2 before any work.
 #include "training/bench_command.h"
 
@@ -330,6 +331,45 @@ TEST(BenchCommandTest, TinyExplicitLossAfterOneStepMatchesIndependentReference) 
   EXPECT_NEAR(result.json["loss_after_one_step"].as<double>(), reference_after, 1e-12);
 }
 
+TEST(BenchCommandTest, ScalingRoundsAreTwoStepsOfTheSameTraining) {
+  // --scaling: each of warm-up + steps rounds runs one step on 1 thread and
+  // one on --threads; the training itself is the same as that many plain
+  // steps (results do not depend on the thread count).
+  BenchArgs scaling = TinyArgs("explicit");
+  scaling.threads = 2;
+  scaling.warmup = 1;
+  scaling.steps = 3;
+  scaling.scaling = true;
+  const CommandResult rounds = RunCommand(scaling);
+  ASSERT_EQ(rounds.code, 0) << rounds.err;
+  BenchArgs plain = TinyArgs("explicit");
+  plain.threads = 2;
+  plain.warmup = 0;
+  plain.steps = 2 * (scaling.warmup + scaling.steps);
+  const CommandResult steps = RunCommand(plain);
+  ASSERT_EQ(steps.code, 0) << steps.err;
+  EXPECT_EQ(rounds.json["loss_first"].as<double>(), steps.json["loss_first"].as<double>());
+  EXPECT_EQ(rounds.json["loss_after_one_step"].as<double>(),
+            steps.json["loss_after_one_step"].as<double>());
+  EXPECT_EQ(rounds.json["loss_last"].as<double>(), steps.json["loss_last"].as<double>());
+  // One step fewer or more would train to another loss.
+  plain.steps -= 1;
+  const CommandResult fewer = RunCommand(plain);
+  ASSERT_EQ(fewer.code, 0) << fewer.err;
+  EXPECT_NE(rounds.json["loss_last"].as<double>(), fewer.json["loss_last"].as<double>());
+
+  const YAML::Node& json = rounds.json;
+  EXPECT_EQ(json["threads"].as<int>(), 2);
+  EXPECT_GT(json["one_thread_median_ms"].as<double>(), 0.0);
+  EXPECT_LE(json["one_thread_p25_ms"].as<double>(), json["one_thread_median_ms"].as<double>());
+  EXPECT_LE(json["one_thread_median_ms"].as<double>(), json["one_thread_p75_ms"].as<double>());
+  EXPECT_LE(json["scaling_min"].as<double>(), json["scaling_median"].as<double>());
+  EXPECT_LE(json["scaling_median"].as<double>(), json["scaling_max"].as<double>());
+  EXPECT_GT(json["scaling_min"].as<double>(), 0.0);
+  // A plain run reports no scaling.
+  EXPECT_FALSE(steps.json["scaling_median"].IsDefined());
+}
+
 TEST(BenchCommandTest, StepFlopsFollowTheStatedFormula) {
   const TransformerShapes w1 = W1Shapes();
   // W1: L = 2*1024*(4*64^2 + 2*64*128) = 67108864, A = 4*1024*32*64 = 8388608,
@@ -394,6 +434,14 @@ TEST(BenchCommandTest, BadArgumentsExitWithTwoBeforeAnyWork) {
   args.workload = "w3";
   args.model = "explicit";
   expect_bad(args, "--model");
+  args = good;
+  args.scaling = true;
+  args.threads = 1;
+  expect_bad(args, "--scaling");
+  args = good;
+  args.workload = "w3";
+  args.scaling = true;
+  expect_bad(args, "--scaling");
 }
 
 }  // namespace
