@@ -85,12 +85,12 @@ struct BenchReport {
   std::string dtype;
   TimeStats time;         // seconds
   double cpu_median = 0;  // process CPU seconds per timed unit, median
+  double flops = 0;       // per timed unit (step, or whole retrieval)
+  int64_t peak_bytes = 0;
   // --scaling: the 1-thread steps (seconds) and the per-round ratios.
   bool scaling = false;
   TimeStats one_thread;
   TimeStats ratio;
-  double flops = 0;       // per timed unit (step, or whole retrieval)
-  int64_t peak_bytes = 0;
   // W1/W2.
   std::vector<double> losses;  // every step, warm-up included
   std::string forward_report, adjoint_report;
