@@ -10,8 +10,9 @@
 //   - implicit: Anderson (m 5, lambda 1e-4, beta 1, safeguard off) for
 //     exactly K iterations (tolerance 0, no early stop; the map is also
 //     evaluated at z0, so K + 1 cell evaluations, of which the last, at z*,
-//     is recorded: docs/solvers.md), and the IFT backward with the plain fixed-point
-//     adjoint iteration w <- g + J^T w for exactly K iterations from w0 = g.
+//     is recorded: docs/solvers.md), and the IFT backward with the plain
+//     fixed-point adjoint iteration w <- g + J^T w for exactly K iterations
+//     from w0 = g.
 //   - explicit: 6 untied cells, ordinary backprop.
 //   --shards S (default 1) cuts the batch into S shards of whole sequences
 //   that run forward and backward side by side on replicas of the model
