@@ -68,8 +68,9 @@ class PackedFloatB {
 
   // Packs scale op(B) [k, n]: B is [k, n] with row stride ldb ([n, k] if
   // trans_b). The storage is kept and reused by later calls. A shallow B
-  // of exactly one panel of columns (16 with AVX, 8 with SSE; not
-  // transposed, k <= 64) and scale 1 is not copied but read in place: it
+  // of exactly one panel of columns (one or two SIMD packets: 8 or 16 with
+  // AVX2, 16 or 32 with AVX-512, 4 or 8 with SSE; not transposed, k <= 64)
+  // and scale 1 is not copied but read in place: it
   // must then stay unchanged until the last Multiply. A scale packed into B
   // instead of passed to Multiply as alpha saves the tiles a multiplication
   // of every result (products with alpha = 1 skip it); the rounding differs

@@ -4,9 +4,9 @@
 // per-head [256, 16] x [16, 256] score block, OpenBLAS spends a third of its
 // time outside its inner kernel: it packs both operands on every call and
 // zeroes C in a separate pass before accumulating into it (beta = 0). Here
-// only op(B) is packed, into panels of kPanel columns (k x kPanel,
-// contiguous, zero-padded), and a register-blocked micro-kernel computes a
-// kRows x kPanel tile of C entirely in registers, reading op(A) in place
+// only op(B) is packed, into panels of one or two packets of columns (k x
+// width, contiguous, zero-padded; see PanelShape), and a register-blocked
+// micro-kernel computes a tile of C entirely in registers, reading op(A) in place
 // (broadcast one entry at a time, which works as well for A as for A^T), and
 // stores the tile once: no zeroing pass and no copy of A. A shallow B that
 // is a single panel already (a head's [T, 16] keys, values or rows of a
@@ -19,8 +19,11 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "framework/gemm.h"
@@ -39,16 +42,40 @@ constexpr int kLanes = ei::packet_traits<float>::size;
 using PacketBlock = ei::PacketBlock<Packet, kLanes>;
 #pragma GCC diagnostic pop
 
-// A tile is kRows x (2 packets): 12 accumulators with AVX2 (6 x 16), which
-// with the two B packets and one broadcast fills 15 of the 16 registers.
-constexpr int kRows = 6;
-constexpr int kPanel = 2 * kLanes;
+// Two panel widths. A wide panel is two packets of columns and its tiles
+// are 6 rows: 12 accumulators, which with AVX2 (6 x 16) and the two B
+// packets and one broadcast fill 15 of the 16 registers. A narrow panel is
+// one packet and its tiles are 12 rows (12 accumulators again): products
+// with at most one packet of columns use it, where a wide panel would be
+// half zero padding. That is a 16-wide head's P V, dQ, dK and dV when a
+// packet holds 16 floats (AVX-512); with AVX2 only products of n <= 8.
+template <int kPackets>
+struct PanelShape {
+  static_assert(kPackets == 1 || kPackets == 2);
+  static constexpr int kWidth = kPackets * kLanes;
+  static constexpr int kRows = kPackets == 2 ? 6 : 12;
+};
 constexpr int64_t kDepthBlock = 256;
 // Packed B read by consecutive tiles: 16 KiB, half of a Zen/Skylake L1.
 constexpr int64_t kGroupFloats = 4096;
 
-// Packs columns [col, col + kPanel) of scale op(B) for depths [k0, k0 +
-// kc) as kc rows of kPanel floats; columns past n are zero.
+bool UsesNarrowPanels(int64_t n) { return n <= kLanes; }
+
+// Calls body(std::integral_constant<int, kPackets>) with the panel width
+// of products with n columns.
+template <typename Body>
+decltype(auto) WithPanelsFor(int64_t n, Body&& body) {
+  if (UsesNarrowPanels(n)) return body(std::integral_constant<int, 1>{});
+  return body(std::integral_constant<int, 2>{});
+}
+
+int64_t PanelWidthFor(int64_t n) {
+  return UsesNarrowPanels(n) ? PanelShape<1>::kWidth : PanelShape<2>::kWidth;
+}
+
+// Packs columns [col, col + kWidth) of scale op(B) for depths [k0, k0 +
+// kc) as kc rows of kWidth floats; columns past n are zero.
+template <int kPackets>
 void PackPanel(bool trans_b,
                const float* b,
                int64_t ldb,
@@ -58,16 +85,19 @@ void PackPanel(bool trans_b,
                int64_t kc,
                float scale,
                float* out) {
+  constexpr int kWidth = PanelShape<kPackets>::kWidth;
   const Packet scale_packet = ei::pset1<Packet>(scale);
-  const int64_t width = std::min<int64_t>(kPanel, n - col);
-  if (width < kPanel) std::fill(out, out + kc * kPanel, 0.0f);
+  const int64_t width = std::min<int64_t>(kWidth, n - col);
+  if (width < kWidth) std::fill(out, out + kc * kWidth, 0.0f);
   if (!trans_b) {
     for (int64_t kk = 0; kk < kc; ++kk) {
       const float* src = b + (k0 + kk) * ldb + col;
-      float* dst = out + kk * kPanel;
-      if (width == kPanel) {
-        ei::pstore(dst, ei::pmul(scale_packet, ei::ploadu<Packet>(src)));
-        ei::pstore(dst + kLanes, ei::pmul(scale_packet, ei::ploadu<Packet>(src + kLanes)));
+      float* dst = out + kk * kWidth;
+      if (width == kWidth) {
+        for (int q = 0; q < kPackets; ++q) {
+          ei::pstore(dst + q * kLanes,
+                     ei::pmul(scale_packet, ei::ploadu<Packet>(src + q * kLanes)));
+        }
       } else {
         for (int64_t j = 0; j < width; ++j) dst[j] = scale * src[j];
       }
@@ -78,16 +108,16 @@ void PackPanel(bool trans_b,
   // of kLanes rows by kLanes depths are transposed in registers; the rest
   // (a partial panel, a depth tail) element by element.
   int64_t kk0 = 0;
-  if (width == kPanel) {
+  if (width == kWidth) {
     for (; kk0 + kLanes <= kc; kk0 += kLanes) {
-      for (int half = 0; half < 2; ++half) {
+      for (int q = 0; q < kPackets; ++q) {
         PacketBlock block;
         for (int l = 0; l < kLanes; ++l) {
-          block.packet[l] = ei::ploadu<Packet>(b + (col + half * kLanes + l) * ldb + k0 + kk0);
+          block.packet[l] = ei::ploadu<Packet>(b + (col + q * kLanes + l) * ldb + k0 + kk0);
         }
         ei::ptranspose(block);
         for (int l = 0; l < kLanes; ++l) {
-          ei::pstore(out + (kk0 + l) * kPanel + half * kLanes,
+          ei::pstore(out + (kk0 + l) * kWidth + q * kLanes,
                      ei::pmul(scale_packet, block.packet[l]));
         }
       }
@@ -95,23 +125,24 @@ void PackPanel(bool trans_b,
   }
   for (int64_t j = 0; j < width; ++j) {
     const float* src = b + (col + j) * ldb + k0;
-    for (int64_t kk = kk0; kk < kc; ++kk) out[kk * kPanel + j] = scale * src[kk];
+    for (int64_t kk = kk0; kk < kc; ++kk) out[kk * kWidth + j] = scale * src[kk];
   }
 }
 
 // One depth of a tile: acc[r] += op(A)[r, kk] x the panel's row kk.
-template <int kTileRows>
-[[gnu::always_inline]] inline void TileStep(Packet (&acc)[kTileRows][2],
+template <int kTileRows, int kPackets>
+[[gnu::always_inline]] inline void TileStep(Packet (&acc)[kTileRows][kPackets],
                                             const float* a_k,
                                             int64_t a_row,
                                             const float* panel_k) {
-  const Packet b0 = ei::ploadu<Packet>(panel_k);
-  const Packet b1 = ei::ploadu<Packet>(panel_k + kLanes);
-#pragma GCC unroll 8
+  Packet b[kPackets];
+#pragma GCC unroll 2
+  for (int q = 0; q < kPackets; ++q) b[q] = ei::ploadu<Packet>(panel_k + q * kLanes);
+#pragma GCC unroll 12
   for (int r = 0; r < kTileRows; ++r) {
     const Packet ar = ei::pset1<Packet>(a_k[r * a_row]);
-    acc[r][0] = ei::pmadd(ar, b0, acc[r][0]);
-    acc[r][1] = ei::pmadd(ar, b1, acc[r][1]);
+#pragma GCC unroll 2
+    for (int q = 0; q < kPackets; ++q) acc[r][q] = ei::pmadd(ar, b[q], acc[r][q]);
   }
 }
 
@@ -124,12 +155,13 @@ struct SoftmaxGradientRows {
   const float* d = nullptr;
 };
 
-// C tile [rows, width) (rows <= kRows, width <= kPanel) = or += alpha op(A)
-// rows x packed panel. op(A)[r, kk] is a[r * a_row + kk * a_depth]. With
-// kFixedDepth > 0 the depth is that constant (kc must equal it) and the
-// depth loop is unrolled whole: see TileFor. With kSoftmaxGradient the
-// results become p (x - d) (see SoftmaxGradientRows; not with accumulate).
-template <int kTileRows, int kFixedDepth = 0, bool kSoftmaxGradient = false>
+// C tile [rows, width) (rows <= kRows, width <= kWidth of the panel shape)
+// = or += alpha op(A) rows x packed panel. op(A)[r, kk] is a[r * a_row + kk
+// * a_depth]. With kFixedDepth > 0 the depth is that constant (kc must
+// equal it) and the depth loop is unrolled whole: see TileFor. With
+// kSoftmaxGradient the results become p (x - d) (see SoftmaxGradientRows;
+// not with accumulate).
+template <int kTileRows, int kPackets, int kFixedDepth = 0, bool kSoftmaxGradient = false>
 void Tile(int64_t kc,
           const float* a,
           int64_t a_row,
@@ -142,68 +174,69 @@ void Tile(int64_t kc,
           int64_t ldc,
           int64_t width,
           const SoftmaxGradientRows& gradient) {
-  // Every loop over the tile's rows is unrolled, so the accumulators live
-  // in registers from the first multiply-add to the store.
-  Packet acc[kTileRows][2];
-#pragma GCC unroll 8
+  constexpr int kWidth = PanelShape<kPackets>::kWidth;
+  // Every loop over the tile's rows and packets is unrolled, so the
+  // accumulators live in registers from the first multiply-add to the
+  // store.
+  Packet acc[kTileRows][kPackets];
+#pragma GCC unroll 12
   for (int r = 0; r < kTileRows; ++r) {
-    acc[r][0] = ei::pset1<Packet>(0.0f);
-    acc[r][1] = ei::pset1<Packet>(0.0f);
+    for (int q = 0; q < kPackets; ++q) acc[r][q] = ei::pset1<Packet>(0.0f);
   }
   if constexpr (kFixedDepth > 0) {
 #pragma GCC unroll 16
     for (int kk = 0; kk < kFixedDepth; ++kk) {
-      TileStep<kTileRows>(acc, a + kk * a_depth, a_row, panel + kk * panel_stride);
+      TileStep<kTileRows, kPackets>(acc, a + kk * a_depth, a_row, panel + kk * panel_stride);
     }
   } else {
     for (int64_t kk = 0; kk < kc; ++kk) {
-      TileStep<kTileRows>(acc, a + kk * a_depth, a_row, panel + kk * panel_stride);
+      TileStep<kTileRows, kPackets>(acc, a + kk * a_depth, a_row, panel + kk * panel_stride);
     }
   }
   if (alpha != 1.0f) {
     // (A product by 1 is exact: skipping it changes no result.)
     const Packet scale = ei::pset1<Packet>(alpha);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int r = 0; r < kTileRows; ++r) {
-      acc[r][0] = ei::pmul(scale, acc[r][0]);
-      acc[r][1] = ei::pmul(scale, acc[r][1]);
+      for (int q = 0; q < kPackets; ++q) acc[r][q] = ei::pmul(scale, acc[r][q]);
     }
   }
   if constexpr (kSoftmaxGradient) {
-    if (width == kPanel) {
-#pragma GCC unroll 8
+    if (width == kWidth) {
+#pragma GCC unroll 12
       for (int r = 0; r < kTileRows; ++r) {
         const Packet d = ei::pset1<Packet>(gradient.d[r]);
         const float* p_row = gradient.p + r * gradient.ldp;
-        acc[r][0] = ei::pmul(ei::ploadu<Packet>(p_row), ei::psub(acc[r][0], d));
-        acc[r][1] = ei::pmul(ei::ploadu<Packet>(p_row + kLanes), ei::psub(acc[r][1], d));
+        for (int q = 0; q < kPackets; ++q) {
+          acc[r][q] = ei::pmul(ei::ploadu<Packet>(p_row + q * kLanes), ei::psub(acc[r][q], d));
+        }
       }
     }
   }
-  if (width == kPanel && !accumulate) {
-#pragma GCC unroll 8
+  if (width == kWidth && !accumulate) {
+#pragma GCC unroll 12
     for (int r = 0; r < kTileRows; ++r) {
-      ei::pstoreu(c + r * ldc, acc[r][0]);
-      ei::pstoreu(c + r * ldc + kLanes, acc[r][1]);
+      for (int q = 0; q < kPackets; ++q) ei::pstoreu(c + r * ldc + q * kLanes, acc[r][q]);
     }
     return;
   }
-  if (width == kPanel) {
-#pragma GCC unroll 8
+  if (width == kWidth) {
+#pragma GCC unroll 12
     for (int r = 0; r < kTileRows; ++r) {
       float* c_row = c + r * ldc;
-      ei::pstoreu(c_row, ei::padd(acc[r][0], ei::ploadu<Packet>(c_row)));
-      ei::pstoreu(c_row + kLanes, ei::padd(acc[r][1], ei::ploadu<Packet>(c_row + kLanes)));
+      for (int q = 0; q < kPackets; ++q) {
+        float* c_packet = c_row + q * kLanes;
+        ei::pstoreu(c_packet, ei::padd(acc[r][q], ei::ploadu<Packet>(c_packet)));
+      }
     }
     return;
   }
   // A partial panel (the last columns of C): through a small buffer.
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < kTileRows; ++r) {
     float* c_row = c + r * ldc;
-    alignas(64) float tmp[kPanel];
-    ei::pstore(tmp, acc[r][0]);
-    ei::pstore(tmp + kLanes, acc[r][1]);
+    alignas(64) float tmp[kWidth];
+    for (int q = 0; q < kPackets; ++q) ei::pstore(tmp + q * kLanes, acc[r][q]);
     if constexpr (kSoftmaxGradient) {
       const float* p_row = gradient.p + r * gradient.ldp;
       for (int64_t j = 0; j < width; ++j) tmp[j] = p_row[j] * (tmp[j] - gradient.d[r]);
@@ -224,27 +257,30 @@ using TileFn = void (*)(int64_t,
                         int64_t,
                         int64_t,
                         const SoftmaxGradientRows&);
-// Tiles of every row count for one depth: a run-time one (kDepth = 0) or,
-// for depth 16 (a 16-wide head's Q K^T and dO V^T), the depth loop
-// unrolled at compile time. Fused attention forward + backward, one thread,
-// best of 40 batches in 4 interleaved runs: T = 256 (W2) 8.36 -> 8.17 ms,
-// T = 32 (W1) 537 -> 530 us. Unrolling depth 32 as well (the other products
-// at T = 32) measured slower at T = 32 (549 us): the unrolled tiles then
-// crowd the instruction cache.
-template <int kDepth, bool kSoftmaxGradient = false>
-constexpr TileFn kTilesOfDepth[kRows + 1] = {nullptr,
-                                             &Tile<1, kDepth, kSoftmaxGradient>,
-                                             &Tile<2, kDepth, kSoftmaxGradient>,
-                                             &Tile<3, kDepth, kSoftmaxGradient>,
-                                             &Tile<4, kDepth, kSoftmaxGradient>,
-                                             &Tile<5, kDepth, kSoftmaxGradient>,
-                                             &Tile<6, kDepth, kSoftmaxGradient>};
+// Tiles of every row count (index: rows) for one panel width and depth: a
+// run-time one (kDepth = 0) or, for depth 16 (a 16-wide head's Q K^T and dO
+// V^T), the depth loop unrolled at compile time. Fused attention forward +
+// backward, one thread, best of 40 batches in 4 interleaved runs: T = 256
+// (W2) 8.36 -> 8.17 ms, T = 32 (W1) 537 -> 530 us. Unrolling depth 32 as
+// well (the other products at T = 32) measured slower at T = 32 (549 us):
+// the unrolled tiles then crowd the instruction cache.
+template <int kPackets, int kDepth, bool kSoftmaxGradient, int... kRowsLessOne>
+constexpr std::array<TileFn, sizeof...(kRowsLessOne) + 1> MakeTiles(
+    std::integer_sequence<int, kRowsLessOne...>) {
+  return {nullptr, &Tile<kRowsLessOne + 1, kPackets, kDepth, kSoftmaxGradient>...};
+}
+template <int kPackets, int kDepth, bool kSoftmaxGradient>
+constexpr auto kTilesOfDepth = MakeTiles<kPackets, kDepth, kSoftmaxGradient>(
+    std::make_integer_sequence<int, PanelShape<kPackets>::kRows>{});
 
+template <int kPackets>
 TileFn TileFor(int rows, int64_t kc, bool softmax_gradient) {
   if (softmax_gradient) {
-    return kc == 16 ? kTilesOfDepth<16, true>[rows] : kTilesOfDepth<0, true>[rows];
+    return kc == 16 ? kTilesOfDepth<kPackets, 16, true>[rows]
+                    : kTilesOfDepth<kPackets, 0, true>[rows];
   }
-  return kc == 16 ? kTilesOfDepth<16>[rows] : kTilesOfDepth<0>[rows];
+  return kc == 16 ? kTilesOfDepth<kPackets, 16, false>[rows]
+                  : kTilesOfDepth<kPackets, 0, false>[rows];
 }
 
 // C[m, n] = 0: the product of depth 0.
@@ -259,26 +295,31 @@ float* PanelBuffer(int64_t floats) {
   return buffer.data();
 }
 
-int64_t PanelCount(int64_t n) { return (n + kPanel - 1) / kPanel; }
+int64_t PanelCount(int64_t n) {
+  const int64_t width = PanelWidthFor(n);
+  return (n + width - 1) / width;
+}
 
 // Whether op(B) [k, n] is read in place instead of packed: a single whole
-// panel (n = kPanel, not transposed) is already kPanel floats per depth, at
-// row stride ldb, so packing would only copy it. Only for shallow B (the
-// per-head operands of short sequences, where a pack costs about as much as
-// the product): a deep one at a large row stride would spread over more L1
-// sets than its packed copy and be read again by every row tile. (W1
-// explicit, one thread, 6 interleaved runs: median step 28.9 -> 27.2 ms; on
-// two threads the difference was within the machine's noise.)
+// panel (n = the panel width, not transposed) is already that many floats
+// per depth, at row stride ldb, so packing would only copy it. Only for
+// shallow B (the per-head operands of short sequences, where a pack costs
+// about as much as the product): a deep one at a large row stride would
+// spread over more L1 sets than its packed copy and be read again by every
+// row tile. (W1 explicit, one thread, 6 interleaved runs: median step 28.9
+// -> 27.2 ms; on two threads the difference was within the machine's
+// noise.)
 constexpr int64_t kMaxInPlaceDepth = 64;
 bool ReadsBInPlace(bool trans_b, int64_t k, int64_t n) {
-  return !trans_b && n == kPanel && k <= kMaxInPlaceDepth;
+  return !trans_b && n == PanelWidthFor(n) && k <= kMaxInPlaceDepth;
 }
 
 // C[m, n] = (or +=, with accumulate) alpha op(A) x packed for one depth
-// block: kc rows of every panel of op(B), panel p at packed + p kc kPanel.
+// block: kc rows of every panel of op(B), panel p at packed + p kc kWidth.
 // op(A)[i, kk] is a[i * a_row + kk * a_depth]. With a gradient (rows of C,
 // p [m, n] and d [m]; the whole depth in this block) the results x become
 // p (x - d) as they are stored.
+template <int kPackets>
 void MultiplyDepthBlock(int64_t m,
                         int64_t n,
                         int64_t kc,
@@ -292,25 +333,45 @@ void MultiplyDepthBlock(int64_t m,
                         float* c,
                         int64_t ldc,
                         const SoftmaxGradientRows* gradient = nullptr) {
+  constexpr int kWidth = PanelShape<kPackets>::kWidth;
+  constexpr int kRows = PanelShape<kPackets>::kRows;
   const int64_t panels = PanelCount(n);
   // Panels in groups that fit in L1 together, so each group is read from L1
   // by every row tile while those rows of A are hot too.
-  const int64_t group = std::max<int64_t>(1, kGroupFloats / (kc * kPanel));
+  const int64_t group = std::max<int64_t>(1, kGroupFloats / (kc * kWidth));
   for (int64_t p0 = 0; p0 < panels; p0 += group) {
     const int64_t p1 = std::min(panels, p0 + group);
     for (int64_t i = 0; i < m; i += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
-      const TileFn tile = TileFor(rows, kc, gradient != nullptr);
+      const TileFn tile = TileFor<kPackets>(rows, kc, gradient != nullptr);
       for (int64_t p = p0; p < p1; ++p) {
-        const int64_t col = p * kPanel;
+        const int64_t col = p * kWidth;
         SoftmaxGradientRows tile_gradient;
         if (gradient) {
           tile_gradient = {gradient->p + i * gradient->ldp + col, gradient->ldp, gradient->d + i};
         }
-        tile(kc, a + i * a_row, a_row, a_depth, packed + p * kc * kPanel, panel_stride, alpha,
-             accumulate, c + i * ldc + col, ldc, std::min<int64_t>(kPanel, n - col), tile_gradient);
+        tile(kc, a + i * a_row, a_row, a_depth, packed + p * kc * kWidth, panel_stride, alpha,
+             accumulate, c + i * ldc + col, ldc, std::min<int64_t>(kWidth, n - col), tile_gradient);
       }
     }
+  }
+}
+
+// Packs depths [k0, k0 + kc) of every panel of scale op(B) [k, n] into out,
+// panel p at out + p kc kWidth.
+template <int kPackets>
+void PackDepthBlock(bool trans_b,
+                    const float* b,
+                    int64_t ldb,
+                    int64_t n,
+                    int64_t k0,
+                    int64_t kc,
+                    float scale,
+                    float* out) {
+  constexpr int kWidth = PanelShape<kPackets>::kWidth;
+  const int64_t panels = PanelCount(n);
+  for (int64_t p = 0; p < panels; ++p) {
+    PackPanel<kPackets>(trans_b, b, ldb, n, p * kWidth, k0, kc, scale, out + p * kc * kWidth);
   }
 }
 
@@ -336,22 +397,23 @@ void SmallGemmFloat(bool trans_a,
   // op(A)[i, kk] = a[i * a_row + kk * a_depth].
   const int64_t a_row = trans_a ? 1 : lda;
   const int64_t a_depth = trans_a ? lda : 1;
-  if (ReadsBInPlace(trans_b, k, n)) {
-    MultiplyDepthBlock(m, n, k, a, a_row, a_depth, b, ldb, alpha, false, c, ldc);
-    return;
-  }
-  const int64_t panels = PanelCount(n);
-  float* packed = PanelBuffer(panels * std::min(k, kDepthBlock) * kPanel);
-  // One depth block packed at a time, so it is still in L1 when the tiles
-  // read it.
-  for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
-    const int64_t kc = std::min(kDepthBlock, k - k0);
-    for (int64_t p = 0; p < panels; ++p) {
-      PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, 1.0f, packed + p * kc * kPanel);
+  WithPanelsFor(n, [&](auto packets) {
+    constexpr int kPackets = decltype(packets)::value;
+    constexpr int kWidth = PanelShape<kPackets>::kWidth;
+    if (ReadsBInPlace(trans_b, k, n)) {
+      MultiplyDepthBlock<kPackets>(m, n, k, a, a_row, a_depth, b, ldb, alpha, false, c, ldc);
+      return;
     }
-    MultiplyDepthBlock(m, n, kc, a + k0 * a_depth, a_row, a_depth, packed, kPanel, alpha, k0 > 0, c,
-                       ldc);
-  }
+    float* packed = PanelBuffer(PanelCount(n) * std::min(k, kDepthBlock) * kWidth);
+    // One depth block packed at a time, so it is still in L1 when the tiles
+    // read it.
+    for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
+      const int64_t kc = std::min(kDepthBlock, k - k0);
+      PackDepthBlock<kPackets>(trans_b, b, ldb, n, k0, kc, 1.0f, packed);
+      MultiplyDepthBlock<kPackets>(m, n, kc, a + k0 * a_depth, a_row, a_depth, packed, kWidth,
+                                   alpha, k0 > 0, c, ldc);
+    }
+  });
 }
 
 float* PackedFloatB::Panels(std::size_t floats) {
@@ -375,17 +437,18 @@ void PackedFloatB::Pack(
     return;
   }
   in_place_ = nullptr;
-  const int64_t panels = PanelCount(n);
-  float* storage = Panels(static_cast<std::size_t>(panels * k * kPanel));
-  // Depth blocks one after another, each laid out as SmallGemmFloat packs
-  // it, so both run the same multiply-adds in the same order.
-  for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
-    const int64_t kc = std::min(kDepthBlock, k - k0);
-    float* block = storage + k0 * panels * kPanel;
-    for (int64_t p = 0; p < panels; ++p) {
-      PackPanel(trans_b, b, ldb, n, p * kPanel, k0, kc, scale, block + p * kc * kPanel);
+  WithPanelsFor(n, [&](auto packets) {
+    constexpr int kPackets = decltype(packets)::value;
+    constexpr int kWidth = PanelShape<kPackets>::kWidth;
+    const int64_t panels = PanelCount(n);
+    float* storage = Panels(static_cast<std::size_t>(panels * k * kWidth));
+    // Depth blocks one after another, each laid out as SmallGemmFloat packs
+    // it, so both run the same multiply-adds in the same order.
+    for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
+      const int64_t kc = std::min(kDepthBlock, k - k0);
+      PackDepthBlock<kPackets>(trans_b, b, ldb, n, k0, kc, scale, storage + k0 * panels * kWidth);
     }
-  }
+  });
 }
 
 void PackedFloatB::Multiply(bool trans_a,
@@ -404,17 +467,22 @@ void PackedFloatB::Multiply(bool trans_a,
   }
   const int64_t a_row = trans_a ? 1 : lda;
   const int64_t a_depth = trans_a ? lda : 1;
-  if (in_place_) {
-    MultiplyDepthBlock(m, n_, k_, a, a_row, a_depth, in_place_, in_place_ldb_, alpha, accumulate, c,
-                       ldc);
-    return;
-  }
-  const int64_t panels = PanelCount(n_);
-  for (int64_t k0 = 0; k0 < k_; k0 += kDepthBlock) {
-    const int64_t kc = std::min(kDepthBlock, k_ - k0);
-    MultiplyDepthBlock(m, n_, kc, a + k0 * a_depth, a_row, a_depth, panels_ + k0 * panels * kPanel,
-                       kPanel, alpha, accumulate || k0 > 0, c, ldc);
-  }
+  WithPanelsFor(n_, [&](auto packets) {
+    constexpr int kPackets = decltype(packets)::value;
+    constexpr int kWidth = PanelShape<kPackets>::kWidth;
+    if (in_place_) {
+      MultiplyDepthBlock<kPackets>(m, n_, k_, a, a_row, a_depth, in_place_, in_place_ldb_, alpha,
+                                   accumulate, c, ldc);
+      return;
+    }
+    const int64_t panels = PanelCount(n_);
+    for (int64_t k0 = 0; k0 < k_; k0 += kDepthBlock) {
+      const int64_t kc = std::min(kDepthBlock, k_ - k0);
+      MultiplyDepthBlock<kPackets>(m, n_, kc, a + k0 * a_depth, a_row, a_depth,
+                                   panels_ + k0 * panels * kWidth, kWidth, alpha,
+                                   accumulate || k0 > 0, c, ldc);
+    }
+  });
 }
 
 void PackedFloatB::MultiplySoftmaxGradient(bool trans_a,
@@ -438,8 +506,12 @@ void PackedFloatB::MultiplySoftmaxGradient(bool trans_a,
   const int64_t a_row = trans_a ? 1 : lda;
   const int64_t a_depth = trans_a ? lda : 1;
   const SoftmaxGradientRows gradient{p, ldp, d};
-  MultiplyDepthBlock(m, n_, k_, a, a_row, a_depth, in_place_ ? in_place_ : panels_,
-                     in_place_ ? in_place_ldb_ : kPanel, 1.0f, false, c, ldc, &gradient);
+  WithPanelsFor(n_, [&](auto packets) {
+    constexpr int kPackets = decltype(packets)::value;
+    MultiplyDepthBlock<kPackets>(m, n_, k_, a, a_row, a_depth, in_place_ ? in_place_ : panels_,
+                                 in_place_ ? in_place_ldb_ : PanelShape<kPackets>::kWidth, 1.0f,
+                                 false, c, ldc, &gradient);
+  });
 }
 
 }  // namespace stillpoint::internal

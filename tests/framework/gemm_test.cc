@@ -85,21 +85,24 @@ TEST(GemmTest, ProductsOnBothSidesOfTheKernelThreshold) {
 }
 
 TEST(GemmTest, PackedFloatKernelHandlesPartialTilesAndDepthBlocks) {
-  // Rows 1..13 cover every partial row tile (tiles are 6 rows); widths
-  // around the 16-column panel; depths on both sides of the 256 block.
+  // Rows 1..13 and 25 cover every row tile of both panel widths (wide tiles
+  // are 6 rows, narrow ones 12); widths around one and two packets (4 and 8
+  // columns with SSE, 8 and 16 with AVX2, 16 and 32 with AVX-512); depths
+  // on both sides of the 256 block.
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
-      for (int64_t m : {1, 5, 6, 7, 13}) {
-        for (int64_t n : {1, 8, 15, 16, 17, 40}) {
+      for (int64_t m = 1; m <= 25; m += m < 13 ? 1 : 12) {  // 1..13, 25
+        for (int64_t n : {1, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 40}) {
           CheckCase<float>(ta, tb, m, n, 9, 3, 1e-5, &SmallGemmFloat);
         }
       }
       for (int64_t k : {0, 255, 256, 257, 600}) {
         CheckCase<float>(ta, tb, 14, 33, k, 2, 1e-5, &SmallGemmFloat);
+        CheckCase<float>(ta, tb, 14, 3, k, 2, 1e-5, &SmallGemmFloat);  // narrow panels
       }
-      // One panel of columns (8 with SSE, 16 with AVX) is read in place up to
+      // One whole panel of columns (narrow or wide) is read in place up to
       // depth 64 and packed beyond.
-      for (int64_t n : {8, 16}) {
+      for (int64_t n : {4, 8, 16, 32}) {
         for (int64_t k : {63, 64, 65}) CheckCase<float>(ta, tb, 13, n, k, 5, 1e-5, &SmallGemmFloat);
       }
     }
@@ -109,14 +112,18 @@ TEST(GemmTest, PackedFloatKernelHandlesPartialTilesAndDepthBlocks) {
 TEST(GemmTest, PackedFloatKernelRowsDoNotDependOnTheirTile) {
   // A row's result is the same whether it is computed alone, in a partial
   // tile or in a full one, so splitting rows over threads cannot change it.
-  const int64_t m = 13, n = 20, k = 300;
-  const std::vector<float> a = Filled<float>(m * k, 3);
-  const std::vector<float> b = Filled<float>(k * n, 4);
-  std::vector<float> whole(m * n), one(n);
-  SmallGemmFloat(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, whole.data(), n);
-  for (int64_t i = 0; i < m; ++i) {
-    SmallGemmFloat(false, false, 1, n, k, 1.0f, a.data() + i * k, k, b.data(), n, one.data(), n);
-    for (int64_t j = 0; j < n; ++j) ASSERT_EQ(one[j], whole[i * n + j]) << i << ", " << j;
+  // Widths 3 (narrow panels on every SIMD width) and 20 (wide with SSE
+  // and AVX2, narrow with AVX-512); 25 rows fill two narrow tiles and more.
+  for (int64_t n : {3, 20}) {
+    const int64_t m = 25, k = 300;
+    const std::vector<float> a = Filled<float>(m * k, 3);
+    const std::vector<float> b = Filled<float>(k * n, 4);
+    std::vector<float> whole(m * n), one(n);
+    SmallGemmFloat(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, whole.data(), n);
+    for (int64_t i = 0; i < m; ++i) {
+      SmallGemmFloat(false, false, 1, n, k, 1.0f, a.data() + i * k, k, b.data(), n, one.data(), n);
+      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(one[j], whole[i * n + j]) << i << ", " << j;
+    }
   }
 }
 
@@ -131,8 +138,8 @@ TEST(GemmTest, UnrolledDepthsMatchTheRunTimeDepthLoop) {
   for (int64_t k : {16, 32}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
-        for (int64_t m : {1, 2, 3, 4, 5, 6, 7, 13}) {
-          for (int64_t n : {1, 16, 17, 33}) {
+        for (int64_t m = 1; m <= 13; ++m) {  // every row count of both tile shapes
+          for (int64_t n : {1, 4, 16, 17, 33}) {
             CheckCase<float>(ta, tb, m, n, k, pad, 1e-5, &SmallGemmFloat);
             // op(A) [m, k + 1] and op(B) [k + 1, n], op(A)'s last column zero.
             const int64_t lda = (ta ? m : k + 1) + pad, ldb = (tb ? k + 1 : n) + pad;
@@ -160,19 +167,21 @@ TEST(GemmTest, PackedOperandMatchesThePackedKernelBitwise) {
   for (int64_t k : {300, 16, 0}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
-        const int64_t m = 29, n = 37, pad = 3;
-        const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
-        const std::vector<float> a = Filled<float>(std::max<int64_t>(1, (ta ? k : m) * lda), 5);
-        const std::vector<float> b = Filled<float>(std::max<int64_t>(1, (tb ? n : k) * ldb), 6);
-        std::vector<float> whole(m * ldc, 7.0f), blocks(m * ldc, 7.0f);
-        SmallGemmFloat(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, whole.data(), ldc);
-        packed.Pack(tb, k, n, b.data(), ldb);
-        for (int64_t i0 = 0; i0 < m; i0 += 12) {  // blocks of 12, 12 and 5 rows
-          const float* a_rows = a.data() + (ta ? i0 : i0 * lda);
-          packed.Multiply(ta, std::min<int64_t>(12, m - i0), 0.5f, a_rows, lda,
-                          blocks.data() + i0 * ldc, ldc);
+        for (int64_t n : {3, 37}) {  // narrow and wide panels
+          const int64_t m = 29, pad = 3;
+          const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+          const std::vector<float> a = Filled<float>(std::max<int64_t>(1, (ta ? k : m) * lda), 5);
+          const std::vector<float> b = Filled<float>(std::max<int64_t>(1, (tb ? n : k) * ldb), 6);
+          std::vector<float> whole(m * ldc, 7.0f), blocks(m * ldc, 7.0f);
+          SmallGemmFloat(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, whole.data(), ldc);
+          packed.Pack(tb, k, n, b.data(), ldb);
+          for (int64_t i0 = 0; i0 < m; i0 += 12) {  // blocks of 12, 12 and 5 rows
+            const float* a_rows = a.data() + (ta ? i0 : i0 * lda);
+            packed.Multiply(ta, std::min<int64_t>(12, m - i0), 0.5f, a_rows, lda,
+                            blocks.data() + i0 * ldc, ldc);
+          }
+          ASSERT_EQ(blocks, whole) << "ta " << ta << " tb " << tb << " k " << k << " n " << n;
         }
-        ASSERT_EQ(blocks, whole) << "ta " << ta << " tb " << tb << " k " << k;
       }
     }
   }
@@ -182,7 +191,7 @@ TEST(GemmTest, PackedOperandMatchesThePackedKernelBitwise) {
 // same values given transposed (always packed) give bitwise the same
 // product, from SmallGemmFloat and from a PackedFloatB by row blocks.
 TEST(GemmTest, SinglePanelReadInPlaceMatchesItsPackedTransposeBitwise) {
-  for (int64_t n : {8, 16}) {
+  for (int64_t n : {4, 8, 16, 32}) {
     for (int64_t k : {1, 17, 64}) {
       for (bool ta : {false, true}) {
         const int64_t m = 20, pad = 3;
@@ -218,8 +227,8 @@ TEST(GemmTest, SinglePanelReadInPlaceMatchesItsPackedTransposeBitwise) {
 // one-panel B too (which is then packed, not read in place); the tiles skip
 // the multiplication by alpha = 1 without changing any result.
 TEST(GemmTest, ScalePackedIntoTheOperandIsTheProductOfTheScaledOperand) {
-  const float scale = 0.36067376f;  // not a power of 2: the rounding shows
-  for (int64_t n : {8, 16, 37}) {   // one panel with SSE, one with AVX, several
+  const float scale = 0.36067376f;    // not a power of 2: the rounding shows
+  for (int64_t n : {4, 8, 16, 37}) {  // one narrow or wide panel (SSE, AVX), several
     for (int64_t k : {16, 300}) {
       for (bool ta : {false, true}) {
         for (bool tb : {false, true}) {
@@ -256,7 +265,7 @@ TEST(GemmTest, ScalePackedIntoTheOperandIsTheProductOfTheScaledOperand) {
 // the unrolled depth 16, a B read in place, and a depth past one block
 // (which takes the two-pass path).
 TEST(GemmTest, SoftmaxGradientInTheTilesMatchesTheProductThenTheMap) {
-  for (int64_t n : {8, 16, 37}) {
+  for (int64_t n : {3, 4, 8, 16, 37}) {
     for (int64_t k : {16, 40, 300}) {
       for (bool ta : {false, true}) {
         for (bool tb : {false, true}) {
