@@ -337,9 +337,11 @@ TEST(LinearGeluTest, ValuesAndGradientsAreThoseOfGeluOfLinearBitwise) {
         const Var b = with_bias ? Var(Random(Shape{c.n}, ++seed, dtype).value(), true) : Var();
         const Var g = Random(Shape{c.m, c.n}, ++seed, dtype);
         const VarList wrt = with_bias ? VarList{x, w, b} : VarList{x, w};
-        const std::string label = "[" + std::to_string(c.m) + ", " + std::to_string(c.k) + "] x [" +
-                                  std::to_string(c.n) + "] " + ToString(dtype) +
-                                  (with_bias ? " with bias" : " without bias");
+        // (Appended piece by piece: GCC 12 at -O3 warns, wrongly, about
+        // "literal" + std::string&&.)
+        std::string label = "[";
+        label += std::to_string(c.m) + ", " + std::to_string(c.k) + "] x [" + std::to_string(c.n) +
+                 "] " + ToString(dtype) + (with_bias ? " with bias" : " without bias");
         for (int threads : {1, 2}) {
           ScopedNumThreads scoped(threads);
           const Var fused = linear_gelu(x, w, b);
