@@ -66,7 +66,8 @@ TEST(ExpFamAttentionTest, DiscreteGradientAndHessian) {
   for (int64_t s = 0; s < S; ++s) {
     for (int64_t k = 0; k < d; ++k) xm(s, k) = x.at(s * d + k);
   }
-  Eigen::VectorXd pv = Eigen::Map<Eigen::VectorXd>(p.data(), S);
+  Eigen::VectorXd pv(S);
+  for (int64_t s = 0; s < S; ++s) pv(s) = p[s];
   Eigen::VectorXd expected = xm.transpose() * pv;
   for (int64_t k = 0; k < d; ++k) {
     EXPECT_NEAR(autodiff.value().at(k), expected(k), 1e-12 * std::max(1.0, std::abs(expected(k))));
