@@ -160,8 +160,16 @@ struct SoftmaxGradientRows {
 // * a_depth]. With kFixedDepth > 0 the depth is that constant (kc must
 // equal it) and the depth loop is unrolled whole: see TileFor. With
 // kSoftmaxGradient the results become p (x - d) (see SoftmaxGradientRows;
-// not with accumulate).
-template <int kTileRows, int kPackets, int kFixedDepth = 0, bool kSoftmaxGradient = false>
+// not with accumulate). With kUnitRowStep a_row must be 1 (op(A) = A^T, a
+// weight gradient's x^T or attention's P^T and dS^T): the tile's entries of
+// op(A) at one depth are then at constant offsets from one pointer,
+// instead of kTileRows offsets that a 12-row tile cannot keep in
+// registers next to its row pointers.
+template <int kTileRows,
+          int kPackets,
+          int kFixedDepth = 0,
+          bool kSoftmaxGradient = false,
+          bool kUnitRowStep = false>
 void Tile(int64_t kc,
           const float* a,
           int64_t a_row,
@@ -175,6 +183,7 @@ void Tile(int64_t kc,
           int64_t width,
           const SoftmaxGradientRows& gradient) {
   constexpr int kWidth = PanelShape<kPackets>::kWidth;
+  if constexpr (kUnitRowStep) a_row = 1;
   // Every loop over the tile's rows and packets is unrolled, so the
   // accumulators live in registers from the first multiply-add to the
   // store.
@@ -264,17 +273,23 @@ using TileFn = void (*)(int64_t,
 // (W2) 8.36 -> 8.17 ms, T = 32 (W1) 537 -> 530 us. Unrolling depth 32 as
 // well (the other products at T = 32) measured slower at T = 32 (549 us):
 // the unrolled tiles then crowd the instruction cache.
-template <int kPackets, int kDepth, bool kSoftmaxGradient, int... kRowsLessOne>
+// Rows of op(A) one float apart (kUnitRowStep) have tiles of their own for
+// the run-time depth only: the depth-16 and softmax-gradient products read
+// Q and dO, whose rows are a whole row stride apart.
+template <int kPackets, int kDepth, bool kSoftmaxGradient, bool kUnitRowStep, int... kRowsLessOne>
 constexpr std::array<TileFn, sizeof...(kRowsLessOne) + 1> MakeTiles(
     std::integer_sequence<int, kRowsLessOne...>) {
-  return {nullptr, &Tile<kRowsLessOne + 1, kPackets, kDepth, kSoftmaxGradient>...};
+  return {nullptr, &Tile<kRowsLessOne + 1, kPackets, kDepth, kSoftmaxGradient, kUnitRowStep>...};
 }
-template <int kPackets, int kDepth, bool kSoftmaxGradient>
-constexpr auto kTilesOfDepth = MakeTiles<kPackets, kDepth, kSoftmaxGradient>(
+template <int kPackets, int kDepth, bool kSoftmaxGradient, bool kUnitRowStep = false>
+constexpr auto kTilesOfDepth = MakeTiles<kPackets, kDepth, kSoftmaxGradient, kUnitRowStep>(
     std::make_integer_sequence<int, PanelShape<kPackets>::kRows>{});
 
 template <int kPackets>
-TileFn TileFor(int rows, int64_t kc, bool softmax_gradient) {
+TileFn TileFor(int rows, int64_t kc, int64_t a_row, bool softmax_gradient) {
+  if (a_row == 1 && kc != 16 && !softmax_gradient) {
+    return kTilesOfDepth<kPackets, 0, false, true>[rows];
+  }
   if (softmax_gradient) {
     return kc == 16 ? kTilesOfDepth<kPackets, 16, true>[rows]
                     : kTilesOfDepth<kPackets, 0, true>[rows];
@@ -343,7 +358,7 @@ void MultiplyDepthBlock(int64_t m,
     const int64_t p1 = std::min(panels, p0 + group);
     for (int64_t i = 0; i < m; i += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i));
-      const TileFn tile = TileFor<kPackets>(rows, kc, gradient != nullptr);
+      const TileFn tile = TileFor<kPackets>(rows, kc, a_row, gradient != nullptr);
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t col = p * kWidth;
         SoftmaxGradientRows tile_gradient;
