@@ -6,11 +6,11 @@
 // zeroes C in a separate pass before accumulating into it (beta = 0). Here
 // only op(B) is packed, into panels of one or two packets of columns (k x
 // width, contiguous, zero-padded; see PanelShape), and a register-blocked
-// micro-kernel computes a tile of C entirely in registers, reading op(A) in place
-// (broadcast one entry at a time, which works as well for A as for A^T), and
-// stores the tile once: no zeroing pass and no copy of A. A shallow B that
-// is a single panel already (a head's [T, 16] keys, values or rows of a
-// short sequence) is read in place, without a copy either.
+// micro-kernel computes a tile of C entirely in registers, reading op(A)
+// in place (broadcast one entry at a time, which works as well for A as for
+// A^T), and stores the tile once: no zeroing pass and no copy of A. A
+// shallow B that is a single panel already (a head's [T, 16] keys, values
+// or rows of a short sequence) is read in place, without a copy either.
 //
 // The depth is cut into blocks of kDepthBlock so a B panel stays in L1; the
 // first block stores its tile, later blocks add to it. Each C entry is the
