@@ -310,9 +310,11 @@ float* PanelBuffer(int64_t floats) {
   return buffer.data();
 }
 
+// Panels of kPackets packets that n columns take.
+template <int kPackets>
 int64_t PanelCount(int64_t n) {
-  const int64_t width = PanelWidthFor(n);
-  return (n + width - 1) / width;
+  constexpr int kWidth = PanelShape<kPackets>::kWidth;
+  return (n + kWidth - 1) / kWidth;
 }
 
 // Whether op(B) [k, n] is read in place instead of packed: a single whole
@@ -350,7 +352,7 @@ void MultiplyDepthBlock(int64_t m,
                         const SoftmaxGradientRows* gradient = nullptr) {
   constexpr int kWidth = PanelShape<kPackets>::kWidth;
   constexpr int kRows = PanelShape<kPackets>::kRows;
-  const int64_t panels = PanelCount(n);
+  const int64_t panels = PanelCount<kPackets>(n);
   // Panels in groups that fit in L1 together, so each group is read from L1
   // by every row tile while those rows of A are hot too.
   const int64_t group = std::max<int64_t>(1, kGroupFloats / (kc * kWidth));
@@ -384,7 +386,7 @@ void PackDepthBlock(bool trans_b,
                     float scale,
                     float* out) {
   constexpr int kWidth = PanelShape<kPackets>::kWidth;
-  const int64_t panels = PanelCount(n);
+  const int64_t panels = PanelCount<kPackets>(n);
   for (int64_t p = 0; p < panels; ++p) {
     PackPanel<kPackets>(trans_b, b, ldb, n, p * kWidth, k0, kc, scale, out + p * kc * kWidth);
   }
@@ -419,7 +421,7 @@ void SmallGemmFloat(bool trans_a,
       MultiplyDepthBlock<kPackets>(m, n, k, a, a_row, a_depth, b, ldb, alpha, false, c, ldc);
       return;
     }
-    float* packed = PanelBuffer(PanelCount(n) * std::min(k, kDepthBlock) * kWidth);
+    float* packed = PanelBuffer(PanelCount<kPackets>(n) * std::min(k, kDepthBlock) * kWidth);
     // One depth block packed at a time, so it is still in L1 when the tiles
     // read it.
     for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
@@ -455,7 +457,7 @@ void PackedFloatB::Pack(
   WithPanelsFor(n, [&](auto packets) {
     constexpr int kPackets = decltype(packets)::value;
     constexpr int kWidth = PanelShape<kPackets>::kWidth;
-    const int64_t panels = PanelCount(n);
+    const int64_t panels = PanelCount<kPackets>(n);
     float* storage = Panels(static_cast<std::size_t>(panels * k * kWidth));
     // Depth blocks one after another, each laid out as SmallGemmFloat packs
     // it, so both run the same multiply-adds in the same order.
@@ -490,7 +492,7 @@ void PackedFloatB::Multiply(bool trans_a,
                                    accumulate, c, ldc);
       return;
     }
-    const int64_t panels = PanelCount(n_);
+    const int64_t panels = PanelCount<kPackets>(n_);
     for (int64_t k0 = 0; k0 < k_; k0 += kDepthBlock) {
       const int64_t kc = std::min(kDepthBlock, k_ - k0);
       MultiplyDepthBlock<kPackets>(m, n_, kc, a + k0 * a_depth, a_row, a_depth,
