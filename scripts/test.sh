@@ -41,7 +41,9 @@ ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" "$@"
 # above (the compiler's default, SSE2), 8 with AVX2 and 16 with AVX-512 in a
 # Release build for this machine (STILLPOINT_NATIVE). On a CPU with AVX2 the
 # framework's tests run once more, built with -march=native, so the width
-# that machine's Release build computes with is tested too.
+# that machine's Release build computes with is tested too. Only those tests
+# are built there (so ctest in that directory wants -L framework), and the
+# extra arguments above are not passed to this run.
 if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
   native_dir="$build_dir-native"
   cmake -S . -B "$native_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTILLPOINT_NATIVE=ON \
