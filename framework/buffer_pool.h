@@ -40,6 +40,12 @@ BufferPoolStats GetBufferPoolStats();
 void ResetBufferPoolStats();
 // Returns every cached buffer to the system.
 void ReleaseCachedBuffers();
+// Freed buffers are cached per thread (up to 8 slots; threads beyond that
+// share), and a request takes its own thread's most recently freed buffer of
+// its size class first, then any other thread's, then the system's. This is
+// the calling thread's slot, for tests and diagnostics.
+int BufferPoolThreadSlot();
+
 // Upper bound on cached bytes (default 1 GiB); beyond it freed buffers go back
 // to the system.
 void SetBufferPoolCacheLimit(std::size_t bytes);

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "framework/buffer_pool.h"
 #include "framework/random.h"
@@ -135,6 +137,58 @@ TEST(BufferPoolTest, FreedBuffersAreReusedInsteadOfReallocated) {
   const BufferPoolStats after = GetBufferPoolStats();
   EXPECT_EQ(after.system_allocations, before.system_allocations);
   EXPECT_GE(after.reuses - before.reuses, 100);
+}
+
+// Runs `work` on a new thread whose buffer-pool slot differs from the
+// calling thread's (slots are handed out in turn, so one of two threads in a
+// row has another slot).
+template <typename Work>
+void RunOnThreadWithOtherSlot(Work work) {
+  const int own_slot = BufferPoolThreadSlot();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    bool ran = false;
+    std::thread helper([&] {
+      if (BufferPoolThreadSlot() == own_slot) return;
+      work();
+      ran = true;
+    });
+    helper.join();
+    if (ran) return;
+  }
+  FAIL() << "no thread with a buffer-pool slot other than " << own_slot;
+}
+
+TEST(BufferPoolTest, AThreadGetsBackItsOwnFreedBufferBeforeAnotherThreads) {
+  ReleaseCachedBuffers();
+  constexpr std::size_t kBytes = 5000;
+  auto mine = std::make_unique<Buffer>(kBytes);
+  auto theirs = std::make_unique<Buffer>(kBytes);
+  void* const mine_data = mine->data();
+  void* const theirs_data = theirs->data();
+  mine.reset();  // cached in this thread's slot
+  // Freed last, on another thread: a single shared cache would hand it out next.
+  RunOnThreadWithOtherSlot([&] { theirs.reset(); });
+  ASSERT_EQ(theirs, nullptr);
+  const BufferPoolStats before = GetBufferPoolStats();
+  Buffer again(kBytes);
+  EXPECT_EQ(again.data(), mine_data);
+  EXPECT_NE(again.data(), theirs_data);
+  EXPECT_EQ(GetBufferPoolStats().system_allocations, before.system_allocations);
+}
+
+TEST(BufferPoolTest, AThreadTakesAnotherThreadsFreedBufferBeforeAllocating) {
+  ReleaseCachedBuffers();
+  constexpr std::size_t kBytes = 5000;
+  void* freed_data = nullptr;
+  RunOnThreadWithOtherSlot([&] {
+    Buffer buffer(kBytes);
+    freed_data = buffer.data();
+  });
+  ASSERT_NE(freed_data, nullptr);
+  const BufferPoolStats before = GetBufferPoolStats();
+  Buffer reused(kBytes);
+  EXPECT_EQ(reused.data(), freed_data);
+  EXPECT_EQ(GetBufferPoolStats().system_allocations, before.system_allocations);
 }
 
 TEST(BufferPoolTest, BuffersAreSixtyFourByteAligned) {
