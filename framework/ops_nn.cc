@@ -16,8 +16,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "framework/layer_norm_rows.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "framework/vector_math.h"
@@ -281,6 +283,20 @@ void LayerNormForwardKernel(const std::vector<const T*>& parts,
                             T* stats) {
   const int64_t n = rl.n;
   const T eps_t = static_cast<T>(eps);
+  if constexpr (std::is_same_v<T, float>) {
+    // Rows of whole packets: in registers (layer_norm_rows.h), same values.
+    const bool in_registers = internal::WithRowPackets(n, [&](auto packets) {
+      constexpr int kPackets = decltype(packets)::value;
+      ParallelFor(0, rl.rows, MinChunk(n), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          internal::NormalizeRowInRegisters<kPackets>(parts, r * n, gv, bv, eps_t, y + r * n,
+                                                      sum_out ? sum_out + r * n : nullptr,
+                                                      &stats[2 * r]);
+        }
+      });
+    });
+    if (in_registers) return;
+  }
   ParallelFor(0, rl.rows, MinChunk(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       T* yr = y + r * n;
@@ -323,6 +339,16 @@ LayerNormGrads LayerNormBackwardKernel(const Tensor& x,
     std::vector<T> xhat(n), dxhat(n);
     for (int64_t b = block_begin; b < block_end; ++b) {
       const int64_t row_end = std::min(rl.rows, (b + 1) * kRowsPerBlock);
+      if constexpr (std::is_same_v<T, float>) {
+        // Rows of whole packets: in registers (layer_norm_rows.h), same values.
+        const bool in_registers = internal::WithRowPackets(n, [&](auto packets) {
+          internal::LayerNormBackwardRowsInRegisters<decltype(packets)::value>(
+              b * kRowsPerBlock, row_end, in, go, st, gv, dx,
+              want_gain ? gain_partial.data() + b * n : nullptr,
+              want_bias ? bias_partial.data() + b * n : nullptr);
+        });
+        if (in_registers) continue;
+      }
       for (int64_t r = b * kRowsPerBlock; r < row_end; ++r) {
         const T* row = in + r * n;
         const T* gr = go + r * n;

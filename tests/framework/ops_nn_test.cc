@@ -242,6 +242,53 @@ TEST(LayerNormTest, BitwiseIndependentOfThreadCount) {
   EXPECT_EQ(MaxAbsDiff(results[0][1], results[1][1]), 0.0);
 }
 
+// Float rows of 1 to 8 whole SIMD packets are normalised in registers, all
+// other rows by a generic loop. These widths give 1 to 8 packets whatever
+// the build's packet (4, 8 or 16 floats), and more, for the generic path:
+// values and gradients against the same computation in float64.
+TEST(LayerNormTest, FloatRowsOfEveryWidthMatchFloat64) {
+  const std::vector<int64_t> widths = {4, 8, 12, 16, 20, 24, 28, 32, 48, 64, 80, 96, 112, 128, 131};
+  for (const int64_t n : widths) {
+    // 70 rows: more than two blocks of the gain and bias sums, and a partial one.
+    const Shape shape{70, n};
+    const VarList parts64 = {Random(shape, 60 + n), Random(shape, 61 + n), Random(shape, 62 + n)};
+    const Var gain64 = Random(Shape{n}, 63 + n), bias64 = Random(Shape{n}, 64 + n);
+    const Var probe64 = Random(shape, 65 + n);
+    auto as_float = [](const Var& v) { return Var(v.value().To(DType::kFloat32), true); };
+    for (std::size_t count : {1, 3}) {
+      for (const bool affine : {false, true}) {
+        // One part: layer_norm; three: layer_norm_of_sum.
+        auto run = [&](DType dtype) {
+          VarList parts;
+          for (std::size_t k = 0; k < count; ++k) {
+            parts.push_back(dtype == DType::kFloat32 ? as_float(parts64[k])
+                                                     : Var(parts64[k].value(), true));
+          }
+          const Var gain = dtype == DType::kFloat32 ? as_float(gain64) : Var(gain64.value(), true);
+          const Var bias = dtype == DType::kFloat32 ? as_float(bias64) : Var(bias64.value(), true);
+          const Var y = layer_norm_of_sum(parts, affine ? gain : Var(), affine ? bias : Var());
+          VarList inputs = parts;
+          if (affine) inputs.insert(inputs.end(), {gain, bias});
+          VarList grads = grad({sum(mul(y, Var(probe64.value().To(dtype))))}, inputs);
+          grads.insert(grads.begin(), y);
+          return grads;
+        };
+        const VarList single = run(DType::kFloat32);
+        const VarList reference = run(DType::kFloat64);
+        ASSERT_EQ(single.size(), reference.size());
+        for (std::size_t i = 0; i < single.size(); ++i) {
+          // Gain and bias gradients sum 70 rows; the rest are per row.
+          const double tolerance = i == 0 ? 1e-5 : (affine && i > count ? 1e-3 : 1e-4);
+          EXPECT_LT(MaxAbsDiff(single[i].value().To(DType::kFloat64), reference[i].value()),
+                    tolerance)
+              << "width " << n << ", " << count << " parts, gain and bias " << affine << ", output "
+              << i << " (0: y, then the inputs' gradients)";
+        }
+      }
+    }
+  }
+}
+
 TEST(LayerNormTest, BadParameterShapeOrDType) {
   Var x = Random(Shape{2, 5}, 31);
   ExpectErrorMentions([&] { layer_norm(x, Random(Shape{4}, 32), Var()); },
