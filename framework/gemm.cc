@@ -141,7 +141,7 @@ void Gemm(bool trans_a,
     // packed-B kernel: 1.0-1.7x OpenBLAS on those shapes, and without its
     // per-call packing of A and zeroing of C. Products large in both m and
     // n stay with OpenBLAS, which also blocks A for the cache.
-    if (std::min(m, n) < 512) {
+    if (UsesSmallGemmFloat(m, n)) {
       SmallGemmFloat(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc);
       return;
     }

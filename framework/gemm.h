@@ -38,6 +38,10 @@ void Gemm(bool trans_a,
           T* c,
           int64_t ldc);
 
+// Whether Gemm<float> runs an [m, n] product with SmallGemmFloat: when
+// its smaller side is below 512.
+inline bool UsesSmallGemmFloat(int64_t m, int64_t n) { return m < 512 || n < 512; }
+
 // The float32 kernel Gemm uses for small and skinny products (see
 // gemm_float_kernel.cc); same contract as Gemm. Exposed for its tests.
 void SmallGemmFloat(bool trans_a,
@@ -52,6 +56,23 @@ void SmallGemmFloat(bool trans_a,
                     int64_t ldb,
                     float* c,
                     int64_t ldc);
+// The same product that also sums B's columns (B not transposed; a weight
+// gradient x^T g that wants g's column sums, a bias gradient): entry j of
+// b_column_sums gets every B[kk, j] added, kk = 0, 1, ..., k - 1 in order,
+// in float64, as B is packed. The same values as a separate pass over B
+// summing its columns that way.
+void SmallGemmFloat(bool trans_a,
+                    int64_t m,
+                    int64_t n,
+                    int64_t k,
+                    float alpha,
+                    const float* a,
+                    int64_t lda,
+                    const float* b,
+                    int64_t ldb,
+                    float* c,
+                    int64_t ldc,
+                    double* b_column_sums);
 
 // op(B) of a float32 product packed once for many products with it: the
 // row blocks of a longer op(A) processed apart (a fused attention's query

@@ -74,7 +74,9 @@ int64_t PanelWidthFor(int64_t n) {
 }
 
 // Packs columns [col, col + kWidth) of scale op(B) for depths [k0, k0 +
-// kc) as kc rows of kWidth floats; columns past n are zero.
+// kc) as kc rows of kWidth floats; columns past n are zero. With
+// column_sums (B not transposed) each packed row of B is also added to
+// column_sums[col, col + width) in float64, as the row is read anyway.
 template <int kPackets>
 void PackPanel(bool trans_b,
                const float* b,
@@ -84,11 +86,29 @@ void PackPanel(bool trans_b,
                int64_t k0,
                int64_t kc,
                float scale,
-               float* out) {
+               float* out,
+               double* column_sums = nullptr) {
   constexpr int kWidth = PanelShape<kPackets>::kWidth;
   const Packet scale_packet = ei::pset1<Packet>(scale);
   const int64_t width = std::min<int64_t>(kWidth, n - col);
   if (width < kWidth) std::fill(out, out + kc * kWidth, 0.0f);
+  if (!trans_b && column_sums && width == kWidth) {
+    // The sums stay in a local array across the rows (not a chain of
+    // read-modify-writes of column_sums through memory).
+    double sums[kWidth];
+    for (int j = 0; j < kWidth; ++j) sums[j] = column_sums[col + j];
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      const float* src = b + (k0 + kk) * ldb + col;
+      float* dst = out + kk * kWidth;
+      for (int q = 0; q < kPackets; ++q) {
+        ei::pstore(dst + q * kLanes, ei::pmul(scale_packet, ei::ploadu<Packet>(src + q * kLanes)));
+      }
+#pragma GCC unroll 32
+      for (int j = 0; j < kWidth; ++j) sums[j] += static_cast<double>(src[j]);
+    }
+    for (int j = 0; j < kWidth; ++j) column_sums[col + j] = sums[j];
+    return;
+  }
   if (!trans_b) {
     for (int64_t kk = 0; kk < kc; ++kk) {
       const float* src = b + (k0 + kk) * ldb + col;
@@ -100,6 +120,9 @@ void PackPanel(bool trans_b,
         }
       } else {
         for (int64_t j = 0; j < width; ++j) dst[j] = scale * src[j];
+        if (column_sums) {
+          for (int64_t j = 0; j < width; ++j) column_sums[col + j] += static_cast<double>(src[j]);
+        }
       }
     }
     return;
@@ -374,6 +397,14 @@ void MultiplyDepthBlock(int64_t m,
   }
 }
 
+// sums[j] += B[kk, j] for kk = 0, 1, ..., k - 1 in order, in float64: B's
+// column sums where B is not packed.
+void AddColumnSums(const float* b, int64_t ldb, int64_t k, int64_t n, double* sums) {
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t j = 0; j < n; ++j) sums[j] += static_cast<double>(b[kk * ldb + j]);
+  }
+}
+
 // Packs depths [k0, k0 + kc) of every panel of scale op(B) [k, n] into out,
 // panel p at out + p kc kWidth.
 template <int kPackets>
@@ -384,12 +415,60 @@ void PackDepthBlock(bool trans_b,
                     int64_t k0,
                     int64_t kc,
                     float scale,
-                    float* out) {
+                    float* out,
+                    double* column_sums = nullptr) {
   constexpr int kWidth = PanelShape<kPackets>::kWidth;
   const int64_t panels = PanelCount<kPackets>(n);
   for (int64_t p = 0; p < panels; ++p) {
-    PackPanel<kPackets>(trans_b, b, ldb, n, p * kWidth, k0, kc, scale, out + p * kc * kWidth);
+    PackPanel<kPackets>(trans_b, b, ldb, n, p * kWidth, k0, kc, scale, out + p * kc * kWidth,
+                        column_sums);
   }
+}
+
+// SmallGemmFloat, and with b_column_sums (B not transposed) B's column sums
+// added to it as B is packed.
+void MultiplyPackingB(bool trans_a,
+                      bool trans_b,
+                      int64_t m,
+                      int64_t n,
+                      int64_t k,
+                      float alpha,
+                      const float* a,
+                      int64_t lda,
+                      const float* b,
+                      int64_t ldb,
+                      float* c,
+                      int64_t ldc,
+                      double* b_column_sums) {
+  if (m == 0 || n == 0) {
+    if (b_column_sums) AddColumnSums(b, ldb, k, n, b_column_sums);
+    return;
+  }
+  if (k == 0) {
+    ZeroRows(m, n, c, ldc);
+    return;
+  }
+  // op(A)[i, kk] = a[i * a_row + kk * a_depth].
+  const int64_t a_row = trans_a ? 1 : lda;
+  const int64_t a_depth = trans_a ? lda : 1;
+  WithPanelsFor(n, [&](auto packets) {
+    constexpr int kPackets = decltype(packets)::value;
+    constexpr int kWidth = PanelShape<kPackets>::kWidth;
+    if (ReadsBInPlace(trans_b, k, n)) {
+      if (b_column_sums) AddColumnSums(b, ldb, k, n, b_column_sums);
+      MultiplyDepthBlock<kPackets>(m, n, k, a, a_row, a_depth, b, ldb, alpha, false, c, ldc);
+      return;
+    }
+    float* packed = PanelBuffer(PanelCount<kPackets>(n) * std::min(k, kDepthBlock) * kWidth);
+    // One depth block packed at a time, so it is still in L1 when the tiles
+    // read it.
+    for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
+      const int64_t kc = std::min(kDepthBlock, k - k0);
+      PackDepthBlock<kPackets>(trans_b, b, ldb, n, k0, kc, 1.0f, packed, b_column_sums);
+      MultiplyDepthBlock<kPackets>(m, n, kc, a + k0 * a_depth, a_row, a_depth, packed, kWidth,
+                                   alpha, k0 > 0, c, ldc);
+    }
+  });
 }
 
 }  // namespace
@@ -406,31 +485,22 @@ void SmallGemmFloat(bool trans_a,
                     int64_t ldb,
                     float* c,
                     int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    ZeroRows(m, n, c, ldc);
-    return;
-  }
-  // op(A)[i, kk] = a[i * a_row + kk * a_depth].
-  const int64_t a_row = trans_a ? 1 : lda;
-  const int64_t a_depth = trans_a ? lda : 1;
-  WithPanelsFor(n, [&](auto packets) {
-    constexpr int kPackets = decltype(packets)::value;
-    constexpr int kWidth = PanelShape<kPackets>::kWidth;
-    if (ReadsBInPlace(trans_b, k, n)) {
-      MultiplyDepthBlock<kPackets>(m, n, k, a, a_row, a_depth, b, ldb, alpha, false, c, ldc);
-      return;
-    }
-    float* packed = PanelBuffer(PanelCount<kPackets>(n) * std::min(k, kDepthBlock) * kWidth);
-    // One depth block packed at a time, so it is still in L1 when the tiles
-    // read it.
-    for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
-      const int64_t kc = std::min(kDepthBlock, k - k0);
-      PackDepthBlock<kPackets>(trans_b, b, ldb, n, k0, kc, 1.0f, packed);
-      MultiplyDepthBlock<kPackets>(m, n, kc, a + k0 * a_depth, a_row, a_depth, packed, kWidth,
-                                   alpha, k0 > 0, c, ldc);
-    }
-  });
+  MultiplyPackingB(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc, nullptr);
+}
+
+void SmallGemmFloat(bool trans_a,
+                    int64_t m,
+                    int64_t n,
+                    int64_t k,
+                    float alpha,
+                    const float* a,
+                    int64_t lda,
+                    const float* b,
+                    int64_t ldb,
+                    float* c,
+                    int64_t ldc,
+                    double* b_column_sums) {
+  MultiplyPackingB(trans_a, false, m, n, k, alpha, a, lda, b, ldb, c, ldc, b_column_sums);
 }
 
 float* PackedFloatB::Panels(std::size_t floats) {

@@ -94,7 +94,10 @@ MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool 
 // C = op(A) op(B), where A, B and C point at one batch entry: A is [m, k]
 // ([k, m] if transpose_a), B is [k, n] ([n, k] if transpose_b), C is [m, n].
 // With packed_b (float only, whole rows: col_begin = 0, col_end = n), op(B)
-// was packed once for all the product's row blocks and b is not read.
+// was packed once for all the product's row blocks and b is not read. With
+// b_column_sums (B not transposed, not packed_b; indexed by B's columns),
+// the block's columns of B are summed into it too, in float64 and in row
+// order.
 template <typename T>
 void GemmBlock(const T* a,
                const T* b,
@@ -108,7 +111,8 @@ void GemmBlock(const T* a,
                int64_t row_end,
                int64_t col_begin,
                int64_t col_end,
-               const internal::PackedFloatB* packed_b = nullptr) {
+               const internal::PackedFloatB* packed_b = nullptr,
+               double* b_column_sums = nullptr) {
   // Rows of op(A) are rows of A, or columns of A when transposed; columns of
   // op(B) are columns of B, or rows of B when transposed.
   const T* a_rows = transpose_a ? a + row_begin : a + row_begin * k;
@@ -120,6 +124,21 @@ void GemmBlock(const T* a,
     }
   }
   const T* b_cols = transpose_b ? b + col_begin * k : b + col_begin;
+  if (b_column_sums != nullptr) {
+    double* sums = b_column_sums + col_begin;
+    if constexpr (std::is_same_v<T, float>) {
+      // Summed while the packed kernel packs B.
+      if (internal::UsesSmallGemmFloat(row_end - row_begin, col_end - col_begin)) {
+        internal::SmallGemmFloat(transpose_a, row_end - row_begin, col_end - col_begin, k, 1.0f,
+                                 a_rows, lda, b_cols, n, c + row_begin * n + col_begin, n, sums);
+        return;
+      }
+    }
+    for (int64_t kk = 0; kk < k; ++kk) {
+      for (int64_t j = 0; j < col_end - col_begin; ++j)
+        sums[j] += static_cast<double>(b_cols[kk * n + j]);
+    }
+  }
   internal::Gemm<T>(transpose_a, transpose_b, row_end - row_begin, col_end - col_begin, k, T(1),
                     a_rows, lda, b_cols, transpose_b ? k : n, c + row_begin * n + col_begin, n);
 }
@@ -133,14 +152,19 @@ using BlockEpilogue = std::function<void(
 
 // The forward kernel: a tensor-only product (no graph). When bias is given
 // (a [n] vector; rank-2 products only) it is added to each output row, then
-// the epilogue, if any, maps each block.
+// the epilogue, if any, maps each block. When b_column_sums is given (a
+// weight gradient x^T g: rank 2, A transposed, B not), it is set to B's
+// column sums ([n]; float64 sums in row order, as sum(b, 0) gives them),
+// taken as the product reads B, where the product's cut allows (one row
+// block, one depth part); otherwise it is left undefined.
 Tensor MatmulValue(const Tensor& a,
                    const Tensor& b,
                    const MatmulGeometry& geo,
                    bool transpose_a,
                    bool transpose_b,
                    const Tensor* bias = nullptr,
-                   const BlockEpilogue& epilogue = {}) {
+                   const BlockEpilogue& epilogue = {},
+                   Tensor* b_column_sums = nullptr) {
   Tensor out(geo.out_shape, a.dtype());
   if (out.numel() == 0) return out;
   // A shared B with an untransposed A is one tall product: fold the batch
@@ -194,6 +218,11 @@ Tensor MatmulValue(const Tensor& a,
         shared_b = &packed_b;
       }
     }
+    std::vector<double> column_sums;
+    if (b_column_sums != nullptr && batch == 1 && row_units == 1 && depth_parts == 1 &&
+        transpose_a && !transpose_b) {
+      column_sums.assign(geo.n, 0.0);
+    }
     if (depth_parts > 1) {
       // Part p > 0 goes to partials[p - 1] ([m, n] each).
       std::vector<Tensor> partials;
@@ -230,7 +259,8 @@ Tensor MatmulValue(const Tensor& a,
         const int64_t col_end = std::min(geo.n, col_begin + cols_per_unit);
         T* c_entry = c_data + entry * c_stride;
         GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k, geo.n,
-                     transpose_a, transpose_b, row_begin, row_end, col_begin, col_end, shared_b);
+                     transpose_a, transpose_b, row_begin, row_end, col_begin, col_end, shared_b,
+                     column_sums.empty() ? nullptr : column_sums.data());
         if (bias_data) {
           for (int64_t r = row_begin; r < row_end; ++r) {
             T* row = c_entry + r * geo.n;
@@ -240,6 +270,11 @@ Tensor MatmulValue(const Tensor& a,
         if (epilogue) epilogue(out, row_begin, row_end, col_begin, col_end);
       }
     });
+    if (!column_sums.empty()) {
+      *b_column_sums = Tensor(Shape{geo.n}, a.dtype());
+      T* sums = b_column_sums->data<T>();
+      for (int64_t j = 0; j < geo.n; ++j) sums[j] = static_cast<T>(column_sums[j]);
+    }
   });
   return out;
 }
@@ -313,8 +348,16 @@ void CheckLinearOperands(const Var& x, const Var& weight, const Var& bias, const
 VarList LinearVjp(const VarList& in, const Var& g) {
   Var dx, dw, db;
   if (WantsInputGrad(in, 0)) dx = matmul(g, in[1], false, true);
-  if (WantsInputGrad(in, 1)) dw = matmul(in[0], g, true, false);
-  if (WantsInputGrad(in, 2)) db = sum(g, 0);
+  if (WantsInputGrad(in, 1) && WantsInputGrad(in, 2) && !GradModeEnabled()) {
+    // The weight gradient x^T g sums g's columns, the bias gradient, as it
+    // packs g, instead of a second pass over g (the same values).
+    Tensor column_sums;
+    const MatmulGeometry geo = ResolveMatmul(in[0], g, true, false);
+    dw = Var(MatmulValue(in[0].value(), g.value(), geo, true, false, nullptr, {}, &column_sums));
+    if (column_sums.defined()) db = Var(column_sums);
+  }
+  if (WantsInputGrad(in, 1) && !dw.defined()) dw = matmul(in[0], g, true, false);
+  if (WantsInputGrad(in, 2) && !db.defined()) db = sum(g, 0);
   return VarList{dx, dw, db};
 }
 

@@ -294,6 +294,38 @@ TEST(GemmTest, SoftmaxGradientInTheTilesMatchesTheProductThenTheMap) {
   }
 }
 
+// SmallGemmFloat's column sums of B, taken as B is packed or read in place:
+// bitwise the float64 sums in row order, and the product bitwise the one
+// without sums.
+TEST(GemmTest, ColumnSumsOfBAreTheRowOrderSumsAndLeaveTheProductAlone) {
+  for (bool ta : {false, true}) {
+    for (int64_t m : {0, 1, 7, 64}) {
+      for (int64_t n : {3, 16, 32, 40, 192}) {
+        for (int64_t k : {0, 9, 64, 256, 600}) {
+          const int64_t pad = 3;
+          const int64_t lda = (ta ? m : k) + pad, ldb = n + pad, ldc = n + pad;
+          const std::vector<float> a = Filled<float>(std::max<int64_t>(1, (ta ? k : m) * lda), 1);
+          const std::vector<float> b = Filled<float>(std::max<int64_t>(1, k * ldb), 2);
+          std::vector<float> plain(std::max<int64_t>(1, m * ldc), 7.0f), with_sums = plain;
+          // Sums are added to what is there.
+          std::vector<double> sums(n, 0.5), expected(n, 0.5);
+          for (int64_t kk = 0; kk < k; ++kk) {
+            for (int64_t j = 0; j < n; ++j) expected[j] += static_cast<double>(b[kk * ldb + j]);
+          }
+          SmallGemmFloat(ta, false, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, plain.data(),
+                         ldc);
+          SmallGemmFloat(ta, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, with_sums.data(), ldc,
+                         sums.data());
+          const std::string where = "ta " + std::to_string(ta) + " m " + std::to_string(m) + " n " +
+                                    std::to_string(n) + " k " + std::to_string(k);
+          EXPECT_EQ(sums, expected) << where;
+          EXPECT_EQ(plain, with_sums) << where;
+        }
+      }
+    }
+  }
+}
+
 TEST(GemmTest, NamesItsBackend) {
   const std::string name = GemmBackendName();
   EXPECT_TRUE(name == "openblas" || name == "eigen") << name;

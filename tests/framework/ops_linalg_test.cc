@@ -285,6 +285,38 @@ TEST(LinearTest, EqualsMatmulPlusBiasBitwise) {
   }
 }
 
+// The weight gradient x^T g also sums g's columns, the bias gradient, while
+// it packs g where its cut allows. Both gradients must be bitwise those of
+// the separate ops, for every cut: one column block or several, a depth
+// short enough to read g in place or deep enough for several packed depth
+// blocks, a cut along the depth (2048 rows), partial panels (n = 40, 3).
+TEST(LinearTest, WeightAndBiasGradientsEqualTheSeparateOpsBitwise) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+    for (const auto& [rows, in, out] :
+         std::vector<std::tuple<int64_t, int64_t, int64_t>>{{512, 64, 192},
+                                                            {600, 24, 40},
+                                                            {40, 8, 32},
+                                                            {2048, 64, 128},
+                                                            {7, 5, 3},
+                                                            {300, 64, 16}}) {
+      const Var x(Random(Shape{rows, in}, 33, dtype).value(), true);
+      const Var w(Random(Shape{in, out}, 34, dtype).value(), true);
+      const Var b(Random(Shape{out}, 35, dtype).value(), true);
+      const Var probe = Random(Shape{rows, out}, 36, dtype);
+      for (const int threads : {1, 2}) {
+        ScopedNumThreads scoped(threads);
+        const VarList grads = grad({sum(mul(linear(x, w, b), probe))}, {x, w, b});
+        const std::string where = std::string(ToString(dtype)) + " [" + std::to_string(rows) +
+                                  ", " + std::to_string(in) + "] x [" + std::to_string(in) + ", " +
+                                  std::to_string(out) + "], threads " + std::to_string(threads);
+        EXPECT_EQ(MaxAbsDiff(grads[1].value(), matmul(x, probe, true, false).value()), 0.0)
+            << where;
+        EXPECT_EQ(MaxAbsDiff(grads[2].value(), sum(probe, 0).value()), 0.0) << where;
+      }
+    }
+  }
+}
+
 using LinearOp = Var (*)(const Var& x, const Var& weight, const Var& bias);
 
 // First and second order gradients of square(op(x, w, b)) against finite
