@@ -90,7 +90,8 @@ class PackedFloatB {
   // Packs scale op(B) [k, n]: B is [k, n] with row stride ldb ([n, k] if
   // trans_b). The storage is kept and reused by later calls. A shallow B
   // of exactly one panel of columns (one or two SIMD packets: 8 or 16 with
-  // AVX2, 16 or 32 with AVX-512, 4 or 8 with SSE; not transposed, k <= 64)
+  // AVX2, 4 or 8 with SSE; one, two or four with AVX-512: 16, 32 or 64;
+  // not transposed, k <= 64)
   // and scale 1 is not copied but read in place: it
   // must then stay unchanged until the last Multiply. A scale packed into B
   // instead of passed to Multiply as alpha saves the tiles a multiplication

@@ -4,8 +4,8 @@
 // per-head [256, 16] x [16, 256] score block, OpenBLAS spends a third of its
 // time outside its inner kernel: it packs both operands on every call and
 // zeroes C in a separate pass before accumulating into it (beta = 0). Here
-// only op(B) is packed, into panels of one or two packets of columns (k x
-// width, contiguous, zero-padded; see PanelShape), and a register-blocked
+// only op(B) is packed, into panels of one, two or four packets of columns
+// (k x width, contiguous, zero-padded; see PanelShape), and a register-blocked
 // micro-kernel computes a tile of C entirely in registers, reading op(A)
 // in place (broadcast one entry at a time, which works as well for A as for
 // A^T), and stores the tile once: no zeroing pass and no copy of A. A
@@ -42,18 +42,29 @@ constexpr int kLanes = ei::packet_traits<float>::size;
 using PacketBlock = ei::PacketBlock<Packet, kLanes>;
 #pragma GCC diagnostic pop
 
-// Two panel widths. A wide panel is two packets of columns and its tiles
+// Three panel widths. A wide panel is two packets of columns and its tiles
 // are 6 rows: 12 accumulators, which with AVX2 (6 x 16) and the two B
 // packets and one broadcast fill 15 of the 16 registers. A narrow panel is
 // one packet and its tiles are 12 rows (12 accumulators again): products
 // with at most one packet of columns use it, where a wide panel would be
 // half zero padding. That is a 16-wide head's P V, dQ, dK and dV when a
 // packet holds 16 floats (AVX-512); with AVX2 only products of n <= 8.
+// A quad panel is four packets, 64 columns, with 6-row tiles: 24
+// accumulators, so only with AVX-512's 32 registers, and only where it
+// pads n to no more columns than wide panels (n = 64, 128, 192: every
+// projection and weight gradient of W1 and W2). Each tile then reads its
+// rows of op(A) for 64 columns instead of 32, so op(A) is read half as
+// often and there are half as many tiles. The multiply-adds of each C
+// entry are the same, in the same order, so results are bitwise those of
+// wide panels. Measured (alternating binaries, `stillpoint bench w1
+// --model explicit --shards 2 --steps 40`, 6 pairs): median step 10.41 ->
+// 9.68 ms; with hot caches (ops_bench BM_MatmulW1Projection,
+// BM_WeightGradientW2) no difference, 101-112 GFLOP/s either way.
 template <int kPackets>
 struct PanelShape {
-  static_assert(kPackets == 1 || kPackets == 2);
+  static_assert(kPackets == 1 || kPackets == 2 || kPackets == 4);
   static constexpr int kWidth = kPackets * kLanes;
-  static constexpr int kRows = kPackets == 2 ? 6 : 12;
+  static constexpr int kRows = kPackets == 1 ? 12 : 6;
 };
 constexpr int64_t kDepthBlock = 256;
 // Packed B read by consecutive tiles: 16 KiB, half of a Zen/Skylake L1.
@@ -61,16 +72,27 @@ constexpr int64_t kGroupFloats = 4096;
 
 bool UsesNarrowPanels(int64_t n) { return n <= kLanes; }
 
+int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// Four-packet panels: with 32 vector registers only (AVX-512), and only
+// where they pad n to no more columns than two-packet panels do.
+bool UsesQuadPanels(int64_t n) {
+  return kLanes == 16 && n > 2 * kLanes && RoundUp(n, 4 * kLanes) == RoundUp(n, 2 * kLanes);
+}
+
 // Calls body(std::integral_constant<int, kPackets>) with the panel width
 // of products with n columns.
 template <typename Body>
 decltype(auto) WithPanelsFor(int64_t n, Body&& body) {
   if (UsesNarrowPanels(n)) return body(std::integral_constant<int, 1>{});
+  if (UsesQuadPanels(n)) return body(std::integral_constant<int, 4>{});
   return body(std::integral_constant<int, 2>{});
 }
 
 int64_t PanelWidthFor(int64_t n) {
-  return UsesNarrowPanels(n) ? PanelShape<1>::kWidth : PanelShape<2>::kWidth;
+  return UsesNarrowPanels(n) ? PanelShape<1>::kWidth
+         : UsesQuadPanels(n) ? PanelShape<4>::kWidth
+                             : PanelShape<2>::kWidth;
 }
 
 // Packs columns [col, col + kWidth) of scale op(B) for depths [k0, k0 +
@@ -159,12 +181,12 @@ template <int kTileRows, int kPackets>
                                             int64_t a_row,
                                             const float* panel_k) {
   Packet b[kPackets];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int q = 0; q < kPackets; ++q) b[q] = ei::ploadu<Packet>(panel_k + q * kLanes);
 #pragma GCC unroll 12
   for (int r = 0; r < kTileRows; ++r) {
     const Packet ar = ei::pset1<Packet>(a_k[r * a_row]);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int q = 0; q < kPackets; ++q) acc[r][q] = ei::pmadd(ar, b[q], acc[r][q]);
   }
 }

@@ -85,24 +85,27 @@ TEST(GemmTest, ProductsOnBothSidesOfTheKernelThreshold) {
 }
 
 TEST(GemmTest, PackedFloatKernelHandlesPartialTilesAndDepthBlocks) {
-  // Rows 1..13 and 25 cover every row tile of both panel widths (wide tiles
-  // are 6 rows, narrow ones 12); widths around one and two packets (4 and 8
-  // columns with SSE, 8 and 16 with AVX2, 16 and 32 with AVX-512); depths
-  // on both sides of the 256 block.
+  // Rows 1..13 and 25 cover every row tile of every panel width (wide and
+  // quad tiles are 6 rows, narrow ones 12); widths around one and two
+  // packets (4 and 8 columns with SSE, 8 and 16 with AVX2, 16 and 32 with
+  // AVX-512) and, with AVX-512, the quad panels of 64, 128 and 192 columns
+  // and widths around them that use wide panels (63, 65, 96); depths on
+  // both sides of the 256 block.
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       for (int64_t m = 1; m <= 25; m += m < 13 ? 1 : 12) {  // 1..13, 25
-        for (int64_t n : {1, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 40}) {
+        for (int64_t n : {1, 3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 40, 63, 64, 65, 96, 128, 192}) {
           CheckCase<float>(ta, tb, m, n, 9, 3, 1e-5, &SmallGemmFloat);
         }
       }
       for (int64_t k : {0, 255, 256, 257, 600}) {
         CheckCase<float>(ta, tb, 14, 33, k, 2, 1e-5, &SmallGemmFloat);
-        CheckCase<float>(ta, tb, 14, 3, k, 2, 1e-5, &SmallGemmFloat);  // narrow panels
+        CheckCase<float>(ta, tb, 14, 3, k, 2, 1e-5, &SmallGemmFloat);    // narrow panels
+        CheckCase<float>(ta, tb, 14, 128, k, 2, 1e-5, &SmallGemmFloat);  // quad with AVX-512
       }
-      // One whole panel of columns (narrow or wide) is read in place up to
-      // depth 64 and packed beyond.
-      for (int64_t n : {4, 8, 16, 32}) {
+      // One whole panel of columns (narrow, wide or quad) is read in place
+      // up to depth 64 and packed beyond.
+      for (int64_t n : {4, 8, 16, 32, 64}) {
         for (int64_t k : {63, 64, 65}) CheckCase<float>(ta, tb, 13, n, k, 5, 1e-5, &SmallGemmFloat);
       }
     }
@@ -112,9 +115,10 @@ TEST(GemmTest, PackedFloatKernelHandlesPartialTilesAndDepthBlocks) {
 TEST(GemmTest, PackedFloatKernelRowsDoNotDependOnTheirTile) {
   // A row's result is the same whether it is computed alone, in a partial
   // tile or in a full one, so splitting rows over threads cannot change it.
-  // Widths 3 (narrow panels on every SIMD width) and 20 (wide with SSE
-  // and AVX2, narrow with AVX-512); 25 rows fill two narrow tiles and more.
-  for (int64_t n : {3, 20}) {
+  // Widths 3 (narrow panels on every SIMD width), 20 (wide with SSE and
+  // AVX2, narrow with AVX-512) and 64 (quad with AVX-512); 25 rows fill two
+  // narrow tiles and more.
+  for (int64_t n : {3, 20, 64}) {
     const int64_t m = 25, k = 300;
     const std::vector<float> a = Filled<float>(m * k, 3);
     const std::vector<float> b = Filled<float>(k * n, 4);
@@ -191,7 +195,7 @@ TEST(GemmTest, PackedOperandMatchesThePackedKernelBitwise) {
 // same values given transposed (always packed) give bitwise the same
 // product, from SmallGemmFloat and from a PackedFloatB by row blocks.
 TEST(GemmTest, SinglePanelReadInPlaceMatchesItsPackedTransposeBitwise) {
-  for (int64_t n : {4, 8, 16, 32}) {
+  for (int64_t n : {4, 8, 16, 32, 64}) {
     for (int64_t k : {1, 17, 64}) {
       for (bool ta : {false, true}) {
         const int64_t m = 20, pad = 3;
