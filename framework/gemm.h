@@ -100,7 +100,9 @@ class PackedFloatB {
   void Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb, float scale = 1.0f);
   // C[m, n] = alpha op(A) op(B), or with accumulate C += alpha op(A) op(B);
   // A is [m, k] with row stride lda ([k, m] if trans_a), C [m, n] with row
-  // stride ldc.
+  // stride ldc. With bias (n entries) every row of C then gets it added, in
+  // the tiles as they are stored: bitwise the product (and the addition to
+  // C) followed by a pass adding the bias.
   void Multiply(bool trans_a,
                 int64_t m,
                 float alpha,
@@ -108,7 +110,8 @@ class PackedFloatB {
                 int64_t lda,
                 float* c,
                 int64_t ldc,
-                bool accumulate = false) const;
+                bool accumulate = false,
+                const float* bias = nullptr) const;
   // C[m, n] = P o (op(A) op(B) - d 1^T): c_ij = p_ij (x_ij - d_i) with x =
   // op(A) op(B), applied in the kernel's tiles before they are stored, so x
   // is never written out: the gradient of a softmax's scores, dS = P o (dP

@@ -191,20 +191,23 @@ template <int kTileRows, int kPackets>
   }
 }
 
-// A softmax gradient applied to a tile's results x before they are stored:
-// c_ij = p_ij (x_ij - d_i), for the tile's rows (p and d point at its first
-// row and column).
-struct SoftmaxGradientRows {
+// What a tile applies to its results x as it stores them. A softmax
+// gradient (kSoftmaxGradient tiles): c_ij = p_ij (x_ij - d_i), for the
+// tile's rows (p and d point at its first row and column). A bias (any
+// tile; null for none): c_ij = x_ij + bias_j, after x is added to C when
+// accumulating (bias points at the tile's first column).
+struct TileEpilogue {
   const float* p = nullptr;
   int64_t ldp = 0;
   const float* d = nullptr;
+  const float* bias = nullptr;
 };
 
 // C tile [rows, width) (rows <= kRows, width <= kWidth of the panel shape)
 // = or += alpha op(A) rows x packed panel. op(A)[r, kk] is a[r * a_row + kk
 // * a_depth]. With kFixedDepth > 0 the depth is that constant (kc must
 // equal it) and the depth loop is unrolled whole: see TileFor. With
-// kSoftmaxGradient the results become p (x - d) (see SoftmaxGradientRows;
+// kSoftmaxGradient the results become p (x - d) (see TileEpilogue;
 // not with accumulate). With kUnitRowStep a_row must be 1 (op(A) = A^T, a
 // weight gradient's x^T or attention's P^T and dS^T): the tile's entries of
 // op(A) at one depth are then at constant offsets from one pointer,
@@ -226,7 +229,7 @@ void Tile(int64_t kc,
           float* c,
           int64_t ldc,
           int64_t width,
-          const SoftmaxGradientRows& gradient) {
+          const TileEpilogue& epilogue) {
   constexpr int kWidth = PanelShape<kPackets>::kWidth;
   if constexpr (kUnitRowStep) a_row = 1;
   // Every loop over the tile's rows and packets is unrolled, so the
@@ -259,29 +262,34 @@ void Tile(int64_t kc,
     if (width == kWidth) {
 #pragma GCC unroll 12
       for (int r = 0; r < kTileRows; ++r) {
-        const Packet d = ei::pset1<Packet>(gradient.d[r]);
-        const float* p_row = gradient.p + r * gradient.ldp;
+        const Packet d = ei::pset1<Packet>(epilogue.d[r]);
+        const float* p_row = epilogue.p + r * epilogue.ldp;
         for (int q = 0; q < kPackets; ++q) {
           acc[r][q] = ei::pmul(ei::ploadu<Packet>(p_row + q * kLanes), ei::psub(acc[r][q], d));
         }
       }
     }
   }
-  if (width == kWidth && !accumulate) {
+  if (width == kWidth && accumulate) {
 #pragma GCC unroll 12
     for (int r = 0; r < kTileRows; ++r) {
-      for (int q = 0; q < kPackets; ++q) ei::pstoreu(c + r * ldc + q * kLanes, acc[r][q]);
+      for (int q = 0; q < kPackets; ++q) {
+        acc[r][q] = ei::padd(acc[r][q], ei::ploadu<Packet>(c + r * ldc + q * kLanes));
+      }
     }
-    return;
+  }
+  if (width == kWidth && epilogue.bias != nullptr) {
+    Packet bias[kPackets];
+    for (int q = 0; q < kPackets; ++q) bias[q] = ei::ploadu<Packet>(epilogue.bias + q * kLanes);
+#pragma GCC unroll 12
+    for (int r = 0; r < kTileRows; ++r) {
+      for (int q = 0; q < kPackets; ++q) acc[r][q] = ei::padd(acc[r][q], bias[q]);
+    }
   }
   if (width == kWidth) {
 #pragma GCC unroll 12
     for (int r = 0; r < kTileRows; ++r) {
-      float* c_row = c + r * ldc;
-      for (int q = 0; q < kPackets; ++q) {
-        float* c_packet = c_row + q * kLanes;
-        ei::pstoreu(c_packet, ei::padd(acc[r][q], ei::ploadu<Packet>(c_packet)));
-      }
+      for (int q = 0; q < kPackets; ++q) ei::pstoreu(c + r * ldc + q * kLanes, acc[r][q]);
     }
     return;
   }
@@ -292,10 +300,13 @@ void Tile(int64_t kc,
     alignas(64) float tmp[kWidth];
     for (int q = 0; q < kPackets; ++q) ei::pstore(tmp + q * kLanes, acc[r][q]);
     if constexpr (kSoftmaxGradient) {
-      const float* p_row = gradient.p + r * gradient.ldp;
-      for (int64_t j = 0; j < width; ++j) tmp[j] = p_row[j] * (tmp[j] - gradient.d[r]);
+      const float* p_row = epilogue.p + r * epilogue.ldp;
+      for (int64_t j = 0; j < width; ++j) tmp[j] = p_row[j] * (tmp[j] - epilogue.d[r]);
     }
     for (int64_t j = 0; j < width; ++j) c_row[j] = accumulate ? c_row[j] + tmp[j] : tmp[j];
+    if (epilogue.bias != nullptr) {
+      for (int64_t j = 0; j < width; ++j) c_row[j] += epilogue.bias[j];
+    }
   }
 }
 
@@ -310,7 +321,7 @@ using TileFn = void (*)(int64_t,
                         float*,
                         int64_t,
                         int64_t,
-                        const SoftmaxGradientRows&);
+                        const TileEpilogue&);
 // Tiles of every row count (index: rows) for one panel width and depth: a
 // run-time one (kDepth = 0) or, for depth 16 (a 16-wide head's Q K^T and dO
 // V^T), the depth loop unrolled at compile time. Fused attention forward +
@@ -394,7 +405,8 @@ void MultiplyDepthBlock(int64_t m,
                         bool accumulate,
                         float* c,
                         int64_t ldc,
-                        const SoftmaxGradientRows* gradient = nullptr) {
+                        const TileEpilogue* gradient = nullptr,
+                        const float* bias = nullptr) {
   constexpr int kWidth = PanelShape<kPackets>::kWidth;
   constexpr int kRows = PanelShape<kPackets>::kRows;
   const int64_t panels = PanelCount<kPackets>(n);
@@ -408,12 +420,13 @@ void MultiplyDepthBlock(int64_t m,
       const TileFn tile = TileFor<kPackets>(rows, kc, a_row, gradient != nullptr);
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t col = p * kWidth;
-        SoftmaxGradientRows tile_gradient;
+        TileEpilogue tile_epilogue;
         if (gradient) {
-          tile_gradient = {gradient->p + i * gradient->ldp + col, gradient->ldp, gradient->d + i};
+          tile_epilogue = {gradient->p + i * gradient->ldp + col, gradient->ldp, gradient->d + i};
         }
+        if (bias) tile_epilogue.bias = bias + col;
         tile(kc, a + i * a_row, a_row, a_depth, packed + p * kc * kWidth, panel_stride, alpha,
-             accumulate, c + i * ldc + col, ldc, std::min<int64_t>(kWidth, n - col), tile_gradient);
+             accumulate, c + i * ldc + col, ldc, std::min<int64_t>(kWidth, n - col), tile_epilogue);
       }
     }
   }
@@ -567,11 +580,16 @@ void PackedFloatB::Multiply(bool trans_a,
                             int64_t lda,
                             float* c,
                             int64_t ldc,
-                            bool accumulate) const {
+                            bool accumulate,
+                            const float* bias) const {
   if (m == 0 || n_ == 0) return;
   if (k_ == 0) {
-    if (accumulate) return;
-    ZeroRows(m, n_, c, ldc);
+    if (!accumulate) ZeroRows(m, n_, c, ldc);
+    if (bias) {
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n_; ++j) c[i * ldc + j] += bias[j];
+      }
+    }
     return;
   }
   const int64_t a_row = trans_a ? 1 : lda;
@@ -581,15 +599,16 @@ void PackedFloatB::Multiply(bool trans_a,
     constexpr int kWidth = PanelShape<kPackets>::kWidth;
     if (in_place_) {
       MultiplyDepthBlock<kPackets>(m, n_, k_, a, a_row, a_depth, in_place_, in_place_ldb_, alpha,
-                                   accumulate, c, ldc);
+                                   accumulate, c, ldc, nullptr, bias);
       return;
     }
     const int64_t panels = PanelCount<kPackets>(n_);
     for (int64_t k0 = 0; k0 < k_; k0 += kDepthBlock) {
       const int64_t kc = std::min(kDepthBlock, k_ - k0);
-      MultiplyDepthBlock<kPackets>(m, n_, kc, a + k0 * a_depth, a_row, a_depth,
-                                   panels_ + k0 * panels * kWidth, kWidth, alpha,
-                                   accumulate || k0 > 0, c, ldc);
+      // The bias goes on with the last depth block: (the product) + bias.
+      MultiplyDepthBlock<kPackets>(
+          m, n_, kc, a + k0 * a_depth, a_row, a_depth, panels_ + k0 * panels * kWidth, kWidth,
+          alpha, accumulate || k0 > 0, c, ldc, nullptr, k0 + kc == k_ ? bias : nullptr);
     }
   });
 }
@@ -614,7 +633,7 @@ void PackedFloatB::MultiplySoftmaxGradient(bool trans_a,
   }
   const int64_t a_row = trans_a ? 1 : lda;
   const int64_t a_depth = trans_a ? lda : 1;
-  const SoftmaxGradientRows gradient{p, ldp, d};
+  const TileEpilogue gradient{p, ldp, d};
   WithPanelsFor(n_, [&](auto packets) {
     constexpr int kPackets = decltype(packets)::value;
     MultiplyDepthBlock<kPackets>(m, n_, k_, a, a_row, a_depth, in_place_ ? in_place_ : panels_,

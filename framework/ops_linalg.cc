@@ -94,7 +94,9 @@ MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool 
 // C = op(A) op(B), where A, B and C point at one batch entry: A is [m, k]
 // ([k, m] if transpose_a), B is [k, n] ([n, k] if transpose_b), C is [m, n].
 // With packed_b (float only, whole rows: col_begin = 0, col_end = n), op(B)
-// was packed once for all the product's row blocks and b is not read. With
+// was packed once for all the product's row blocks and b is not read; a
+// bias ([n]) is then added to every row by the packed kernel as it stores
+// C (only with packed_b: GemmBlock's caller adds it otherwise). With
 // b_column_sums (B not transposed, not packed_b; indexed by B's columns),
 // the block's columns of B are summed into it too, in float64 and in row
 // order.
@@ -112,14 +114,16 @@ void GemmBlock(const T* a,
                int64_t col_begin,
                int64_t col_end,
                const internal::PackedFloatB* packed_b = nullptr,
-               double* b_column_sums = nullptr) {
+               double* b_column_sums = nullptr,
+               const T* bias = nullptr) {
   // Rows of op(A) are rows of A, or columns of A when transposed; columns of
   // op(B) are columns of B, or rows of B when transposed.
   const T* a_rows = transpose_a ? a + row_begin : a + row_begin * k;
   const int64_t lda = transpose_a ? m : k;
   if constexpr (std::is_same_v<T, float>) {
     if (packed_b != nullptr) {
-      packed_b->Multiply(transpose_a, row_end - row_begin, 1.0f, a_rows, lda, c + row_begin * n, n);
+      packed_b->Multiply(transpose_a, row_end - row_begin, 1.0f, a_rows, lda, c + row_begin * n, n,
+                         /*accumulate=*/false, bias);
       return;
     }
   }
@@ -260,8 +264,10 @@ Tensor MatmulValue(const Tensor& a,
         T* c_entry = c_data + entry * c_stride;
         GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k, geo.n,
                      transpose_a, transpose_b, row_begin, row_end, col_begin, col_end, shared_b,
-                     column_sums.empty() ? nullptr : column_sums.data());
-        if (bias_data) {
+                     column_sums.empty() ? nullptr : column_sums.data(),
+                     shared_b ? bias_data : nullptr);
+        // (With a shared packed B the kernel has added the bias already.)
+        if (bias_data && !shared_b) {
           for (int64_t r = row_begin; r < row_end; ++r) {
             T* row = c_entry + r * geo.n;
             for (int64_t j = col_begin; j < col_end; ++j) row[j] += bias_data[j];

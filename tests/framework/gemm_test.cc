@@ -330,6 +330,31 @@ TEST(GemmTest, ColumnSumsOfBAreTheRowOrderSumsAndLeaveTheProductAlone) {
   }
 }
 
+// A bias added by the tiles as they store C is bitwise the product (added
+// to C when accumulating) followed by a pass adding the bias: every panel
+// width, partial panels, one depth block and several, depth 0.
+TEST(GemmTest, BiasAddedInTheTilesMatchesThePassAfterTheProductBitwise) {
+  for (int64_t n : {3, 16, 20, 40, 64, 100, 128}) {
+    for (int64_t k : {0, 9, 64, 300}) {
+      for (bool accumulate : {false, true}) {
+        const int64_t m = 14, ldc = n + 2;
+        const std::vector<float> a = Filled<float>(std::max<int64_t>(1, m * k), 11);
+        const std::vector<float> b = Filled<float>(std::max<int64_t>(1, k * n), 12);
+        const std::vector<float> bias = Filled<float>(n, 13);
+        PackedFloatB operand;
+        operand.Pack(false, k, n, b.data(), n);
+        std::vector<float> fused = Filled<float>(m * ldc, 14), separate = fused;
+        operand.Multiply(false, m, 1.0f, a.data(), k, fused.data(), ldc, accumulate, bias.data());
+        operand.Multiply(false, m, 1.0f, a.data(), k, separate.data(), ldc, accumulate);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) separate[i * ldc + j] += bias[j];
+        }
+        EXPECT_EQ(fused, separate) << "n " << n << " k " << k << " accumulate " << accumulate;
+      }
+    }
+  }
+}
+
 TEST(GemmTest, NamesItsBackend) {
   const std::string name = GemmBackendName();
   EXPECT_TRUE(name == "openblas" || name == "eigen") << name;
