@@ -97,9 +97,9 @@ MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool 
 // was packed once for all the product's row blocks and b is not read; a
 // bias ([n]) is then added to every row by the packed kernel as it stores
 // C (only with packed_b: GemmBlock's caller adds it otherwise). With
-// b_column_sums (B not transposed, not packed_b; indexed by B's columns),
-// the block's columns of B are summed into it too, in float64 and in row
-// order.
+// b_column_sums (float, B not transposed, not packed_b, a block the packed
+// kernel takes; indexed by B's columns), the block's columns of B are
+// summed into it too, in float64 and in row order.
 template <typename T>
 void GemmBlock(const T* a,
                const T* b,
@@ -128,19 +128,14 @@ void GemmBlock(const T* a,
     }
   }
   const T* b_cols = transpose_b ? b + col_begin * k : b + col_begin;
-  if (b_column_sums != nullptr) {
-    double* sums = b_column_sums + col_begin;
-    if constexpr (std::is_same_v<T, float>) {
-      // Summed while the packed kernel packs B.
-      if (internal::UsesSmallGemmFloat(row_end - row_begin, col_end - col_begin)) {
-        internal::SmallGemmFloat(transpose_a, row_end - row_begin, col_end - col_begin, k, 1.0f,
-                                 a_rows, lda, b_cols, n, c + row_begin * n + col_begin, n, sums);
-        return;
-      }
-    }
-    for (int64_t kk = 0; kk < k; ++kk) {
-      for (int64_t j = 0; j < col_end - col_begin; ++j)
-        sums[j] += static_cast<double>(b_cols[kk * n + j]);
+  if constexpr (std::is_same_v<T, float>) {
+    if (b_column_sums != nullptr) {
+      // Summed while the packed kernel packs B (MatmulValue asks for sums
+      // only where Gemm would run the packed kernel).
+      internal::SmallGemmFloat(transpose_a, row_end - row_begin, col_end - col_begin, k, 1.0f,
+                               a_rows, lda, b_cols, n, c + row_begin * n + col_begin, n,
+                               b_column_sums + col_begin);
+      return;
     }
   }
   internal::Gemm<T>(transpose_a, transpose_b, row_end - row_begin, col_end - col_begin, k, T(1),
@@ -159,8 +154,9 @@ using BlockEpilogue = std::function<void(
 // the epilogue, if any, maps each block. When b_column_sums is given (a
 // weight gradient x^T g: rank 2, A transposed, B not), it is set to B's
 // column sums ([n]; float64 sums in row order, as sum(b, 0) gives them),
-// taken as the product reads B, where the product's cut allows (one row
-// block, one depth part); otherwise it is left undefined.
+// taken as the packed float kernel packs B, where the product runs it and
+// its cut allows (one row block, one depth part); otherwise it is left
+// undefined.
 Tensor MatmulValue(const Tensor& a,
                    const Tensor& b,
                    const MatmulGeometry& geo,
@@ -222,9 +218,13 @@ Tensor MatmulValue(const Tensor& a,
         shared_b = &packed_b;
       }
     }
+    // B's column sums are taken by the packed kernel as it packs B: float
+    // blocks it runs (the widest block decides; narrower ones run it too),
+    // each column summed whole by one block.
     std::vector<double> column_sums;
-    if (b_column_sums != nullptr && batch == 1 && row_units == 1 && depth_parts == 1 &&
-        transpose_a && !transpose_b) {
+    if (std::is_same_v<T, float> && b_column_sums != nullptr && batch == 1 && row_units == 1 &&
+        depth_parts == 1 && transpose_a && !transpose_b &&
+        internal::UsesSmallGemmFloat(m, cols_per_unit)) {
       column_sums.assign(geo.n, 0.0);
     }
     if (depth_parts > 1) {
