@@ -116,7 +116,10 @@ void PackPanel(bool trans_b,
   if (width < kWidth) std::fill(out, out + kc * kWidth, 0.0f);
   if (!trans_b && column_sums && width == kWidth) {
     // The sums stay in a local array across the rows (not a chain of
-    // read-modify-writes of column_sums through memory).
+    // read-modify-writes of column_sums through memory). A loop of its own:
+    // folded into the loop below, beside its partial-width branch, the
+    // array is kept in memory, and packing took 5.2-5.6% of W1 explicit's
+    // samples (2 shards) instead of 4.3-4.9%.
     double sums[kWidth];
     for (int j = 0; j < kWidth; ++j) sums[j] = column_sums[col + j];
     for (int64_t kk = 0; kk < kc; ++kk) {
