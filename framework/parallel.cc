@@ -165,6 +165,23 @@ void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
   });
 }
 
+void ParallelForSegments(const std::vector<int64_t>& offsets, int64_t min_chunk,
+                         const std::function<void(std::size_t, int64_t, int64_t)>& fn) {
+  SP_CHECK(!offsets.empty() && offsets.front() == 0,
+           "ParallelForSegments: offsets must start at 0");
+  const std::size_t segments = offsets.size() - 1;
+  ParallelFor(0, offsets.back(), min_chunk, [&](int64_t lo, int64_t hi) {
+    // The last segment that starts at or before lo, then each one starting
+    // before hi.
+    std::size_t s = std::upper_bound(offsets.begin(), offsets.end(), lo) - offsets.begin() - 1;
+    for (; s < segments && offsets[s] < hi; ++s) {
+      const int64_t begin = std::max(lo, offsets[s]) - offsets[s];
+      const int64_t end = std::min(hi, offsets[s + 1]) - offsets[s];
+      if (begin < end) fn(s, begin, end);
+    }
+  });
+}
+
 ScopedNumThreads::ScopedNumThreads(int num_threads) : previous_(NumThreads()) {
   SetNumThreads(num_threads);
 }

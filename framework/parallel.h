@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace stillpoint {
 
@@ -26,6 +27,16 @@ int NumThreads();
 // chunks already running have returned.
 void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
                  const std::function<void(int64_t, int64_t)>& fn);
+
+// ParallelFor over the concatenation of segments (the elements of several
+// tensors seen as one flat range): segment s holds the flat indices
+// [offsets[s], offsets[s + 1]), offsets starting at 0 and non-decreasing.
+// Each chunk of the flat range is handed to fn as its overlaps with the
+// segments, fn(s, begin, end) with [begin, end) in segment s's own indices.
+// The chunks have about equal element counts whatever the segment sizes,
+// and two calls with the same offsets cut them the same way.
+void ParallelForSegments(const std::vector<int64_t>& offsets, int64_t min_chunk,
+                         const std::function<void(std::size_t, int64_t, int64_t)>& fn);
 
 // Sets the thread count for the lifetime of the guard, then restores it.
 class ScopedNumThreads {

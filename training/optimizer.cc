@@ -12,21 +12,6 @@ namespace {
 // small models update inline; the W1 model splits into a few tasks per core.
 constexpr int64_t kMinElementsPerTask = 4096;
 
-// For every slot s overlapping the flat element range [lo, hi) (slot s
-// holds [offsets[s], offsets[s + 1])), calls fn(s, begin, end) with
-// [begin, end) the overlap in the slot's own element indices.
-template <typename Fn>
-void ForEachSlotPiece(const std::vector<int64_t>& offsets, int64_t lo, int64_t hi, const Fn& fn) {
-  const std::size_t slots = offsets.size() - 1;
-  // The last slot that starts at or before lo, then each one starting before hi.
-  std::size_t s = std::upper_bound(offsets.begin(), offsets.end(), lo) - offsets.begin() - 1;
-  for (; s < slots && offsets[s] < hi; ++s) {
-    const int64_t begin = std::max(lo, offsets[s]) - offsets[s];
-    const int64_t end = std::min(hi, offsets[s + 1]) - offsets[s];
-    if (begin < end) fn(s, begin, end);
-  }
-}
-
 bool EndsWith(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() &&
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -200,11 +185,10 @@ void Optimizer::Step() {
   // about the same number of elements whatever the parameter sizes. Each
   // element is updated by one task with the same arithmetic, so the result
   // does not depend on the split.
-  ParallelFor(0, slot_offsets_.back(), kMinElementsPerTask, [&](int64_t lo, int64_t hi) {
-    ForEachSlotPiece(slot_offsets_, lo, hi, [&](std::size_t s, int64_t begin, int64_t end) {
-      if (grads[s].defined()) UpdateSegment(slots_[s], grads[s], begin, end);
-    });
-  });
+  ParallelForSegments(slot_offsets_, kMinElementsPerTask,
+                      [&](std::size_t s, int64_t begin, int64_t end) {
+                        if (grads[s].defined()) UpdateSegment(slots_[s], grads[s], begin, end);
+                      });
 }
 
 void Optimizer::ZeroGrad() {

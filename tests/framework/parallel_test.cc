@@ -48,6 +48,32 @@ TEST(ParallelTest, ChunkBoundsDependOnlyOnTheRangeAndThreadCount) {
   for (int call = 0; call < 50; ++call) ASSERT_EQ(bounds_of_one_call(), first);
 }
 
+TEST(ParallelTest, SegmentsAreCoveredOnceInTheirOwnIndices) {
+  // Segments of 5, 0, 3000, 1 and 700 elements.
+  const std::vector<int64_t> offsets = {0, 5, 5, 3005, 3006, 3706};
+  for (int threads : {1, 2, 3}) {
+    ScopedNumThreads scoped(threads);
+    std::vector<std::vector<int>> hits = {std::vector<int>(5), {}, std::vector<int>(3000),
+                                          std::vector<int>(1), std::vector<int>(700)};
+    std::mutex mutex;
+    ParallelForSegments(offsets, 64, [&](std::size_t s, int64_t begin, int64_t end) {
+      std::lock_guard<std::mutex> lock(mutex);
+      ASSERT_LT(s, hits.size());
+      ASSERT_TRUE(0 <= begin && begin < end && end <= static_cast<int64_t>(hits[s].size()))
+          << "segment " << s << ": [" << begin << ", " << end << ")";
+      for (int64_t i = begin; i < end; ++i) hits[s][i]++;
+    });
+    for (std::size_t s = 0; s < hits.size(); ++s) {
+      for (std::size_t i = 0; i < hits[s].size(); ++i) {
+        ASSERT_EQ(hits[s][i], 1) << "segment " << s << ", index " << i << ", " << threads
+                                 << " threads";
+      }
+    }
+  }
+  EXPECT_THROW(ParallelForSegments({}, 1, [](std::size_t, int64_t, int64_t) {}), Error);
+  EXPECT_THROW(ParallelForSegments({3, 5}, 1, [](std::size_t, int64_t, int64_t) {}), Error);
+}
+
 // A thread stuck in its first chunk must not hold up the rest of its share:
 // the other thread takes it. (Without that, this test waits out its timeout.)
 TEST(ParallelTest, ChunksOfAStalledThreadAreTakenByTheOther) {
