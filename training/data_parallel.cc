@@ -46,7 +46,62 @@ void ShareParameters(const Module& model, Module& replica, int64_t shard) {
   }
 }
 
+// Elements per task of the gradient sum: as the optimizer's update takes
+// them (training/optimizer.cc), so that on a machine whose cores keep pace
+// each thread then updates the elements it has just summed.
+constexpr int64_t kMinElementsPerTask = 4096;
+
 }  // namespace
+
+void DataParallel::ClearReplicaGradients(int64_t shard) {
+  for (Var& parameter : parameters_[shard]) parameter.zero_grad();
+}
+
+void DataParallel::SumShardGradients() {
+  const VarList& parameters = parameters_.front();
+  // Per parameter, its gradients in shard order: the model's first (shard
+  // 0's, added to what it held before), then each replica's.
+  std::vector<std::vector<Tensor>> terms(parameters.size());
+  for (const VarList& shard_parameters : parameters_) {
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      if (shard_parameters[i].has_grad()) terms[i].push_back(shard_parameters[i].grad().value());
+    }
+  }
+  // A fresh tensor for each sum of two or more: a gradient tensor may be
+  // shared with another parameter's, so none is added to in place.
+  std::vector<Tensor> sums(parameters.size());
+  std::vector<int64_t> offsets = {0};
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    if (terms[i].size() >= 2) sums[i] = Tensor(terms[i][0].shape(), terms[i][0].dtype());
+    offsets.push_back(offsets.back() + (sums[i].defined() ? sums[i].numel() : 0));
+  }
+  // One parallel loop over the elements of all sums, not a pass over each
+  // tensor in turn on one thread while the other waits: the same additions
+  // in the same order, (g0 + g1) + g2 ..., as adding tensor by tensor.
+  ParallelForSegments(offsets, kMinElementsPerTask, [&](std::size_t i, int64_t begin,
+                                                          int64_t end) {
+    DispatchDType(sums[i].dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      T* out = sums[i].data<T>();
+      const T* first = terms[i][0].data<T>();
+      const T* second = terms[i][1].data<T>();
+      for (int64_t j = begin; j < end; ++j) out[j] = first[j] + second[j];
+      for (std::size_t t = 2; t < terms[i].size(); ++t) {
+        const T* next = terms[i][t].data<T>();
+        for (int64_t j = begin; j < end; ++j) out[j] += next[j];
+      }
+    });
+  });
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    Var parameter = parameters[i];
+    if (sums[i].defined()) {
+      parameter.set_grad(Var(sums[i]));
+    } else if (terms[i].size() == 1 && !parameter.has_grad()) {
+      parameter.set_grad(Var(terms[i][0]));  // one replica's gradient only
+    }
+  }
+  for (int64_t shard = 1; shard < shards(); ++shard) ClearReplicaGradients(shard);
+}
 
 DataParallel::DataParallel(std::shared_ptr<Module> model,
                            int64_t shards,
@@ -55,6 +110,7 @@ DataParallel::DataParallel(std::shared_ptr<Module> model,
   SP_CHECK(shards >= 1, "data parallel: shards must be >= 1, got ", shards);
   SP_CHECK(shards == 1 || make_replica, "data parallel: ", shards,
            " shards need a replica factory");
+  parameters_.push_back(model->parameters());
   replicas_.push_back(std::move(model));
   for (int64_t shard = 1; shard < shards; ++shard) {
     std::shared_ptr<Module> replica = make_replica();
@@ -62,6 +118,7 @@ DataParallel::DataParallel(std::shared_ptr<Module> model,
     SP_CHECK(replica != replicas_.front(),
              "data parallel: the replica factory returned the model itself");
     ShareParameters(*replicas_.front(), *replica, shard);
+    parameters_.push_back(replica->parameters());
     replicas_.push_back(std::move(replica));
   }
 }
@@ -76,7 +133,7 @@ double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
   const int64_t count = shards();
   // Checked before any work, so a bad batch leaves everything as it was.
   ShardRows(rows, count, 0);
-  const VarList parameters = replicas_.front()->parameters();
+  const VarList& parameters = parameters_.front();
   // Shard 0 accumulates into the model's own gradients; these restore them
   // if a shard fails.
   VarList previous(parameters.size());
@@ -89,7 +146,7 @@ double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
     ParallelFor(0, count, 1, [&](int64_t begin, int64_t end) {
       for (int64_t shard = begin; shard < end; ++shard) {
         Module& module = *replicas_[shard];
-        if (shard > 0) module.ZeroGrad();
+        if (shard > 0) ClearReplicaGradients(shard);
         const Var loss = shard_loss(module, ShardRows(rows, count, shard));
         SP_CHECK(loss.defined() && loss.numel() == 1, "data parallel: the loss of shard ", shard,
                  " must be a scalar, got ", loss.defined() ? loss.shape().ToString() : "none");
@@ -102,25 +159,11 @@ double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
       Var parameter = parameters[i];
       parameter.set_grad(previous[i]);
     }
-    for (int64_t shard = 1; shard < count; ++shard) replicas_[shard]->ZeroGrad();
+    for (int64_t shard = 1; shard < count; ++shard) ClearReplicaGradients(shard);
     throw;
   }
 
-  // The sum over shards, in shard order (parameters() lists the replicas'
-  // parameters in the same order as the model's).
-  {
-    NoGrad no_grad;
-    for (int64_t shard = 1; shard < count; ++shard) {
-      const VarList shard_parameters = replicas_[shard]->parameters();
-      for (std::size_t i = 0; i < parameters.size(); ++i) {
-        const Var& increment = shard_parameters[i].grad();
-        if (!increment.defined()) continue;
-        Var parameter = parameters[i];
-        parameter.set_grad(parameter.has_grad() ? add(parameter.grad(), increment) : increment);
-      }
-      replicas_[shard]->ZeroGrad();
-    }
-  }
+  SumShardGradients();
   double total = 0.0;
   for (const double loss : losses) total += loss;
   return total;

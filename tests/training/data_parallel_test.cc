@@ -7,6 +7,8 @@
 //     shards) match a plain backward() of the whole batch to rounding;
 //   - in float32 a sharded step's gradients are bitwise the same on one
 //     thread and on two;
+//   - the model's gradients are the shards' summed in shard order (a sum
+//     whose float32 result shows the order), added to those it held;
 //   - replicas share the model's parameter storage; a replica of another
 //     structure, a failing shard and a non-scalar loss are clear errors, and
 //     a failing shard leaves the model's gradients as they were;
@@ -240,6 +242,51 @@ TEST(DataParallelTest, AFailingShardLeavesTheModelsGradientsAsTheyWere) {
     EXPECT_NE(std::string(e.what()).find("must be a scalar"), std::string::npos) << e.what();
   }
   EXPECT_THROW(step.Backward(1, good), Error);  // 1 row, 2 shards
+}
+
+// Two float32 parameters: w, whose shard gradients are chosen so the order
+// of their sum shows, (1e8 + -1e8) + 1 = 1 but 1e8 + (-1e8 + 1) = 0; and v,
+// which only shard 1's loss uses. Long enough to span several tasks.
+class OrderProbe : public Module {
+ public:
+  static constexpr int64_t kSize = 20000;
+  OrderProbe() {
+    w = RegisterParameter("w", Tensor::Zeros(Shape{kSize}, DType::kFloat32));
+    v = RegisterParameter("v", Tensor::Zeros(Shape{3}, DType::kFloat32));
+  }
+  Var w, v;
+};
+
+TEST(DataParallelTest, GradientsAreTheShardsSumInShardOrderAddedToWhatTheModelHeld) {
+  const std::vector<double> shard_gradient = {1e8, -1e8, 1};
+  const DataParallel::ShardLoss loss = [&](Module& replica, ShardRange rows) {
+    auto& probe = static_cast<OrderProbe&>(replica);
+    // d/dw sum(w c) = c exactly.
+    Var total = sum(mul(probe.w, constant(Tensor::Full(Shape{OrderProbe::kSize},
+                                                       shard_gradient[rows.shard],
+                                                       DType::kFloat32))));
+    if (rows.shard == 1) total = add(total, sum(mul_scalar(probe.v, 0.5)));
+    return total;
+  };
+  for (int threads : {1, 2}) {
+    ScopedNumThreads scoped(threads);
+    auto model = std::make_shared<OrderProbe>();
+    DataParallel step(model, 3, [] { return std::make_shared<OrderProbe>(); });
+    step.Backward(3, loss);
+    ASSERT_TRUE(model->w.has_grad() && model->v.has_grad());
+    for (int64_t j = 0; j < OrderProbe::kSize; ++j) {
+      ASSERT_EQ(model->w.grad().value().at(j), 1.0) << "w[" << j << "], " << threads << " threads";
+    }
+    for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(model->v.grad().value().at(j), 0.5);
+    for (int64_t shard = 1; shard < 3; ++shard) {
+      for (const Var& p : step.replica(shard).parameters()) EXPECT_FALSE(p.has_grad());
+    }
+    // As backward() does, a second step adds to the gradients held: shard 0
+    // adds its own to them first, (1 + 1e8) - 1e8 + 1 = 1 in float32.
+    step.Backward(3, loss);
+    EXPECT_EQ(model->w.grad().value().at(0), 1.0);
+    EXPECT_EQ(model->v.grad().value().at(0), 1.0);
+  }
 }
 
 TEST(DataParallelTest, BenchWithTwoShardsTrainsTheSameTrajectory) {
