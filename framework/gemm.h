@@ -117,7 +117,8 @@ class PackedFloatB {
   // is never written out: the gradient of a softmax's scores, dS = P o (dP
   // - D), straight from the tiles of dP = dO V^T. Bitwise what Multiply
   // (alpha 1) followed by that map gives. p is [m, n] with row stride ldp,
-  // d has m entries; C may not overlap p.
+  // d has m entries (or is null, for MultiplyElementwise); C may not
+  // overlap p.
   void MultiplySoftmaxGradient(bool trans_a,
                                int64_t m,
                                const float* a,
@@ -127,6 +128,18 @@ class PackedFloatB {
                                const float* d,
                                float* c,
                                int64_t ldc) const;
+  // C[m, n] = P o (op(A) op(B)): c_ij = p_ij x_ij, applied in the tiles as
+  // MultiplySoftmaxGradient does: the gradient through an elementwise map
+  // whose derivative is p (a GELU's) straight from the tiles of the
+  // product before it. Bitwise Multiply (alpha 1) followed by that map.
+  void MultiplyElementwise(bool trans_a,
+                           int64_t m,
+                           const float* a,
+                           int64_t lda,
+                           const float* p,
+                           int64_t ldp,
+                           float* c,
+                           int64_t ldc) const;
 
  private:
   float* Panels(std::size_t floats);

@@ -196,9 +196,11 @@ template <int kTileRows, int kPackets>
 
 // What a tile applies to its results x as it stores them. A softmax
 // gradient (kSoftmaxGradient tiles): c_ij = p_ij (x_ij - d_i), for the
-// tile's rows (p and d point at its first row and column). A bias (any
-// tile; null for none): c_ij = x_ij + bias_j, after x is added to C when
-// accumulating (bias points at the tile's first column).
+// tile's rows (p and d point at its first row and column); with d null,
+// c_ij = p_ij x_ij, bitwise (x - 0 is x, and a product does not depend on
+// the order of its factors). A bias (any tile; null for none): c_ij = x_ij
+// + bias_j, after x is added to C when accumulating (bias points at the
+// tile's first column).
 struct TileEpilogue {
   const float* p = nullptr;
   int64_t ldp = 0;
@@ -265,7 +267,7 @@ void Tile(int64_t kc,
     if (width == kWidth) {
 #pragma GCC unroll 12
       for (int r = 0; r < kTileRows; ++r) {
-        const Packet d = ei::pset1<Packet>(epilogue.d[r]);
+        const Packet d = ei::pset1<Packet>(epilogue.d ? epilogue.d[r] : 0.0f);
         const float* p_row = epilogue.p + r * epilogue.ldp;
         for (int q = 0; q < kPackets; ++q) {
           acc[r][q] = ei::pmul(ei::ploadu<Packet>(p_row + q * kLanes), ei::psub(acc[r][q], d));
@@ -304,7 +306,8 @@ void Tile(int64_t kc,
     for (int q = 0; q < kPackets; ++q) ei::pstore(tmp + q * kLanes, acc[r][q]);
     if constexpr (kSoftmaxGradient) {
       const float* p_row = epilogue.p + r * epilogue.ldp;
-      for (int64_t j = 0; j < width; ++j) tmp[j] = p_row[j] * (tmp[j] - epilogue.d[r]);
+      const float d = epilogue.d ? epilogue.d[r] : 0.0f;
+      for (int64_t j = 0; j < width; ++j) tmp[j] = p_row[j] * (tmp[j] - d);
     }
     for (int64_t j = 0; j < width; ++j) c_row[j] = accumulate ? c_row[j] + tmp[j] : tmp[j];
     if (epilogue.bias != nullptr) {
@@ -425,7 +428,8 @@ void MultiplyDepthBlock(int64_t m,
         const int64_t col = p * kWidth;
         TileEpilogue tile_epilogue;
         if (gradient) {
-          tile_epilogue = {gradient->p + i * gradient->ldp + col, gradient->ldp, gradient->d + i};
+          tile_epilogue = {gradient->p + i * gradient->ldp + col, gradient->ldp,
+                           gradient->d ? gradient->d + i : nullptr};
         }
         if (bias) tile_epilogue.bias = bias + col;
         tile(kc, a + i * a_row, a_row, a_depth, packed + p * kc * kWidth, panel_stride, alpha,
@@ -630,7 +634,8 @@ void PackedFloatB::MultiplySoftmaxGradient(bool trans_a,
     // Not in one depth block: the product, then the map over C.
     Multiply(trans_a, m, 1.0f, a, lda, c, ldc);
     for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n_; ++j) c[i * ldc + j] = p[i * ldp + j] * (c[i * ldc + j] - d[i]);
+      const float d_i = d ? d[i] : 0.0f;
+      for (int64_t j = 0; j < n_; ++j) c[i * ldc + j] = p[i * ldp + j] * (c[i * ldc + j] - d_i);
     }
     return;
   }
@@ -643,6 +648,18 @@ void PackedFloatB::MultiplySoftmaxGradient(bool trans_a,
                                  in_place_ ? in_place_ldb_ : PanelShape<kPackets>::kWidth, 1.0f,
                                  false, c, ldc, &gradient);
   });
+}
+
+void PackedFloatB::MultiplyElementwise(bool trans_a,
+                                       int64_t m,
+                                       const float* a,
+                                       int64_t lda,
+                                       const float* p,
+                                       int64_t ldp,
+                                       float* c,
+                                       int64_t ldc) const {
+  // The softmax gradient's tiles with d = 0 (see TileEpilogue).
+  MultiplySoftmaxGradient(trans_a, m, a, lda, p, ldp, nullptr, c, ldc);
 }
 
 }  // namespace stillpoint::internal

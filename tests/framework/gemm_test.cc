@@ -264,11 +264,12 @@ TEST(GemmTest, ScalePackedIntoTheOperandIsTheProductOfTheScaledOperand) {
   }
 }
 
-// The softmax gradient made in the tiles, c = p (op(A) op(B) - d), is
-// bitwise the product followed by that map: every layout, partial panels,
+// The softmax gradient made in the tiles, c = p (op(A) op(B) - d), and the
+// elementwise product c = p op(A) op(B) are bitwise the product followed by
+// that map: every layout, partial panels,
 // the unrolled depth 16, a B read in place, and a depth past one block
 // (which takes the two-pass path).
-TEST(GemmTest, SoftmaxGradientInTheTilesMatchesTheProductThenTheMap) {
+TEST(GemmTest, SoftmaxGradientAndElementwiseProductInTheTilesMatchTheProductThenTheMap) {
   for (int64_t n : {3, 4, 8, 16, 37}) {
     for (int64_t k : {16, 40, 300}) {
       for (bool ta : {false, true}) {
@@ -292,6 +293,15 @@ TEST(GemmTest, SoftmaxGradientInTheTilesMatchesTheProductThenTheMap) {
           packed.MultiplySoftmaxGradient(ta, m, a.data(), lda, p.data(), ldp, d.data(), got.data(),
                                          ldc);
           ASSERT_EQ(got, expected) << "n " << n << " k " << k << " ta " << ta << " tb " << tb;
+          // Without d: c = p x (as x p: GeluGradient's order).
+          std::vector<float> product(m * ldc, 7.0f), got_product(m * ldc, 7.0f);
+          packed.Multiply(ta, m, 1.0f, a.data(), lda, product.data(), ldc);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) product[i * ldc + j] *= p[i * ldp + j];
+          }
+          packed.MultiplyElementwise(ta, m, a.data(), lda, p.data(), ldp, got_product.data(), ldc);
+          ASSERT_EQ(got_product, product)
+              << "elementwise, n " << n << " k " << k << " ta " << ta << " tb " << tb;
         }
       }
     }
