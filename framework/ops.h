@@ -122,6 +122,12 @@ Var linear(const Var& x, const Var& weight, const Var& bias);
 // is in cache, so the pre-activation is never written out. Bitwise the
 // values and gradients of the two ops in sequence.
 Var linear_gelu(const Var& x, const Var& weight, const Var& bias);
+// A transformer's feed-forward block, x: [m, k] -> linear(linear_gelu(x,
+// w1, b1), w2, b2), [m, n] (biases may be undefined), as one recorded op:
+// the values and gradients of those two ops, bitwise, with the backward's
+// product g w2^T multiplied by gelu' as it is stored instead of in a pass
+// of its own.
+Var feed_forward(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2);
 
 // ------------------------------------------------------- shape and index
 

@@ -52,7 +52,7 @@ struct MatmulGeometry {
   Shape out_shape;
 };
 
-MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
+MatmulGeometry ResolveMatmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
   SP_CHECK(a.defined() && b.defined(), "matmul: an input is undefined");
   const Shape& sa = a.shape();
   const Shape& sb = b.shape();
@@ -90,6 +90,11 @@ MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool 
   return geo;
 }
 
+MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
+  SP_CHECK(a.defined() && b.defined(), "matmul: an input is undefined");
+  return ResolveMatmul(a.value(), b.value(), transpose_a, transpose_b);
+}
+
 // Writes the block [row_begin, row_end) x [col_begin, col_end) of
 // C = op(A) op(B), where A, B and C point at one batch entry: A is [m, k]
 // ([k, m] if transpose_a), B is [k, n] ([n, k] if transpose_b), C is [m, n].
@@ -100,6 +105,9 @@ MatmulGeometry ResolveMatmul(const Var& a, const Var& b, bool transpose_a, bool 
 // b_column_sums (float, B not transposed, not packed_b, a block the packed
 // kernel takes; indexed by B's columns), the block's columns of B are
 // summed into it too, in float64 and in row order.
+// With multiplier (float, with packed_b only; [m, n] like C), each entry of
+// the block is multiplied by its entry of multiplier as the packed kernel
+// stores it (the gradient through an elementwise map after the product).
 template <typename T>
 void GemmBlock(const T* a,
                const T* b,
@@ -115,12 +123,18 @@ void GemmBlock(const T* a,
                int64_t col_end,
                const internal::PackedFloatB* packed_b = nullptr,
                double* b_column_sums = nullptr,
-               const T* bias = nullptr) {
+               const T* bias = nullptr,
+               const T* multiplier = nullptr) {
   // Rows of op(A) are rows of A, or columns of A when transposed; columns of
   // op(B) are columns of B, or rows of B when transposed.
   const T* a_rows = transpose_a ? a + row_begin : a + row_begin * k;
   const int64_t lda = transpose_a ? m : k;
   if constexpr (std::is_same_v<T, float>) {
+    if (packed_b != nullptr && multiplier != nullptr) {
+      packed_b->MultiplyElementwise(transpose_a, row_end - row_begin, a_rows, lda,
+                                    multiplier + row_begin * n, n, c + row_begin * n, n);
+      return;
+    }
     if (packed_b != nullptr) {
       packed_b->Multiply(transpose_a, row_end - row_begin, 1.0f, a_rows, lda, c + row_begin * n, n,
                          /*accumulate=*/false, bias);
@@ -156,7 +170,11 @@ using BlockEpilogue = std::function<void(
 // column sums ([n]; float64 sums in row order, as sum(b, 0) gives them),
 // taken as the packed float kernel packs B, where the product runs it and
 // its cut allows (one row block, one depth part); otherwise it is left
-// undefined.
+// undefined. When multiplier is given (the shape and dtype of the result;
+// rank-2 products, without bias or epilogue) the result is the product
+// times multiplier, entry by entry: in the packed kernel's tiles where
+// one packed B serves the row blocks, else on each block after it is
+// written. Bitwise the product followed by that multiplication.
 Tensor MatmulValue(const Tensor& a,
                    const Tensor& b,
                    const MatmulGeometry& geo,
@@ -164,7 +182,13 @@ Tensor MatmulValue(const Tensor& a,
                    bool transpose_b,
                    const Tensor* bias = nullptr,
                    const BlockEpilogue& epilogue = {},
-                   Tensor* b_column_sums = nullptr) {
+                   Tensor* b_column_sums = nullptr,
+                   const Tensor* multiplier = nullptr) {
+  SP_CHECK(multiplier == nullptr ||
+               (multiplier->shape() == geo.out_shape && multiplier->dtype() == a.dtype() &&
+                geo.out_shape.rank() == 2 && bias == nullptr && !epilogue),
+           "matmul: a multiplier must have the shape and dtype of a rank-2 result, without bias "
+           "or epilogue");
   Tensor out(geo.out_shape, a.dtype());
   if (out.numel() == 0) return out;
   // A shared B with an untransposed A is one tall product: fold the batch
@@ -187,7 +211,8 @@ Tensor MatmulValue(const Tensor& a,
   // the region: the cut depends only on the shapes, so results stay
   // independent of the thread count.
   const int64_t depth_parts =
-      split_cols && transpose_a && !transpose_b && bias == nullptr && !epilogue
+      split_cols && transpose_a && !transpose_b && bias == nullptr && !epilogue &&
+              multiplier == nullptr
           ? std::clamp<int64_t>((kMinSplitUnits + col_units - 1) / col_units, 1,
                                 std::max<int64_t>(1, geo.k / kMinDepthPerPart))
           : 1;
@@ -205,6 +230,7 @@ Tensor MatmulValue(const Tensor& a,
     const int64_t b_stride = geo.b_shared ? 0 : geo.k * geo.n;
     const int64_t c_stride = geo.m * geo.n;
     const T* bias_data = bias ? bias->data<T>() : nullptr;
+    const T* multiplier_data = multiplier ? multiplier->data<T>() : nullptr;
     // A float product cut into row blocks only packs op(B) once, here, for
     // all of them, instead of once per block: the blocks of a W2
     // projection would otherwise pack the same weight sixteen times. The
@@ -265,12 +291,20 @@ Tensor MatmulValue(const Tensor& a,
         GemmBlock<T>(a_data + entry * a_stride, b_data + entry * b_stride, c_entry, m, geo.k, geo.n,
                      transpose_a, transpose_b, row_begin, row_end, col_begin, col_end, shared_b,
                      column_sums.empty() ? nullptr : column_sums.data(),
-                     shared_b ? bias_data : nullptr);
-        // (With a shared packed B the kernel has added the bias already.)
+                     shared_b ? bias_data : nullptr, shared_b ? multiplier_data : nullptr);
+        // (With a shared packed B the kernel has added the bias, or applied
+        // the multiplier, already.)
         if (bias_data && !shared_b) {
           for (int64_t r = row_begin; r < row_end; ++r) {
             T* row = c_entry + r * geo.n;
             for (int64_t j = col_begin; j < col_end; ++j) row[j] += bias_data[j];
+          }
+        }
+        if (multiplier_data && !shared_b) {
+          for (int64_t r = row_begin; r < row_end; ++r) {
+            T* row = c_entry + r * geo.n;
+            const T* factor = multiplier_data + r * geo.n;
+            for (int64_t j = col_begin; j < col_end; ++j) row[j] *= factor[j];
           }
         }
         if (epilogue) epilogue(out, row_begin, row_end, col_begin, col_end);
@@ -379,23 +413,24 @@ Var linear(const Var& x, const Var& weight, const Var& bias) {
                   [](const VarList& in, const Var&, const Var& g) { return LinearVjp(in, g); });
 }
 
-Var linear_gelu(const Var& x, const Var& weight, const Var& bias) {
-  CheckLinearOperands(x, weight, bias, "linear_gelu");
+namespace {
+
+// gelu(x weight + bias), with each block of the product mapped while it is
+// in cache; with derivative, gelu' of the same pre-activation is written
+// there too (for a backward pass: the pre-activation itself is never
+// stored). x and weight are checked operands of a linear layer.
+Tensor LinearGeluValue(const Var& x, const Var& weight, const Var& bias, Tensor* derivative) {
   const MatmulGeometry geo = ResolveMatmul(x, weight, false, false);
   const Tensor bias_value = bias.defined() ? bias.value() : Tensor();
-  // As gelu does when recording: gelu'(u) computed with gelu(u), kept for
-  // the backward. u itself is never stored.
-  const bool recording =
-      GradModeEnabled() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
-  Tensor derivative = recording ? Tensor(geo.out_shape, x.dtype()) : Tensor();
+  if (derivative) *derivative = Tensor(geo.out_shape, x.dtype());
   const BlockEpilogue gelu_in_place = [&](Tensor& out, int64_t row_begin, int64_t row_end,
                                           int64_t col_begin, int64_t col_end) {
     DispatchDType(out.dtype(), [&](auto zero) {
       using T = decltype(zero);
       for (int64_t r = row_begin; r < row_end; ++r) {
         T* u = out.data<T>() + r * geo.n + col_begin;
-        if (recording) {
-          internal::VecGeluWithDerivative(u, u, derivative.data<T>() + r * geo.n + col_begin,
+        if (derivative) {
+          internal::VecGeluWithDerivative(u, u, derivative->data<T>() + r * geo.n + col_begin,
                                           col_end - col_begin);
         } else {
           internal::VecGelu(u, u, col_end - col_begin);
@@ -403,19 +438,103 @@ Var linear_gelu(const Var& x, const Var& weight, const Var& bias) {
       }
     });
   };
-  Tensor out = MatmulValue(x.value(), weight.value(), geo, false, false,
-                           bias.defined() ? &bias_value : nullptr, gelu_in_place);
+  return MatmulValue(x.value(), weight.value(), geo, false, false,
+                     bias.defined() ? &bias_value : nullptr, gelu_in_place);
+}
+
+bool AnyRequiresGrad(const VarList& vars) {
+  for (const Var& v : vars) {
+    if (v.requires_grad()) return true;
+  }
+  return false;
+}
+
+// create_graph: the VJP of linear_gelu with the output gradient g, as
+// recorded ops: gelu's VJP at u = x weight + bias recomputed, so the
+// gradient carries its dependence on every input (in = {x, weight, bias}).
+VarList LinearGeluVjpRecorded(const VarList& in, const Var& g) {
+  const Var u = linear(in[0], in[1], in[2]);
+  return LinearVjp(in, grad({gelu(u)}, {u}, {g}, {.create_graph = true})[0]);
+}
+
+}  // namespace
+
+Var linear_gelu(const Var& x, const Var& weight, const Var& bias) {
+  CheckLinearOperands(x, weight, bias, "linear_gelu");
+  // As gelu does when recording: gelu'(u) computed with gelu(u), kept for
+  // the backward.
+  Tensor derivative;
+  const bool recording = GradModeEnabled() && AnyRequiresGrad({x, weight, bias});
+  Tensor out = LinearGeluValue(x, weight, bias, recording ? &derivative : nullptr);
   return RecordOp("linear_gelu", out, {x, weight, bias},
                   [derivative](const VarList& in, const Var&, const Var& g) {
                     if (!GradModeEnabled()) {
                       return LinearVjp(in, constant(internal::GeluGradient(g.value(), derivative,
                                                                            "linear_gelu")));
                     }
-                    // create_graph: gelu's VJP at u = x weight + bias recomputed
-                    // as a recorded op, so the gradient carries its dependence on
-                    // every input.
-                    const Var u = linear(in[0], in[1], in[2]);
-                    return LinearVjp(in, grad({gelu(u)}, {u}, {g}, {.create_graph = true})[0]);
+                    return LinearGeluVjpRecorded(in, g);
+                  });
+}
+
+Var feed_forward(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2) {
+  CheckLinearOperands(x, w1, b1, "feed_forward");
+  SP_CHECK(w2.defined() && w2.rank() == 2 && w2.dim(0) == w1.dim(1), "feed_forward: w2 ",
+           w2.defined() ? w2.shape().ToString() : std::string("(undefined)"), " must be [",
+           w1.dim(1), ", n] after w1 ", w1.shape());
+  SP_CHECK(w2.dtype() == w1.dtype(), "feed_forward: w2 is ", ToString(w2.dtype()), " but w1 is ",
+           ToString(w1.dtype()));
+  if (b2.defined()) {
+    SP_CHECK(b2.shape() == Shape{w2.dim(1)}, "feed_forward: b2 ", b2.shape(), " must be [",
+             w2.dim(1), "] for w2 ", w2.shape());
+    SP_CHECK(b2.dtype() == w2.dtype(), "feed_forward: b2 is ", ToString(b2.dtype()), " but w2 is ",
+             ToString(w2.dtype()));
+  }
+  const bool recording = GradModeEnabled() && AnyRequiresGrad({x, w1, b1, w2, b2});
+  Tensor derivative;
+  const Tensor hidden = LinearGeluValue(x, w1, b1, recording ? &derivative : nullptr);
+  const Tensor b2_value = b2.defined() ? b2.value() : Tensor();
+  Tensor out = MatmulValue(hidden, w2.value(), ResolveMatmul(hidden, w2.value(), false, false),
+                           false, false, b2.defined() ? &b2_value : nullptr);
+  return RecordOp("feed_forward", out, {x, w1, b1, w2, b2},
+                  [hidden, derivative](const VarList& in, const Var&, const Var& g) {
+                    // The second layer's VJP sees inputs {hidden, w2, b2}: which of
+                    // their gradients the sweep needs, in that order.
+                    const bool first_layer_needed =
+                        InputGradNeeded(0) || InputGradNeeded(1) || InputGradNeeded(2);
+                    const std::vector<char> second_mask = {first_layer_needed, InputGradNeeded(3),
+                                                           InputGradNeeded(4)};
+                    if (!GradModeEnabled()) {
+                      // The second layer's weight and bias gradients as linear's, from
+                      // the kept hidden activations.
+                      VarList second;
+                      {
+                        const ScopedInputGradMask mask(&second_mask);
+                        second = LinearVjp({constant(hidden), in[3], in[4]}, g);
+                      }
+                      // The gradient at the first layer's output u: g w2^T times
+                      // gelu'(u), multiplied in as the product's tiles store it instead
+                      // of in a pass of its own over a [rows, hidden] tensor.
+                      VarList first(3);
+                      if (WantsInputGrad(in, 0) || WantsInputGrad(in, 1) || WantsInputGrad(in, 2)) {
+                        const Tensor& w2 = in[3].value();
+                        const Tensor du =
+                            MatmulValue(g.value(), w2, ResolveMatmul(g.value(), w2, false, true),
+                                        false, true, nullptr, {}, nullptr, &derivative);
+                        first = LinearVjp({in[0], in[1], in[2]}, constant(du));
+                      }
+                      return VarList{first[0], first[1], first[2], second[1], second[2]};
+                    }
+                    // create_graph: through the two ops' recorded VJPs.
+                    const Var hidden_recorded = linear_gelu(in[0], in[1], in[2]);
+                    VarList second;
+                    {
+                      const ScopedInputGradMask mask(&second_mask);
+                      second = LinearVjp({hidden_recorded, in[3], in[4]}, g);
+                    }
+                    VarList first(3);
+                    if (second[0].defined())
+                      first = LinearGeluVjpRecorded({in[0], in[1], in[2]}, second[0]);
+                    return VarList{first[0], first[1], first[2], second[1], second[2]};
                   });
 }
 

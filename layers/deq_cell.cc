@@ -89,7 +89,7 @@ Var DEQCell::AfterAttention(const Var& residual,
   // LayerNorm, without the intermediate tensors).
   const Var h = residual.defined() ? ln1_->Forward(VarList{residual, attended, u})
                                    : ln1_->Forward(VarList{attended, u});
-  Var ffn = fc2_->Forward(fc1_->ForwardGelu(h));
+  Var ffn = fc1_->ForwardGeluThen(*fc2_, h);
   if (ffn_dropout_) {
     ffn = sample_ids.empty() ? ffn_dropout_->Forward(ffn) : ffn_dropout_->Forward(ffn, sample_ids);
   }

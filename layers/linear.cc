@@ -28,11 +28,27 @@ std::string Linear::Name() const {
   return out.str();
 }
 
-Var Linear::Forward(const Var& x) const { return Apply(x, &linear); }
+Var Linear::Forward(const Var& x) const {
+  return Apply(x, out_features_, [this](const Var& rows) { return linear(rows, weight_, bias_); });
+}
 
-Var Linear::ForwardGelu(const Var& x) const { return Apply(x, &linear_gelu); }
+Var Linear::ForwardGelu(const Var& x) const {
+  return Apply(x, out_features_,
+               [this](const Var& rows) { return linear_gelu(rows, weight_, bias_); });
+}
 
-Var Linear::Apply(const Var& x, Var (*op)(const Var&, const Var&, const Var&)) const {
+Var Linear::ForwardGeluThen(const Linear& next, const Var& x) const {
+  SP_CHECK(next.in_features_ == out_features_, "Linear(", in_features_, " -> ", out_features_,
+           "): the layer after it takes ", next.in_features_, " features");
+  SP_CHECK(next.weight_.dtype() == weight_.dtype(), "Linear: the layer after it is ",
+           stillpoint::ToString(next.weight_.dtype()), ", this one ",
+           stillpoint::ToString(weight_.dtype()));
+  return Apply(x, next.out_features_, [&](const Var& rows) {
+    return feed_forward(rows, weight_, bias_, next.weight_, next.bias_);
+  });
+}
+
+Var Linear::Apply(const Var& x, int64_t out, const std::function<Var(const Var& rows)>& op) const {
   SP_CHECK(x.defined(), "Linear: input is undefined");
   const Shape& shape = x.shape();
   SP_CHECK(shape.rank() >= 1 && shape[-1] == in_features_, "Linear(", in_features_, " -> ",
@@ -41,9 +57,9 @@ Var Linear::Apply(const Var& x, Var (*op)(const Var&, const Var&, const Var&)) c
            " but the weight is ", stillpoint::ToString(weight_.dtype()));
   // Fold the leading axes into rows: one GEMM instead of a batch of small ones.
   const int64_t rows = shape.numel() / in_features_;
-  const Var y = op(reshape(x, Shape{rows, in_features_}), weight_, bias_);
+  const Var y = op(reshape(x, Shape{rows, in_features_}));
   std::vector<int64_t> dims = shape.dims();
-  dims.back() = out_features_;
+  dims.back() = out;
   return reshape(y, Shape(dims));
 }
 

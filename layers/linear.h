@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "framework/autograd.h"
@@ -42,6 +43,11 @@ class Linear : public Module {
   // gelu(Forward(x)), bitwise, in one pass over the output (linear_gelu in
   // framework/ops.h): the feed-forward sublayer's first half.
   Var ForwardGelu(const Var& x) const;
+  // next.Forward(ForwardGelu(x)), bitwise, as one op (feed_forward in
+  // framework/ops.h), whose backward multiplies by gelu' as it forms the
+  // gradient at this layer's output: the whole feed-forward sublayer.
+  // next.in_features() must be out_features().
+  Var ForwardGeluThen(const Linear& next, const Var& x) const;
 
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -50,8 +56,9 @@ class Linear : public Module {
   const Var& bias() const { return bias_; }
 
  private:
-  // x [..., in] folded into rows, op(rows, weight, bias), unfolded.
-  Var Apply(const Var& x, Var (*op)(const Var&, const Var&, const Var&)) const;
+  // x [..., in] folded into rows [rows, in], op(rows) ([rows, out]),
+  // unfolded to [..., out].
+  Var Apply(const Var& x, int64_t out, const std::function<Var(const Var& rows)>& op) const;
 
   int64_t in_features_;
   int64_t out_features_;

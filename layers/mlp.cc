@@ -18,6 +18,6 @@ std::string MLP::Name() const {
   return out.str();
 }
 
-Var MLP::Forward(const Var& x) const { return fc2_->Forward(fc1_->ForwardGelu(x)); }
+Var MLP::Forward(const Var& x) const { return fc1_->ForwardGeluThen(*fc2_, x); }
 
 }  // namespace stillpoint

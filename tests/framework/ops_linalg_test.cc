@@ -3,7 +3,9 @@
 // batched with a shared rank-2 operand), float32, errors, and independence
 // from the thread count. linear: the fused bias against matmul + add.
 // linear_gelu: values and gradients against gelu(linear(...)), gradients
-// against finite differences.
+// against finite differences. feed_forward: values and gradients (all of
+// them, or only some) against linear(linear_gelu(...)), bitwise, and first
+// and second order gradients against finite differences.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -400,6 +402,93 @@ TEST(LinearGeluTest, FirstAndSecondOrderGradients) {
 
 TEST(LinearGeluTest, ErrorsNameTheOpAndShapes) {
   ExpectErrorsNameTheOpAndShapes(&linear_gelu, "linear_gelu", 75);
+}
+
+// feed_forward against linear_gelu then linear: the backward's product
+// g w2^T is multiplied by gelu' in the tiles where one packed w2 serves its
+// row blocks (300 rows), else on the written block (40 rows; float64);
+// both must give the two ops' values and gradients bitwise, also when the
+// sweep asks for only some of the gradients.
+TEST(FeedForwardTest, ValuesAndGradientsAreThoseOfTheTwoOpsBitwise) {
+  struct Case {
+    int64_t m, k, hidden, n;
+  };
+  uint64_t seed = 80;
+  for (const Case c : {Case{300, 24, 48, 20}, Case{40, 16, 37, 5}}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+      for (bool with_bias : {true, false}) {
+        const Var x(Random(Shape{c.m, c.k}, ++seed, dtype).value(), true);
+        const Var w1(Random(Shape{c.k, c.hidden}, ++seed, dtype).value(), true);
+        const Var b1 =
+            with_bias ? Var(Random(Shape{c.hidden}, ++seed, dtype).value(), true) : Var();
+        const Var w2(Random(Shape{c.hidden, c.n}, ++seed, dtype).value(), true);
+        const Var b2 = with_bias ? Var(Random(Shape{c.n}, ++seed, dtype).value(), true) : Var();
+        const Var g = Random(Shape{c.m, c.n}, ++seed, dtype);
+        std::string label = "[";
+        label += std::to_string(c.m) + ", " + std::to_string(c.k) + "] hidden " +
+                 std::to_string(c.hidden) + " " + ToString(dtype) +
+                 (with_bias ? " with biases" : " without biases");
+        const std::vector<VarList> wrt_sets =
+            with_bias ? std::vector<VarList>{{x, w1, b1, w2, b2}, {x}, {w2, b2}, {w1}}
+                      : std::vector<VarList>{{x, w1, w2}, {x}, {w2}};
+        for (int threads : {1, 2}) {
+          ScopedNumThreads scoped(threads);
+          const Var fused = feed_forward(x, w1, b1, w2, b2);
+          const Var unfused = linear(linear_gelu(x, w1, b1), w2, b2);
+          EXPECT_EQ(MaxAbsDiff(fused.value(), unfused.value()), 0.0) << label;
+          for (const VarList& wrt : wrt_sets) {
+            const VarList fused_grads = grad({fused}, wrt, {g}, {.retain_graph = true});
+            const VarList unfused_grads = grad({unfused}, wrt, {g}, {.retain_graph = true});
+            for (std::size_t i = 0; i < wrt.size(); ++i) {
+              ASSERT_TRUE(fused_grads[i].defined()) << label;
+              EXPECT_EQ(MaxAbsDiff(fused_grads[i].value(), unfused_grads[i].value()), 0.0)
+                  << label << ", " << threads << " threads, " << wrt.size()
+                  << " gradients asked, gradient " << i;
+            }
+          }
+          const GradModeGuard no_grad(false);
+          EXPECT_EQ(MaxAbsDiff(feed_forward(x, w1, b1, w2, b2).value(), unfused.value()), 0.0)
+              << label << ", not recording";
+        }
+      }
+    }
+  }
+}
+
+TEST(FeedForwardTest, FirstAndSecondOrderGradients) {
+  const auto fn = [](const VarList& in) {
+    return square(feed_forward(in[0], in[1], in[2], in[3], in[4]));
+  };
+  const VarList inputs{Random(Shape{5, 4}, 90), Random(Shape{4, 6}, 91), Random(Shape{6}, 92),
+                       Random(Shape{6, 3}, 93), Random(Shape{3}, 94)};
+  auto first = CheckGradients(fn, inputs);
+  EXPECT_TRUE(first) << first;
+  auto second = CheckSecondOrderGradients(fn, inputs);
+  EXPECT_TRUE(second) << second;
+  auto no_bias = CheckGradients(
+      [](const VarList& in) { return feed_forward(in[0], in[1], Var(), in[2], Var()); },
+      {Random(Shape{5, 4}, 95), Random(Shape{4, 6}, 96), Random(Shape{6, 3}, 97)});
+  EXPECT_TRUE(no_bias) << no_bias;
+}
+
+TEST(FeedForwardTest, ErrorsNameTheOpAndShapes) {
+  const Var x = Random(Shape{5, 4}, 100), w1 = Random(Shape{4, 6}, 101);
+  const Var w2 = Random(Shape{6, 3}, 102);
+  const std::string inner = ErrorOf([&] {
+    feed_forward(x, Random(Shape{5, 6}, 103), Var(), w2, Var());
+  });
+  EXPECT_NE(inner.find("feed_forward: x [5, 4]"), std::string::npos) << inner;
+  const std::string second = ErrorOf([&] {
+    feed_forward(x, w1, Var(), Random(Shape{7, 3}, 104), Var());
+  });
+  EXPECT_NE(second.find("feed_forward: w2 [7, 3] must be [6, n]"), std::string::npos) << second;
+  const std::string bias = ErrorOf([&] { feed_forward(x, w1, Var(), w2, Random(Shape{6}, 105)); });
+  EXPECT_NE(bias.find("feed_forward: b2 [6] must be [3]"), std::string::npos) << bias;
+  const std::string dtype = ErrorOf([&] {
+    feed_forward(x, w1, Var(), Random(Shape{6, 3}, 106, DType::kFloat32), Var());
+  });
+  EXPECT_NE(dtype.find("feed_forward: w2 is float32 but w1 is float64"), std::string::npos)
+      << dtype;
 }
 
 }  // namespace

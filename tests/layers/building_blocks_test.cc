@@ -88,6 +88,37 @@ TEST(LinearTest, ForwardGeluIsGeluOfForwardBitwise) {
   }
 }
 
+TEST(LinearTest, ForwardGeluThenIsTheNextLayerOfForwardGeluBitwise) {
+  Rng rng(7);
+  for (DType dtype : {kF64, DType::kFloat32}) {
+    Linear first(4, 6, rng, {.dtype = dtype});
+    Linear second(6, 3, rng, {.bias = false, .dtype = dtype});
+    Perturb(first, rng);
+    Perturb(second, rng);
+    const Var x(RandomNormal(Shape{2, 5, 4}, 0.0, 1.0, dtype, rng), true);
+    const Var fused = first.ForwardGeluThen(second, x);
+    const Var unfused = second.Forward(first.ForwardGelu(x));
+    ASSERT_EQ(fused.shape(), Shape({2, 5, 3}));
+    EXPECT_EQ(MaxAbsDiff(fused.value(), unfused.value()), 0.0) << ToString(dtype);
+    const VarList wrt{x, first.weight(), first.bias(), second.weight()};
+    const VarList fused_grads = grad({sum(square(fused))}, wrt);
+    const VarList unfused_grads = grad({sum(square(unfused))}, wrt);
+    for (std::size_t i = 0; i < wrt.size(); ++i) {
+      EXPECT_EQ(MaxAbsDiff(fused_grads[i].value(), unfused_grads[i].value()), 0.0)
+          << ToString(dtype) << ", gradient " << i;
+    }
+  }
+  Linear first(4, 6, rng), wrong(5, 3, rng);
+  const Var x(Tensor::Zeros(Shape{2, 4}, DType::kFloat32));
+  try {
+    first.ForwardGeluThen(wrong, x);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the layer after it takes 5 features"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(LinearTest, NamesAndInitialisation) {
   Rng rng(3);
   Linear layer(16, 8, rng);
