@@ -125,20 +125,19 @@ bool InputGradNeeded(std::size_t index) {
   return (*mask)[index] != 0;
 }
 
+bool WouldRecord(const VarList& inputs) {
+  if (!GradModeEnabled()) return false;
+  for (const Var& input : inputs) {
+    if (input.requires_grad()) return true;
+  }
+  return false;
+}
+
 Var RecordOp(const char* op_name, Tensor value, VarList inputs, BackwardFn backward) {
   auto node = std::make_shared<detail::Node>();
   node->value = std::move(value);
   node->op_name = op_name;
-  bool any_requires_grad = false;
-  if (GradModeEnabled()) {
-    for (const Var& input : inputs) {
-      if (input.requires_grad()) {
-        any_requires_grad = true;
-        break;
-      }
-    }
-  }
-  if (any_requires_grad) {
+  if (WouldRecord(inputs)) {
     node->requires_grad = true;
     node->is_leaf = false;
     node->inputs.reserve(inputs.size());

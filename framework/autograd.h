@@ -126,6 +126,10 @@ class GradModeGuard {
 // result is a constant leaf and backward is dropped (so NoGrad leaves no
 // graph). op_name must be a string literal.
 Var RecordOp(const char* op_name, Tensor value, VarList inputs, BackwardFn backward);
+// Whether RecordOp with these inputs records a node: grad mode is on and
+// some input requires grad. An op that computes extra values only for its
+// backward (a derivative, attention probabilities) asks this first.
+bool WouldRecord(const VarList& inputs);
 
 // Inside a BackwardFn called by a backward sweep: whether the sweep will use
 // the gradient of the op's input `index`. False when that input does not

@@ -617,14 +617,10 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
     Tensor row_stats;
     int backward_calls = 0;
   };
-  bool any_requires_grad = false;
   int64_t inputs_numel = 0;
-  for (const Var& input : inputs) {
-    any_requires_grad = any_requires_grad || input.requires_grad();
-    inputs_numel += input.numel();
-  }
+  for (const Var& input : inputs) inputs_numel += input.numel();
   const DType dtype = inputs[0].dtype();
-  const bool recording = GradModeEnabled() && any_requires_grad;
+  const bool recording = WouldRecord(inputs);
   const int64_t probs_numel = geo.batch * geo.heads * geo.tq * geo.tk;
   const bool keep_probs = recording && probs_numel <= inputs_numel;
   const Shape probs_shape{geo.batch, geo.heads, geo.tq, geo.tk};

@@ -442,13 +442,6 @@ Tensor LinearGeluValue(const Var& x, const Var& weight, const Var& bias, Tensor*
                      bias.defined() ? &bias_value : nullptr, gelu_in_place);
 }
 
-bool AnyRequiresGrad(const VarList& vars) {
-  for (const Var& v : vars) {
-    if (v.requires_grad()) return true;
-  }
-  return false;
-}
-
 // create_graph: the VJP of linear_gelu with the output gradient g, as
 // recorded ops: gelu's VJP at u = x weight + bias recomputed, so the
 // gradient carries its dependence on every input (in = {x, weight, bias}).
@@ -464,7 +457,7 @@ Var linear_gelu(const Var& x, const Var& weight, const Var& bias) {
   // As gelu does when recording: gelu'(u) computed with gelu(u), kept for
   // the backward.
   Tensor derivative;
-  const bool recording = GradModeEnabled() && AnyRequiresGrad({x, weight, bias});
+  const bool recording = WouldRecord({x, weight, bias});
   Tensor out = LinearGeluValue(x, weight, bias, recording ? &derivative : nullptr);
   return RecordOp("linear_gelu", out, {x, weight, bias},
                   [derivative](const VarList& in, const Var&, const Var& g) {
@@ -489,7 +482,7 @@ Var feed_forward(const Var& x, const Var& w1, const Var& b1, const Var& w2, cons
     SP_CHECK(b2.dtype() == w2.dtype(), "feed_forward: b2 is ", ToString(b2.dtype()), " but w2 is ",
              ToString(w2.dtype()));
   }
-  const bool recording = GradModeEnabled() && AnyRequiresGrad({x, w1, b1, w2, b2});
+  const bool recording = WouldRecord({x, w1, b1, w2, b2});
   Tensor derivative;
   const Tensor hidden = LinearGeluValue(x, w1, b1, recording ? &derivative : nullptr);
   const Tensor b2_value = b2.defined() ? b2.value() : Tensor();

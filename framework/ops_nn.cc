@@ -511,9 +511,7 @@ Var layer_norm_of_sum(const VarList& parts, const Var& gain, const Var& bias, do
   VarList inputs = parts;
   inputs.push_back(gain);
   inputs.push_back(bias);
-  const bool recording =
-      GradModeEnabled() &&
-      std::any_of(inputs.begin(), inputs.end(), [](const Var& v) { return v.requires_grad(); });
+  const bool recording = WouldRecord(inputs);
   Tensor out(first.shape(), first.dtype());
   Tensor stats(Shape{rl.rows, 2}, first.dtype());
   // The sum is kept only for the fused backward (x of layer_norm's VJP).
