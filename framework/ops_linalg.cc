@@ -371,16 +371,25 @@ Var matmul(const Var& a, const Var& b, bool transpose_a, bool transpose_b) {
 
 namespace {
 
+// A bias, if defined, is one entry per column of its (rank-2) weight, of
+// the weight's dtype; the errors call them by the op's names for them.
+void CheckBias(const Var& bias,
+               const Var& weight,
+               const char* op,
+               const char* bias_name,
+               const char* weight_name) {
+  if (!bias.defined()) return;
+  SP_CHECK(bias.shape() == Shape{weight.dim(1)}, op, ": ", bias_name, " ", bias.shape(),
+           " must be [", weight.dim(1), "] for ", weight_name, " ", weight.shape());
+  SP_CHECK(bias.dtype() == weight.dtype(), op, ": ", bias_name, " is ", ToString(bias.dtype()),
+           " but ", weight_name, " is ", ToString(weight.dtype()));
+}
+
 void CheckLinearOperands(const Var& x, const Var& weight, const Var& bias, const char* op) {
   SP_CHECK(x.defined() && weight.defined(), op, ": an input is undefined");
   SP_CHECK(x.rank() == 2 && weight.rank() == 2 && x.dim(1) == weight.dim(0), op, ": x ", x.shape(),
            " must be [m, k] and weight ", weight.shape(), " [k, n]");
-  if (bias.defined()) {
-    SP_CHECK(bias.shape() == Shape{weight.dim(1)}, op, ": bias ", bias.shape(), " must be [",
-             weight.dim(1), "] for weight ", weight.shape());
-    SP_CHECK(bias.dtype() == weight.dtype(), op, ": bias is ", ToString(bias.dtype()),
-             " but weight is ", ToString(weight.dtype()));
-  }
+  CheckBias(bias, weight, op, "bias", "weight");
 }
 
 // The VJP of y = x weight + bias for the output gradient g (in = {x, weight,
@@ -476,12 +485,7 @@ Var feed_forward(const Var& x, const Var& w1, const Var& b1, const Var& w2, cons
            w1.dim(1), ", n] after w1 ", w1.shape());
   SP_CHECK(w2.dtype() == w1.dtype(), "feed_forward: w2 is ", ToString(w2.dtype()), " but w1 is ",
            ToString(w1.dtype()));
-  if (b2.defined()) {
-    SP_CHECK(b2.shape() == Shape{w2.dim(1)}, "feed_forward: b2 ", b2.shape(), " must be [",
-             w2.dim(1), "] for w2 ", w2.shape());
-    SP_CHECK(b2.dtype() == w2.dtype(), "feed_forward: b2 is ", ToString(b2.dtype()), " but w2 is ",
-             ToString(w2.dtype()));
-  }
+  CheckBias(b2, w2, "feed_forward", "b2", "w2");
   const bool recording = WouldRecord({x, w1, b1, w2, b2});
   Tensor derivative;
   const Tensor hidden = LinearGeluValue(x, w1, b1, recording ? &derivative : nullptr);
@@ -525,8 +529,9 @@ Var feed_forward(const Var& x, const Var& w1, const Var& b1, const Var& w2, cons
                       second = LinearVjp({hidden_recorded, in[3], in[4]}, g);
                     }
                     VarList first(3);
-                    if (second[0].defined())
+                    if (second[0].defined()) {
                       first = LinearGeluVjpRecorded({in[0], in[1], in[2]}, second[0]);
+                    }
                     return VarList{first[0], first[1], first[2], second[1], second[2]};
                   });
 }
