@@ -8,6 +8,7 @@
 #include "framework/check.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
+#include "training/optimizer.h"
 
 namespace stillpoint {
 
@@ -46,11 +47,6 @@ void ShareParameters(const Module& model, Module& replica, int64_t shard) {
   }
 }
 
-// Elements per task of the gradient sum: as the optimizer's update takes
-// them (training/optimizer.cc), so that on a machine whose cores keep pace
-// each thread then updates the elements it has just summed.
-constexpr int64_t kMinElementsPerTask = 4096;
-
 }  // namespace
 
 void DataParallel::ClearReplicaGradients(int64_t shard) {
@@ -78,20 +74,20 @@ void DataParallel::SumShardGradients() {
   // One parallel loop over the elements of all sums, not a pass over each
   // tensor in turn on one thread while the other waits: the same additions
   // in the same order, (g0 + g1) + g2 ..., as adding tensor by tensor.
-  ParallelForSegments(offsets, kMinElementsPerTask, [&](std::size_t i, int64_t begin,
-                                                          int64_t end) {
-    DispatchDType(sums[i].dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      T* out = sums[i].data<T>();
-      const T* first = terms[i][0].data<T>();
-      const T* second = terms[i][1].data<T>();
-      for (int64_t j = begin; j < end; ++j) out[j] = first[j] + second[j];
-      for (std::size_t t = 2; t < terms[i].size(); ++t) {
-        const T* next = terms[i][t].data<T>();
-        for (int64_t j = begin; j < end; ++j) out[j] += next[j];
-      }
-    });
-  });
+  ParallelForSegments(offsets, kParameterElementsPerTask,
+                      [&](std::size_t i, int64_t begin, int64_t end) {
+                        DispatchDType(sums[i].dtype(), [&](auto zero) {
+                          using T = decltype(zero);
+                          T* out = sums[i].data<T>();
+                          const T* first = terms[i][0].data<T>();
+                          const T* second = terms[i][1].data<T>();
+                          for (int64_t j = begin; j < end; ++j) out[j] = first[j] + second[j];
+                          for (std::size_t t = 2; t < terms[i].size(); ++t) {
+                            const T* next = terms[i][t].data<T>();
+                            for (int64_t j = begin; j < end; ++j) out[j] += next[j];
+                          }
+                        });
+                      });
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     Var parameter = parameters[i];
     if (sums[i].defined()) {

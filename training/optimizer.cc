@@ -8,10 +8,6 @@
 namespace stillpoint {
 namespace {
 
-// Fewest parameter elements per task: large enough to amortise the task, so
-// small models update inline; the W1 model splits into a few tasks per core.
-constexpr int64_t kMinElementsPerTask = 4096;
-
 bool EndsWith(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() &&
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -185,7 +181,7 @@ void Optimizer::Step() {
   // about the same number of elements whatever the parameter sizes. Each
   // element is updated by one task with the same arithmetic, so the result
   // does not depend on the split.
-  ParallelForSegments(slot_offsets_, kMinElementsPerTask,
+  ParallelForSegments(slot_offsets_, kParameterElementsPerTask,
                       [&](std::size_t s, int64_t begin, int64_t end) {
                         if (grads[s].defined()) UpdateSegment(slots_[s], grads[s], begin, end);
                       });

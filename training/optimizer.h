@@ -92,6 +92,13 @@ class Optimizer {
   std::vector<int64_t> slot_offsets_;
 };
 
+// Fewest parameter elements per task of Optimizer::Step's update loop: large
+// enough to amortise the task, so small models update inline; the W1 model
+// splits into a few tasks per core. DataParallel sums the shards' gradients
+// in tasks cut the same way, so that on a machine whose cores keep pace
+// each thread then updates the elements it has just summed.
+inline constexpr int64_t kParameterElementsPerTask = 4096;
+
 // Scales all gradients so their global L2 norm is at most max_norm; returns
 // the norm before clipping (non-finite if any gradient is).
 double ClipGradNorm(const VarList& parameters, double max_norm);
