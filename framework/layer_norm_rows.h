@@ -20,6 +20,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "framework/vector_math.h"
@@ -30,37 +32,16 @@ inline constexpr int kMaxRowPackets = 8;
 
 // Calls body(std::integral_constant<int, packets>) when a row of n floats is
 // 1..kMaxRowPackets whole packets, and returns whether it did.
+template <typename Body, int... kPacketsLessOne>
+bool WithRowPacketsOf(int64_t packets, Body& body, std::integer_sequence<int, kPacketsLessOne...>) {
+  return ((packets == kPacketsLessOne + 1 &&
+           (body(std::integral_constant<int, kPacketsLessOne + 1>{}), true)) ||
+          ...);
+}
 template <typename Body>
 bool WithRowPackets(int64_t n, Body&& body) {
-  if (n % kVecBlock != 0) return false;
-  switch (n / kVecBlock) {
-    case 1:
-      body(std::integral_constant<int, 1>{});
-      return true;
-    case 2:
-      body(std::integral_constant<int, 2>{});
-      return true;
-    case 3:
-      body(std::integral_constant<int, 3>{});
-      return true;
-    case 4:
-      body(std::integral_constant<int, 4>{});
-      return true;
-    case 5:
-      body(std::integral_constant<int, 5>{});
-      return true;
-    case 6:
-      body(std::integral_constant<int, 6>{});
-      return true;
-    case 7:
-      body(std::integral_constant<int, 7>{});
-      return true;
-    case 8:
-      body(std::integral_constant<int, 8>{});
-      return true;
-    default:
-      return false;
-  }
+  return n % kVecBlock == 0 &&
+         WithRowPacketsOf(n / kVecBlock, body, std::make_integer_sequence<int, kMaxRowPackets>{});
 }
 
 // One row of kPackets packets: x = the sum of the parts' rows at offset
