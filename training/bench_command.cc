@@ -544,18 +544,20 @@ TransformerBench::TransformerBench(const ModelOptions& options,
 double TransformerBench::Step() {
   const int64_t rows = batch_.shape.dim(0);
   const int64_t length = batch_.shape.dim(1);
-  optimizer_->ZeroGrad();
-  const double loss = shards_->Backward(rows, [&](Module& replica, ShardRange shard) {
-    auto& model = static_cast<SequenceModel&>(replica);
-    const int64_t from = shard.begin * length, to = shard.end * length;
-    const std::vector<int64_t> ids(batch_.ids.begin() + from, batch_.ids.begin() + to);
-    const std::vector<int64_t> targets(batch_.targets.begin() + from, batch_.targets.begin() + to);
-    const Var logits = model.Forward(ids, Shape{shard.size(), length});
-    // The shard's share of the mean over all tokens.
-    return mul_scalar(cross_entropy(logits, targets),
-                      static_cast<double>(shard.size()) / static_cast<double>(rows));
-  });
-  optimizer_->Step();
+  const double loss = shards_->Step(
+      rows,
+      [&](Module& replica, ShardRange shard) {
+        auto& model = static_cast<SequenceModel&>(replica);
+        const int64_t from = shard.begin * length, to = shard.end * length;
+        const std::vector<int64_t> ids(batch_.ids.begin() + from, batch_.ids.begin() + to);
+        const std::vector<int64_t> targets(batch_.targets.begin() + from,
+                                           batch_.targets.begin() + to);
+        const Var logits = model.Forward(ids, Shape{shard.size(), length});
+        // The shard's share of the mean over all tokens.
+        return mul_scalar(cross_entropy(logits, targets),
+                          static_cast<double>(shard.size()) / static_cast<double>(rows));
+      },
+      *optimizer_);
   return loss;
 }
 

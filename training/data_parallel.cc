@@ -53,7 +53,7 @@ void DataParallel::ClearReplicaGradients(int64_t shard) {
   for (Var& parameter : parameters_[shard]) parameter.zero_grad();
 }
 
-void DataParallel::SumShardGradients() {
+std::vector<std::vector<Tensor>> DataParallel::ShardGradientTerms() const {
   const VarList& parameters = parameters_.front();
   // Per parameter, its gradients in shard order: the model's first (shard
   // 0's, added to what it held before), then each replica's.
@@ -63,6 +63,12 @@ void DataParallel::SumShardGradients() {
       if (shard_parameters[i].has_grad()) terms[i].push_back(shard_parameters[i].grad().value());
     }
   }
+  return terms;
+}
+
+void DataParallel::SumShardGradients() {
+  const VarList& parameters = parameters_.front();
+  const std::vector<std::vector<Tensor>> terms = ShardGradientTerms();
   // A fresh tensor for each sum of two or more: a gradient tensor may be
   // shared with another parameter's, so none is added to in place.
   std::vector<Tensor> sums(parameters.size());
@@ -125,7 +131,7 @@ Module& DataParallel::replica(int64_t shard) const {
   return *replicas_[shard];
 }
 
-double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
+double DataParallel::RunShards(int64_t rows, const ShardLoss& shard_loss) {
   const int64_t count = shards();
   // Checked before any work, so a bad batch leaves everything as it was.
   ShardRows(rows, count, 0);
@@ -158,11 +164,43 @@ double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
     for (int64_t shard = 1; shard < count; ++shard) ClearReplicaGradients(shard);
     throw;
   }
-
-  SumShardGradients();
   double total = 0.0;
   for (const double loss : losses) total += loss;
   return total;
+}
+
+double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
+  const double loss = RunShards(rows, shard_loss);
+  SumShardGradients();
+  return loss;
+}
+
+double DataParallel::Step(int64_t rows, const ShardLoss& shard_loss, Optimizer& optimizer) {
+  const double loss = RunShards(rows, shard_loss);
+  const VarList& parameters = parameters_.front();
+  const std::vector<std::vector<Tensor>> terms = ShardGradientTerms();
+  // Only the parameters that have a gradient: one that does not require
+  // grad is not the optimizer's.
+  VarList with_gradient;
+  std::vector<std::vector<Tensor>> their_terms;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    if (terms[i].empty()) continue;
+    with_gradient.push_back(parameters[i]);
+    their_terms.push_back(terms[i]);
+  }
+  // The gradients are consumed whether or not the update succeeds, so a
+  // failed step does not leave half-summed gradients behind.
+  const auto clear = [&] {
+    for (int64_t shard = 0; shard < shards(); ++shard) ClearReplicaGradients(shard);
+  };
+  try {
+    optimizer.Step(with_gradient, their_terms);
+  } catch (...) {
+    clear();
+    throw;
+  }
+  clear();
+  return loss;
 }
 
 }  // namespace stillpoint

@@ -42,6 +42,8 @@
 
 namespace stillpoint {
 
+class Optimizer;
+
 // Rows [begin, end) of a batch: those of shard `shard`.
 struct ShardRange {
   int64_t begin = 0;
@@ -86,7 +88,25 @@ class DataParallel {
   // as they were.
   double Backward(int64_t rows, const ShardLoss& shard_loss);
 
+  // A whole training step: Backward, then optimizer.Step() on the model's
+  // parameters, then every gradient cleared (the model's and the
+  // replicas'), with the sums of the shards' gradients never formed as
+  // tensors: the optimizer adds each element's terms just before it uses
+  // them (Optimizer::Step with gradient terms), which saves a pass over
+  // every gradient (on W1 of bench/SPEC.md a few percent of the step). The
+  // parameters end bitwise as Backward then optimizer.Step() leaves them.
+  // For loops that do not look at the summed gradients: clipping them or
+  // taking their norm needs Backward. optimizer must update the model's
+  // parameters (made from model.named_parameters()). Throws as Backward
+  // does, with the parameters unchanged; the gradients are then cleared.
+  double Step(int64_t rows, const ShardLoss& shard_loss, Optimizer& optimizer);
+
  private:
+  // The shards' losses summed in shard order, after each shard's forward
+  // and backward pass (their gradients left where backward() put them).
+  double RunShards(int64_t rows, const ShardLoss& shard_loss);
+  // Per model parameter, the gradients its shards hold, in shard order.
+  std::vector<std::vector<Tensor>> ShardGradientTerms() const;
   // Sets each of the model's parameters' gradients to the sum of its
   // shards' (in shard order) and clears the replicas'.
   void SumShardGradients();

@@ -13,6 +13,94 @@ bool EndsWith(const std::string& text, const std::string& suffix) {
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Calls update(lo, hi, g) for consecutive chunks [lo, hi) of [begin, end),
+// with g[i - lo] element i of the gradient that is the sum of terms: one
+// term is read in place; two or more are added in their order into a
+// buffer on the stack a chunk at a time, so the update reads the sums from
+// L1 and no tensor of them is written.
+template <typename T, typename Update>
+void ForGradientChunks(const Optimizer::GradientTerms& terms,
+                       int64_t begin,
+                       int64_t end,
+                       Update&& update) {
+  if (terms.size() == 1) {
+    update(begin, end, terms[0].data<T>() + begin);
+    return;
+  }
+  constexpr int64_t kChunk = 512;
+  alignas(64) T sum[kChunk];
+  for (int64_t lo = begin; lo < end; lo += kChunk) {
+    const int64_t n = std::min(kChunk, end - lo);
+    const T* first = terms[0].data<T>() + lo;
+    const T* second = terms[1].data<T>() + lo;
+    for (int64_t j = 0; j < n; ++j) sum[j] = first[j] + second[j];
+    for (std::size_t t = 2; t < terms.size(); ++t) {
+      const T* next = terms[t].data<T>() + lo;
+      for (int64_t j = 0; j < n; ++j) sum[j] += next[j];
+    }
+    update(lo, lo + n, sum);
+  }
+}
+
+// The element loops take their coefficients by value and their arrays as
+// pointer arguments: kept in registers, they let GCC vectorise the loop
+// (std::sqrt included: this file is compiled with -fno-math-errno, see
+// training/CMakeLists.txt). Read through a lambda's captures instead, the
+// loop stayed scalar, four times slower on W1. Each element goes through
+// the same operations either way.
+
+template <typename T>
+struct SgdCoefficients {
+  T learning_rate;
+  T decay;  // L2 penalty: g + decay w
+  T momentum;
+  bool nesterov;
+};
+
+// w (and v, the momentum buffer, unless null) of n elements from gradient g.
+template <typename T>
+void SgdUpdate(const SgdCoefficients<T> c, const T* g, T* w, T* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    T d = g[i] + c.decay * w[i];
+    if (v) {
+      v[i] = c.momentum * v[i] + d;
+      d = c.nesterov ? d + c.momentum * v[i] : v[i];
+    }
+    w[i] -= c.learning_rate * d;
+  }
+}
+
+template <typename T>
+struct AdamCoefficients {
+  T beta1;
+  T beta2;
+  T decay;
+  bool decoupled;  // AdamW: w <- w - learning_rate decay w; Adam: g + decay w
+  T learning_rate;
+  // The bias corrections folded into the step size and epsilon (one
+  // multiply per element instead of two divisions): learning_rate /
+  // (1 - beta1^t) and 1 / sqrt(1 - beta2^t).
+  T step;
+  T inv_sqrt_c2;
+  T epsilon;
+};
+
+// w, m, v of n elements from gradient g.
+template <typename T>
+void AdamUpdate(const AdamCoefficients<T> c, const T* g, T* w, T* m, T* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    T gi = g[i];
+    if (c.decoupled) {
+      w[i] -= c.learning_rate * c.decay * w[i];
+    } else {
+      gi += c.decay * w[i];
+    }
+    m[i] = c.beta1 * m[i] + (T(1) - c.beta1) * gi;
+    v[i] = c.beta2 * v[i] + (T(1) - c.beta2) * gi * gi;
+    w[i] -= c.step * m[i] / (std::sqrt(v[i]) * c.inv_sqrt_c2 + c.epsilon);
+  }
+}
+
 class Sgd : public Optimizer {
  public:
   Sgd(const OptimizerOptions& options, const NamedVars& parameters)
@@ -25,23 +113,17 @@ class Sgd : public Optimizer {
   }
 
  protected:
-  void UpdateSegment(Slot& slot, const Tensor& grad, int64_t begin, int64_t end) override {
+  void UpdateSegment(Slot& slot, const GradientTerms& grad, int64_t begin, int64_t end) override {
     DispatchDType(slot.parameter.dtype(), [&](auto zero) {
       using T = decltype(zero);
+      const SgdCoefficients<T> c{static_cast<T>(options_.learning_rate),
+                                 slot.decay ? static_cast<T>(options_.weight_decay) : T(0),
+                                 static_cast<T>(options_.momentum), options_.nesterov};
       T* w = slot.parameter.mutable_value().data<T>();
-      const T* g = grad.data<T>();
-      const T lr = static_cast<T>(options_.learning_rate);
-      const T wd = slot.decay ? static_cast<T>(options_.weight_decay) : T(0);
-      const T mu = static_cast<T>(options_.momentum);
       T* v = slot.first_moment.defined() ? slot.first_moment.data<T>() : nullptr;
-      for (int64_t i = begin; i < end; ++i) {
-        T d = g[i] + wd * w[i];
-        if (v) {
-          v[i] = mu * v[i] + d;
-          d = options_.nesterov ? d + mu * v[i] : v[i];
-        }
-        w[i] -= lr * d;
-      }
+      ForGradientChunks<T>(grad, begin, end, [&](int64_t lo, int64_t hi, const T* g) {
+        SgdUpdate(c, g, w + lo, v ? v + lo : nullptr, hi - lo);
+      });
     });
   }
 };
@@ -57,39 +139,26 @@ class Adam : public Optimizer {
   }
 
  protected:
-  void UpdateSegment(Slot& slot, const Tensor& grad, int64_t begin, int64_t end) override {
-    const bool decoupled = options_.type == OptimizerType::kAdamW;
+  void UpdateSegment(Slot& slot, const GradientTerms& grad, int64_t begin, int64_t end) override {
     const double t = static_cast<double>(step_count_);
-    // Bias corrections folded into the step size and epsilon (one multiply
-    // per element instead of two divisions).
     const double correction1 = 1.0 - std::pow(options_.beta1, t);
     const double correction2 = 1.0 - std::pow(options_.beta2, t);
     DispatchDType(slot.parameter.dtype(), [&](auto zero) {
       using T = decltype(zero);
+      const AdamCoefficients<T> c{static_cast<T>(options_.beta1),
+                                  static_cast<T>(options_.beta2),
+                                  slot.decay ? static_cast<T>(options_.weight_decay) : T(0),
+                                  options_.type == OptimizerType::kAdamW,
+                                  static_cast<T>(options_.learning_rate),
+                                  static_cast<T>(options_.learning_rate / correction1),
+                                  static_cast<T>(1.0 / std::sqrt(correction2)),
+                                  static_cast<T>(options_.epsilon)};
       T* w = slot.parameter.mutable_value().data<T>();
-      const T* g = grad.data<T>();
       T* m = slot.first_moment.data<T>();
       T* v = slot.second_moment.data<T>();
-      const T b1 = static_cast<T>(options_.beta1), b2 = static_cast<T>(options_.beta2);
-      const T wd = slot.decay ? static_cast<T>(options_.weight_decay) : T(0);
-      const T lr = static_cast<T>(options_.learning_rate);
-      const T step = static_cast<T>(options_.learning_rate / correction1);
-      const T inv_sqrt_c2 = static_cast<T>(1.0 / std::sqrt(correction2));
-      const T eps = static_cast<T>(options_.epsilon);
-      // Vectorises (std::sqrt included: this file is compiled with
-      // -fno-math-errno, see training/CMakeLists.txt); each element goes
-      // through the same operations either way.
-      for (int64_t i = begin; i < end; ++i) {
-        T gi = g[i];
-        if (decoupled) {
-          w[i] -= lr * wd * w[i];
-        } else {
-          gi += wd * w[i];
-        }
-        m[i] = b1 * m[i] + (T(1) - b1) * gi;
-        v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
-        w[i] -= step * m[i] / (std::sqrt(v[i]) * inv_sqrt_c2 + eps);
-      }
+      ForGradientChunks<T>(grad, begin, end, [&](int64_t lo, int64_t hi, const T* g) {
+        AdamUpdate(c, g, w + lo, m + lo, v + lo, hi - lo);
+      });
     });
   }
 };
@@ -160,30 +229,67 @@ Optimizer::Optimizer(const OptimizerOptions& options, const NamedVars& parameter
     slots_.push_back(std::move(slot));
   }
   slot_offsets_.push_back(0);
+  for (std::size_t s = 0; s < slots_.size(); ++s) slot_of_node_[slots_[s].parameter.node()] = s;
   for (const Slot& slot : slots_) {
     slot_offsets_.push_back(slot_offsets_.back() + slot.parameter.numel());
   }
 }
 
 void Optimizer::Step() {
-  ++step_count_;
-  std::vector<Tensor> grads(slots_.size());
+  std::vector<GradientTerms> grads(slots_.size());
+  std::vector<const GradientTerms*> terms_per_slot(slots_.size(), nullptr);
   for (std::size_t s = 0; s < slots_.size(); ++s) {
     const Var& g = slots_[s].parameter.grad();
     if (g.defined()) {
       SP_CHECK(g.dtype() == slots_[s].parameter.dtype(), "Optimizer::Step: gradient of '",
                slots_[s].name, "' is ", ToString(g.dtype()), " but the parameter is ",
                ToString(slots_[s].parameter.dtype()));
-      grads[s] = g.value();
+      grads[s].push_back(g.value());
+      terms_per_slot[s] = &grads[s];
     }
   }
+  Update(terms_per_slot);
+}
+
+void Optimizer::Step(const VarList& parameters, const std::vector<GradientTerms>& terms) {
+  SP_CHECK(parameters.size() == terms.size(), "Optimizer::Step: ", parameters.size(),
+           " parameters but ", terms.size(), " lists of gradient terms");
+  std::vector<const GradientTerms*> terms_per_slot(slots_.size(), nullptr);
+  std::vector<char> listed(slots_.size(), 0);
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const auto found = slot_of_node_.find(parameters[i].node());
+    SP_CHECK(found != slot_of_node_.end(), "Optimizer::Step: parameter ", i, " (shape ",
+             parameters[i].defined() ? parameters[i].shape().ToString() : "none",
+             ") is not one this optimizer updates");
+    const Slot& slot = slots_[found->second];
+    SP_CHECK(!listed[found->second], "Optimizer::Step: '", slot.name, "' is listed twice");
+    listed[found->second] = 1;
+    for (std::size_t t = 0; t < terms[i].size(); ++t) {
+      const Tensor& term = terms[i][t];
+      SP_CHECK(term.defined() && term.shape() == slot.parameter.shape() &&
+                   term.dtype() == slot.parameter.dtype(),
+               "Optimizer::Step: gradient term ", t, " of '", slot.name, "' is ",
+               term.defined() ? term.shape().ToString() + " " + ToString(term.dtype())
+                              : std::string("undefined"),
+               " but the parameter is ", slot.parameter.shape(), " ",
+               ToString(slot.parameter.dtype()));
+    }
+    if (!terms[i].empty()) terms_per_slot[found->second] = &terms[i];
+  }
+  Update(terms_per_slot);
+}
+
+void Optimizer::Update(const std::vector<const GradientTerms*>& terms_per_slot) {
+  ++step_count_;
   // Tasks split the flat element range of all parameters, so every task gets
   // about the same number of elements whatever the parameter sizes. Each
   // element is updated by one task with the same arithmetic, so the result
   // does not depend on the split.
   ParallelForSegments(slot_offsets_, kParameterElementsPerTask,
                       [&](std::size_t s, int64_t begin, int64_t end) {
-                        if (grads[s].defined()) UpdateSegment(slots_[s], grads[s], begin, end);
+                        if (terms_per_slot[s]) {
+                          UpdateSegment(slots_[s], *terms_per_slot[s], begin, end);
+                        }
                       });
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "framework/module.h"
@@ -58,6 +59,21 @@ class Optimizer {
   // Applies one update from the parameters' accumulated gradients.
   // Parameters without a gradient are left unchanged (and their moments too).
   void Step();
+
+  // The gradient of one parameter given as a sum of tensors of its shape and
+  // dtype, added in the order listed, ((t0 + t1) + t2) ...; none: the
+  // parameter has no gradient.
+  using GradientTerms = std::vector<Tensor>;
+  // One update as Step() makes it, with the gradient of parameters[i] the
+  // sum of terms[i] instead of its grad() (which is not read). Each element
+  // of a sum is formed just before it is used, so no tensor of the sums is
+  // written and read back: for data-parallel shards' gradients (DataParallel::
+  // Step) that saves a pass over every gradient. The update is bitwise the
+  // one Step() makes from grad() set to the same sums. parameters may be
+  // listed in any order and need not all be held; a parameter the optimizer
+  // does not hold, or a term of another shape or dtype, is an error, thrown
+  // before anything is updated.
+  void Step(const VarList& parameters, const std::vector<GradientTerms>& terms);
   void ZeroGrad();
 
   double learning_rate() const { return options_.learning_rate; }
@@ -79,14 +95,21 @@ class Optimizer {
     Tensor second_moment;  // Adam v (undefined for SGD)
   };
   Optimizer(const OptimizerOptions& options, const NamedVars& parameters);
-  // Updates elements [begin, end) of slot's parameter from grad.
-  virtual void UpdateSegment(Slot& slot, const Tensor& grad, int64_t begin, int64_t end) = 0;
+  // Updates elements [begin, end) of slot's parameter from the gradient
+  // that is the sum of grad's terms (at least one; see GradientChunks).
+  virtual void UpdateSegment(Slot& slot, const GradientTerms& grad, int64_t begin, int64_t end) = 0;
 
   OptimizerOptions options_;
   std::vector<Slot> slots_;
   int64_t step_count_ = 0;
 
  private:
+  // Increments the step count and updates each slot whose terms are given
+  // (null: no gradient): one parallel loop over all slots' elements.
+  void Update(const std::vector<const GradientTerms*>& terms_per_slot);
+  // Which slot updates a parameter, by its node.
+  std::unordered_map<const detail::Node*, std::size_t> slot_of_node_;
+
   // All parameters' elements seen as one flat range: slot s holds
   // [slot_offsets_[s], slot_offsets_[s + 1]).
   std::vector<int64_t> slot_offsets_;

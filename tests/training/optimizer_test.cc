@@ -206,6 +206,106 @@ TEST(OptimizerTest, AdamWMatchesTheScalarUpdateBitwiseForAnySplit) {
   EXPECT_EQ(run(2), expected);
 }
 
+// Step with gradient terms updates as Step() does from grad() set to the
+// terms' sum formed in their order: bitwise, for each optimizer, dtype,
+// term count (one read in place; two or three summed a chunk at a time,
+// over sizes that cross chunk and task boundaries) and thread count. The
+// float32 terms 1e8, -1e8, 1 sum to 1 only in that order.
+TEST(OptimizerTest, StepWithGradientTermsIsStepOnTheirSumsBitwise) {
+  const std::vector<int64_t> sizes = {5000, 3, 1100};
+  auto term = [](std::size_t p, int64_t i, int t, int k) {
+    if (k == 0) return (i % 3 == 0) ? 1e8 : std::sin(0.3 * i + p + t);
+    if (k == 1) return (i % 3 == 0) ? -1e8 : std::cos(0.7 * i - p + t);
+    return 1.0 + 0.25 * t;
+  };
+  OptimizerOptions sgd;
+  sgd.type = OptimizerType::kSgd;
+  sgd.momentum = 0.9;
+  sgd.nesterov = true;
+  OptimizerOptions adam;
+  adam.type = OptimizerType::kAdam;
+  for (const OptimizerOptions& options : {sgd, adam, OptimizerOptions{}}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+      for (int count = 1; count <= 3; ++count) {
+        for (int threads : {1, 2}) {
+          ScopedNumThreads scoped(threads);
+          NamedVars summed, by_terms;
+          for (std::size_t p = 0; p < sizes.size(); ++p) {
+            Tensor w(Shape{sizes[p]}, dtype);
+            for (int64_t i = 0; i < sizes[p]; ++i) w.set(i, std::cos(0.1 * i + p));
+            const std::string name = p == 1 ? "p1.bias" : "p" + std::to_string(p);
+            summed.emplace_back(name, Var(w.Clone(), true));
+            by_terms.emplace_back(name, Var(w.Clone(), true));
+          }
+          auto reference = Optimizer::Create(options, summed);
+          auto optimizer = Optimizer::Create(options, by_terms);
+          for (int t = 1; t <= 3; ++t) {
+            // Listed in reverse order: the optimizer finds each parameter.
+            VarList parameters;
+            std::vector<Optimizer::GradientTerms> terms;
+            for (std::size_t p = sizes.size(); p-- > 0;) {
+              Optimizer::GradientTerms parts;
+              Tensor sum = Tensor::Zeros(Shape{sizes[p]}, dtype);
+              for (int k = 0; k < count; ++k) {
+                Tensor part(Shape{sizes[p]}, dtype);
+                for (int64_t i = 0; i < sizes[p]; ++i) part.set(i, term(p, i, t, k));
+                parts.push_back(part);
+                // In the dtype, in order: ((t0 + t1) + t2).
+                sum = k == 0 ? part.Clone() : add(Var(sum), Var(part)).value();
+              }
+              summed[p].second.set_grad(Var(sum));
+              parameters.push_back(by_terms[p].second);
+              terms.push_back(parts);
+            }
+            reference->Step();
+            optimizer->Step(parameters, terms);
+          }
+          for (std::size_t p = 0; p < sizes.size(); ++p) {
+            ASSERT_TRUE(BitwiseEqual(by_terms[p].second.value(), summed[p].second.value()))
+                << ToString(options.type) << " " << ToString(dtype) << ", " << count << " terms, "
+                << threads << " threads, parameter " << p;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(OptimizerTest, StepWithGradientTermsChecksEverythingBeforeUpdating) {
+  Var a(Tensor::FromVector(Shape{2}, {1, 2}, DType::kFloat32), true);
+  Var b(Tensor::FromVector(Shape{3}, {3, 4, 5}, DType::kFloat32), true);
+  Var stranger(Tensor::FromVector(Shape{2}, {0, 0}, DType::kFloat32), true);
+  auto optimizer = Optimizer::Create(OptimizerOptions{}, {{"a", a}, {"b", b}});
+  const Tensor ga = Tensor::FromVector(Shape{2}, {1, 1}, DType::kFloat32);
+  const Tensor gb = Tensor::FromVector(Shape{3}, {1, 1, 1}, DType::kFloat32);
+  auto expect_error = [&](const VarList& parameters,
+                          const std::vector<Optimizer::GradientTerms>& terms,
+                          const std::string& words) {
+    try {
+      optimizer->Step(parameters, terms);
+      FAIL() << "expected an error naming " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    // Nothing was updated, not even the parameter listed first.
+    EXPECT_EQ(a.value().ToVector(), (std::vector<double>{1, 2}));
+    EXPECT_EQ(b.value().ToVector(), (std::vector<double>{3, 4, 5}));
+    EXPECT_EQ(optimizer->step_count(), 0);
+  };
+  expect_error({a, stranger}, {{ga}, {ga}}, "parameter 1 (shape [2]) is not one");
+  expect_error({a, a}, {{ga}, {ga}}, "'a' is listed twice");
+  expect_error({a, b}, {{ga}, {gb, ga}}, "term 1 of 'b' is [2] float32");
+  expect_error({a}, {{ga.To(DType::kFloat64)}}, "term 0 of 'a' is [2] float64");
+  expect_error({a}, {{Tensor()}}, "term 0 of 'a' is undefined");
+  expect_error({a, b}, {{ga}}, "2 parameters but 1 lists");
+
+  // A parameter with no terms, or not listed, keeps its value.
+  optimizer->Step({a, b}, {{ga}, {}});
+  EXPECT_NE(a.value().at(0), 1.0);
+  EXPECT_EQ(b.value().ToVector(), (std::vector<double>{3, 4, 5}));
+  EXPECT_EQ(optimizer->step_count(), 1);
+}
+
 TEST(ClipGradNormTest, ScalesToTheMaximumNormAndReportsTheOriginal) {
   Var a(Tensor::FromVector(Shape{2}, {0, 0}, DType::kFloat64), true);
   Var b(Tensor::FromVector(Shape{1}, {0}, DType::kFloat64), true);
