@@ -10,7 +10,9 @@
 // in place (broadcast one entry at a time, which works as well for A as for
 // A^T), and stores the tile once: no zeroing pass and no copy of A. A
 // shallow B that is a single panel already (a head's [T, 16] keys, values
-// or rows of a short sequence) is read in place, without a copy either.
+// or rows of a short sequence), or one of any depth whose rows are
+// contiguous (a weight gradient's g of 64 columns), is read in place,
+// without a copy either.
 //
 // The depth is cut into blocks of kDepthBlock so a B panel stays in L1; the
 // first block stores its tile, later blocks add to it. Each C entry is the
@@ -393,6 +395,16 @@ bool ReadsBInPlace(bool trans_b, int64_t k, int64_t n) {
   return !trans_b && n == PanelWidthFor(n) && k <= kMaxInPlaceDepth;
 }
 
+// Whether op(B) is laid out as its packing already: a single whole panel
+// (see ReadsBInPlace) whose rows are contiguous (ldb = n). Its depth blocks
+// are then the packed blocks, at any depth, so it is read in place block
+// by block: the same tiles on the same values as packing it, bitwise. That
+// is the g of a weight gradient x^T g of 64 output features (W1's
+// projections), when the product is not cut into column blocks.
+bool HasPackedLayout(bool trans_b, int64_t n, int64_t ldb) {
+  return !trans_b && n == PanelWidthFor(n) && ldb == n;
+}
+
 // C[m, n] = (or +=, with accumulate) alpha op(A) x packed for one depth
 // block: kc rows of every panel of op(B), panel p at packed + p kc kWidth.
 // op(A)[i, kk] is a[i * a_row + kk * a_depth]. With a gradient (rows of C,
@@ -496,9 +508,13 @@ void MultiplyPackingB(bool trans_a,
   WithPanelsFor(n, [&](auto packets) {
     constexpr int kPackets = decltype(packets)::value;
     constexpr int kWidth = PanelShape<kPackets>::kWidth;
-    if (ReadsBInPlace(trans_b, k, n)) {
+    if (ReadsBInPlace(trans_b, k, n) || HasPackedLayout(trans_b, n, ldb)) {
       if (b_column_sums) AddColumnSums(b, ldb, k, n, b_column_sums);
-      MultiplyDepthBlock<kPackets>(m, n, k, a, a_row, a_depth, b, ldb, alpha, false, c, ldc);
+      for (int64_t k0 = 0; k0 < k; k0 += kDepthBlock) {
+        const int64_t kc = std::min(kDepthBlock, k - k0);
+        MultiplyDepthBlock<kPackets>(m, n, kc, a + k0 * a_depth, a_row, a_depth, b + k0 * ldb, ldb,
+                                     alpha, k0 > 0, c, ldc);
+      }
       return;
     }
     float* packed = PanelBuffer(PanelCount<kPackets>(n) * std::min(k, kDepthBlock) * kWidth);

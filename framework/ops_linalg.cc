@@ -202,8 +202,7 @@ Tensor MatmulValue(const Tensor& a,
   // threads.
   const bool split_cols = batch * row_units == 1 && geo.n >= 2 * kMinColsPerUnit &&
                           m * geo.k * geo.n >= 4 * kFlopsPerTask;
-  const int64_t cols_per_unit = split_cols ? kMinColsPerUnit : geo.n;
-  const int64_t col_units = (geo.n + cols_per_unit - 1) / cols_per_unit;
+  const int64_t split_col_units = split_cols ? (geo.n + kMinColsPerUnit - 1) / kMinColsPerUnit : 1;
   // A weight gradient x^T g has only a few column blocks (2-6 in W2), so a
   // thread that falls behind leaves the other idle for up to a block at the
   // end of the region. Its depth (the rows of x and g) is cut too, into
@@ -213,9 +212,18 @@ Tensor MatmulValue(const Tensor& a,
   const int64_t depth_parts =
       split_cols && transpose_a && !transpose_b && bias == nullptr && !epilogue &&
               multiplier == nullptr
-          ? std::clamp<int64_t>((kMinSplitUnits + col_units - 1) / col_units, 1,
+          ? std::clamp<int64_t>((kMinSplitUnits + split_col_units - 1) / split_col_units, 1,
                                 std::max<int64_t>(1, geo.k / kMinDepthPerPart))
           : 1;
+  // Not into column blocks, though, when it runs on one thread anyway and
+  // is not cut along its depth: a whole g of 64 columns is then read in
+  // place instead of packed (gemm_float_kernel.cc, HasPackedLayout). Column
+  // blocks give the same values, so the result still does not depend on
+  // the thread count; a cut along the depth would not (its parts are
+  // summed apart), so that cut depends on the shapes only.
+  const bool cut_cols = split_cols && !(depth_parts == 1 && ParallelForRunsInline());
+  const int64_t cols_per_unit = cut_cols ? kMinColsPerUnit : geo.n;
+  const int64_t col_units = cut_cols ? split_col_units : 1;
   const int64_t units_per_entry = row_units * col_units * depth_parts;
   const int64_t units = batch * units_per_entry;
   const int64_t flops_per_unit =

@@ -101,13 +101,17 @@ void SetNumThreads(int num_threads) {
 
 int NumThreads() { return g_num_threads; }
 
-void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
+bool ParallelForRunsInline() { return g_num_threads == 1 || t_parallel_depth > 0; }
+
+void ParallelFor(int64_t begin,
+                 int64_t end,
+                 int64_t min_chunk,
                  const std::function<void(int64_t, int64_t)>& fn) {
   if (end <= begin) return;
   const int threads = g_num_threads;
   const int64_t count = end - begin;
   min_chunk = std::max<int64_t>(min_chunk, 1);
-  if (threads == 1 || t_parallel_depth > 0 || count <= min_chunk) {
+  if (ParallelForRunsInline() || count <= min_chunk) {
     fn(begin, end);
     return;
   }
@@ -165,7 +169,8 @@ void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
   });
 }
 
-void ParallelForSegments(const std::vector<int64_t>& offsets, int64_t min_chunk,
+void ParallelForSegments(const std::vector<int64_t>& offsets,
+                         int64_t min_chunk,
                          const std::function<void(std::size_t, int64_t, int64_t)>& fn) {
   SP_CHECK(!offsets.empty() && offsets.front() == 0,
            "ParallelForSegments: offsets must start at 0");

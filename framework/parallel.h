@@ -25,8 +25,16 @@ int NumThreads();
 // caller's grad mode (GradModeEnabled, autograd.h). When fn throws, no
 // further chunks are started and the exception reaches the caller once the
 // chunks already running have returned.
-void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
+void ParallelFor(int64_t begin,
+                 int64_t end,
+                 int64_t min_chunk,
                  const std::function<void(int64_t, int64_t)>& fn);
+
+// Whether a ParallelFor called here and now runs inline on this thread: the
+// thread count is 1, or this is inside a task of another ParallelFor. Work
+// meant to be cut for several threads can then be cut coarser; the results
+// must not depend on the cut.
+bool ParallelForRunsInline();
 
 // ParallelFor over the concatenation of segments (the elements of several
 // tensors seen as one flat range): segment s holds the flat indices
@@ -35,7 +43,8 @@ void ParallelFor(int64_t begin, int64_t end, int64_t min_chunk,
 // segments, fn(s, begin, end) with [begin, end) in segment s's own indices.
 // The chunks have about equal element counts whatever the segment sizes,
 // and two calls with the same offsets cut them the same way.
-void ParallelForSegments(const std::vector<int64_t>& offsets, int64_t min_chunk,
+void ParallelForSegments(const std::vector<int64_t>& offsets,
+                         int64_t min_chunk,
                          const std::function<void(std::size_t, int64_t, int64_t)>& fn);
 
 // Sets the thread count for the lifetime of the guard, then restores it.

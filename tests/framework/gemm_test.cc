@@ -226,6 +226,43 @@ TEST(GemmTest, SinglePanelReadInPlaceMatchesItsPackedTransposeBitwise) {
   }
 }
 
+// A B of one whole panel of columns with contiguous rows (ldb = n) is read
+// in place at any depth, depth block by depth block: bitwise the product of
+// the same B stored with padded rows (which is packed), with and without
+// its column sums, at depths of one, two and three depth blocks.
+TEST(GemmTest, ContiguousSinglePanelReadInPlaceAtAnyDepthMatchesItsPackedCopyBitwise) {
+  for (int64_t n : {8, 16, 32, 64}) {
+    for (int64_t k : {65, 256, 600}) {
+      for (bool ta : {false, true}) {
+        const int64_t m = 20, pad = 3;
+        const int64_t lda = (ta ? m : k) + pad, ldc = n;
+        const std::vector<float> a = Filled<float>((ta ? k : m) * lda, 4);
+        const std::vector<float> b = Filled<float>(k * n, 5);  // contiguous rows
+        std::vector<float> padded(k * (n + pad), 0.0f);        // the same B, rows padded
+        for (int64_t p = 0; p < k; ++p) {
+          for (int64_t j = 0; j < n; ++j) padded[p * (n + pad) + j] = b[p * n + j];
+        }
+        std::vector<float> in_place(m * ldc), packed(m * ldc), in_place_sums(m * ldc),
+            packed_sums(m * ldc);
+        SmallGemmFloat(ta, false, m, n, k, 0.5f, a.data(), lda, b.data(), n, in_place.data(), ldc);
+        SmallGemmFloat(ta, false, m, n, k, 0.5f, a.data(), lda, padded.data(), n + pad,
+                       packed.data(), ldc);
+        std::vector<double> sums_in_place(n, 0.25), sums_packed(n, 0.25);
+        SmallGemmFloat(ta, m, n, k, 0.5f, a.data(), lda, b.data(), n, in_place_sums.data(), ldc,
+                       sums_in_place.data());
+        SmallGemmFloat(ta, m, n, k, 0.5f, a.data(), lda, padded.data(), n + pad, packed_sums.data(),
+                       ldc, sums_packed.data());
+        const std::string what =
+            "n " + std::to_string(n) + " k " + std::to_string(k) + " ta " + std::to_string(ta);
+        ASSERT_EQ(in_place, packed) << what;
+        ASSERT_EQ(in_place_sums, packed) << what;
+        ASSERT_EQ(packed_sums, packed) << what;
+        ASSERT_EQ(sums_in_place, sums_packed) << what;
+      }
+    }
+  }
+}
+
 // A scale packed into op(B) gives bitwise the product of the scaled B
 // (each entry rounded once, scale * b), for every layout, with a shallow
 // one-panel B too (which is then packed, not read in place); the tiles skip

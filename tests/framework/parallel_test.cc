@@ -53,8 +53,11 @@ TEST(ParallelTest, SegmentsAreCoveredOnceInTheirOwnIndices) {
   const std::vector<int64_t> offsets = {0, 5, 5, 3005, 3006, 3706};
   for (int threads : {1, 2, 3}) {
     ScopedNumThreads scoped(threads);
-    std::vector<std::vector<int>> hits = {std::vector<int>(5), {}, std::vector<int>(3000),
-                                          std::vector<int>(1), std::vector<int>(700)};
+    std::vector<std::vector<int>> hits = {std::vector<int>(5),
+                                          {},
+                                          std::vector<int>(3000),
+                                          std::vector<int>(1),
+                                          std::vector<int>(700)};
     std::mutex mutex;
     ParallelForSegments(offsets, 64, [&](std::size_t s, int64_t begin, int64_t end) {
       std::lock_guard<std::mutex> lock(mutex);
@@ -131,6 +134,21 @@ TEST(ParallelTest, NestedCallsRunInline) {
     });
   });
   EXPECT_EQ(inner_calls, 4);
+}
+
+TEST(ParallelTest, RunsInlineOnOneThreadAndInsideATask) {
+  {
+    ScopedNumThreads scoped(1);
+    EXPECT_TRUE(ParallelForRunsInline());
+  }
+  ScopedNumThreads scoped(2);
+  EXPECT_FALSE(ParallelForRunsInline());
+  std::atomic<int> inline_in_tasks{0};
+  ParallelFor(0, 2, 1, [&](int64_t begin, int64_t end) {
+    if (ParallelForRunsInline()) inline_in_tasks += static_cast<int>(end - begin);
+  });
+  EXPECT_EQ(inline_in_tasks, 2);
+  EXPECT_FALSE(ParallelForRunsInline());  // and not after the loop
 }
 
 TEST(ParallelTest, ThreadCountIsRespectedAndRestored) {
