@@ -93,7 +93,8 @@ class DataParallel {
   // replicas'), with the sums of the shards' gradients never formed as
   // tensors: the optimizer adds each element's terms just before it uses
   // them (Optimizer::Step with gradient terms), which saves a pass over
-  // every gradient (on W1 of bench/SPEC.md a few percent of the step). The
+  // every gradient (on W1 of bench/SPEC.md about 1% of the step when the
+  // machine is quiet, 2-3% when other work evicts the gradients). The
   // parameters end bitwise as Backward then optimizer.Step() leaves them.
   // For loops that do not look at the summed gradients: clipping them or
   // taking their norm needs Backward. optimizer must update the model's
