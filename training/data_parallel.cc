@@ -84,14 +84,7 @@ void DataParallel::SumShardGradients() {
                       [&](std::size_t i, int64_t begin, int64_t end) {
                         DispatchDType(sums[i].dtype(), [&](auto zero) {
                           using T = decltype(zero);
-                          T* out = sums[i].data<T>();
-                          const T* first = terms[i][0].data<T>();
-                          const T* second = terms[i][1].data<T>();
-                          for (int64_t j = begin; j < end; ++j) out[j] = first[j] + second[j];
-                          for (std::size_t t = 2; t < terms[i].size(); ++t) {
-                            const T* next = terms[i][t].data<T>();
-                            for (int64_t j = begin; j < end; ++j) out[j] += next[j];
-                          }
+                          AddGradientTerms(terms[i], begin, end, sums[i].data<T>() + begin);
                         });
                       });
   for (std::size_t i = 0; i < parameters.size(); ++i) {
@@ -178,7 +171,7 @@ double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
 double DataParallel::Step(int64_t rows, const ShardLoss& shard_loss, Optimizer& optimizer) {
   const double loss = RunShards(rows, shard_loss);
   const VarList& parameters = parameters_.front();
-  const std::vector<std::vector<Tensor>> terms = ShardGradientTerms();
+  std::vector<std::vector<Tensor>> terms = ShardGradientTerms();
   // Only the parameters that have a gradient: one that does not require
   // grad is not the optimizer's.
   VarList with_gradient;
@@ -186,7 +179,7 @@ double DataParallel::Step(int64_t rows, const ShardLoss& shard_loss, Optimizer& 
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     if (terms[i].empty()) continue;
     with_gradient.push_back(parameters[i]);
-    their_terms.push_back(terms[i]);
+    their_terms.push_back(std::move(terms[i]));
   }
   // The gradients are consumed whether or not the update succeeds, so a
   // failed step does not leave half-summed gradients behind.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <span>
 
 #include "framework/parallel.h"
 
@@ -43,7 +44,7 @@ void Prefetch(const T* p, int64_t n, bool for_writing) {
 // data still in the cache, a first version that prefetched each call's
 // next range at its start measured 144-148 us against 138-166.)
 template <typename T, typename Update>
-void ForGradientChunks(const Optimizer::GradientTerms& terms,
+void ForGradientChunks(std::span<const Tensor> terms,
                        std::initializer_list<const T*> state,
                        int64_t begin,
                        int64_t end,
@@ -55,17 +56,11 @@ void ForGradientChunks(const Optimizer::GradientTerms& terms,
     const int64_t next = lo + n, next_n = std::min(kChunk, end - next);
     for (const Tensor& term : terms) Prefetch(term.data<T>() + next, next_n, false);
     for (const T* array : state) Prefetch(array + next, next_n, true);
-    const T* first = terms[0].data<T>() + lo;
     if (terms.size() == 1) {
-      update(lo, lo + n, first);
+      update(lo, lo + n, terms[0].data<T>() + lo);
       continue;
     }
-    const T* second = terms[1].data<T>() + lo;
-    for (int64_t j = 0; j < n; ++j) sum[j] = first[j] + second[j];
-    for (std::size_t t = 2; t < terms.size(); ++t) {
-      const T* more = terms[t].data<T>() + lo;
-      for (int64_t j = 0; j < n; ++j) sum[j] += more[j];
-    }
+    AddGradientTerms(terms, lo, lo + n, sum);
     update(lo, lo + n, sum);
   }
 }
@@ -141,7 +136,10 @@ class Sgd : public Optimizer {
   }
 
  protected:
-  void UpdateSegment(Slot& slot, const GradientTerms& grad, int64_t begin, int64_t end) override {
+  void UpdateSegment(Slot& slot,
+                     std::span<const Tensor> grad,
+                     int64_t begin,
+                     int64_t end) override {
     DispatchDType(slot.parameter.dtype(), [&](auto zero) {
       using T = decltype(zero);
       const SgdCoefficients<T> c{static_cast<T>(options_.learning_rate),
@@ -169,7 +167,10 @@ class Adam : public Optimizer {
   }
 
  protected:
-  void UpdateSegment(Slot& slot, const GradientTerms& grad, int64_t begin, int64_t end) override {
+  void UpdateSegment(Slot& slot,
+                     std::span<const Tensor> grad,
+                     int64_t begin,
+                     int64_t end) override {
     const double t = static_cast<double>(step_count_);
     const double correction1 = 1.0 - std::pow(options_.beta1, t);
     const double correction2 = 1.0 - std::pow(options_.beta2, t);
@@ -266,16 +267,17 @@ Optimizer::Optimizer(const OptimizerOptions& options, const NamedVars& parameter
 }
 
 void Optimizer::Step() {
-  std::vector<GradientTerms> grads(slots_.size());
-  std::vector<const GradientTerms*> terms_per_slot(slots_.size(), nullptr);
+  // Each gradient is a list of one term.
+  std::vector<Tensor> grads(slots_.size());
+  std::vector<std::span<const Tensor>> terms_per_slot(slots_.size());
   for (std::size_t s = 0; s < slots_.size(); ++s) {
     const Var& g = slots_[s].parameter.grad();
     if (g.defined()) {
       SP_CHECK(g.dtype() == slots_[s].parameter.dtype(), "Optimizer::Step: gradient of '",
                slots_[s].name, "' is ", ToString(g.dtype()), " but the parameter is ",
                ToString(slots_[s].parameter.dtype()));
-      grads[s].push_back(g.value());
-      terms_per_slot[s] = &grads[s];
+      grads[s] = g.value();
+      terms_per_slot[s] = std::span<const Tensor>(&grads[s], 1);
     }
   }
   Update(terms_per_slot);
@@ -284,7 +286,7 @@ void Optimizer::Step() {
 void Optimizer::Step(const VarList& parameters, const std::vector<GradientTerms>& terms) {
   SP_CHECK(parameters.size() == terms.size(), "Optimizer::Step: ", parameters.size(),
            " parameters but ", terms.size(), " lists of gradient terms");
-  std::vector<const GradientTerms*> terms_per_slot(slots_.size(), nullptr);
+  std::vector<std::span<const Tensor>> terms_per_slot(slots_.size());
   std::vector<char> listed(slots_.size(), 0);
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const auto found = slot_of_node_.find(parameters[i].node());
@@ -304,12 +306,12 @@ void Optimizer::Step(const VarList& parameters, const std::vector<GradientTerms>
                " but the parameter is ", slot.parameter.shape(), " ",
                ToString(slot.parameter.dtype()));
     }
-    if (!terms[i].empty()) terms_per_slot[found->second] = &terms[i];
+    terms_per_slot[found->second] = terms[i];
   }
   Update(terms_per_slot);
 }
 
-void Optimizer::Update(const std::vector<const GradientTerms*>& terms_per_slot) {
+void Optimizer::Update(const std::vector<std::span<const Tensor>>& terms_per_slot) {
   ++step_count_;
   // Tasks split the flat element range of all parameters, so every task gets
   // about the same number of elements whatever the parameter sizes. Each
@@ -317,8 +319,8 @@ void Optimizer::Update(const std::vector<const GradientTerms*>& terms_per_slot) 
   // does not depend on the split.
   ParallelForSegments(slot_offsets_, kParameterElementsPerTask,
                       [&](std::size_t s, int64_t begin, int64_t end) {
-                        if (terms_per_slot[s]) {
-                          UpdateSegment(slots_[s], *terms_per_slot[s], begin, end);
+                        if (!terms_per_slot[s].empty()) {
+                          UpdateSegment(slots_[s], terms_per_slot[s], begin, end);
                         }
                       });
 }

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -96,8 +97,12 @@ class Optimizer {
   };
   Optimizer(const OptimizerOptions& options, const NamedVars& parameters);
   // Updates elements [begin, end) of slot's parameter from the gradient
-  // that is the sum of grad's terms (at least one; see GradientChunks).
-  virtual void UpdateSegment(Slot& slot, const GradientTerms& grad, int64_t begin, int64_t end) = 0;
+  // that is the sum of grad's terms (at least one; see ForGradientChunks in
+  // optimizer.cc).
+  virtual void UpdateSegment(Slot& slot,
+                             std::span<const Tensor> grad,
+                             int64_t begin,
+                             int64_t end) = 0;
 
   OptimizerOptions options_;
   std::vector<Slot> slots_;
@@ -105,8 +110,8 @@ class Optimizer {
 
  private:
   // Increments the step count and updates each slot whose terms are given
-  // (null: no gradient): one parallel loop over all slots' elements.
-  void Update(const std::vector<const GradientTerms*>& terms_per_slot);
+  // (none: no gradient): one parallel loop over all slots' elements.
+  void Update(const std::vector<std::span<const Tensor>>& terms_per_slot);
   // Which slot updates a parameter, by its node.
   std::unordered_map<const detail::Node*, std::size_t> slot_of_node_;
 
@@ -114,6 +119,23 @@ class Optimizer {
   // [slot_offsets_[s], slot_offsets_[s + 1]).
   std::vector<int64_t> slot_offsets_;
 };
+
+// out[j] = element begin + j of the sum of terms (two or more, of dtype
+// T), added in their order, ((t0 + t1) + t2) ..., for j < end - begin. The
+// one place that order is written: DataParallel's summed gradients and
+// Optimizer::Step with gradient terms both add this way, so the two give
+// the same bits.
+template <typename T>
+void AddGradientTerms(std::span<const Tensor> terms, int64_t begin, int64_t end, T* out) {
+  const int64_t n = end - begin;
+  const T* first = terms[0].data<T>() + begin;
+  const T* second = terms[1].data<T>() + begin;
+  for (int64_t j = 0; j < n; ++j) out[j] = first[j] + second[j];
+  for (std::size_t t = 2; t < terms.size(); ++t) {
+    const T* more = terms[t].data<T>() + begin;
+    for (int64_t j = 0; j < n; ++j) out[j] += more[j];
+  }
+}
 
 // Fewest parameter elements per task of Optimizer::Step's update loop: large
 // enough to amortise the task, so small models update inline; the W1 model
