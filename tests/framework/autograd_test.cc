@@ -36,16 +36,59 @@ TEST(AutogradTest, GradientOfProductMatchesHandDerivative) {
 
 TEST(AutogradTest, LeafGradientsAccumulateAcrossBackwardCalls) {
   Var x = Leaf({2.0});
-  backward(sum(mul(x, x)));  // d/dx x^2 = 4
+  backward(sum(mul(x, x)));           // d/dx x^2 = 4
   backward(sum(mul_scalar(x, 3.0)));  // + 3
   EXPECT_DOUBLE_EQ(x.grad().item(), 7.0);
   x.zero_grad();
   EXPECT_FALSE(x.has_grad());
 }
 
+// A second gradient reaching a leaf (or node) whose first gradient nothing
+// else holds is added into the first's storage: the same values, no new
+// tensor.
+TEST(AutogradTest, AGradientHeldByNothingElseIsAccumulatedInItsOwnStorage) {
+  Var x = Leaf({2.0, -1.0, 0.5});
+  backward(sum(mul(x, x)));  // 2 x
+  const double* first = x.grad().value().data<double>();
+  backward(sum(mul_scalar(x, 3.0)));  // + 3
+  EXPECT_EQ(x.grad().value().data<double>(), first);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_DOUBLE_EQ(x.grad().value().at(i), 2.0 * x.value().at(i) + 3.0);
+  }
+}
+
+// ... but never into a gradient someone still sees: a Var or a tensor the
+// caller kept, or the grad_outputs passed in (which reach z by two paths
+// here, the second adding to the first).
+TEST(AutogradTest, AccumulationNeverChangesAGradientTheCallerStillHolds) {
+  Var x = Leaf({2.0, -1.0, 0.5});
+  backward(sum(mul(x, x)));
+  const Var held = x.grad();
+  backward(sum(mul_scalar(x, 3.0)));
+  const Tensor held_value = x.grad().value();  // shares the storage
+  backward(sum(mul_scalar(x, 5.0)));
+  for (int i = 0; i < 3; ++i) {
+    const double xi = x.value().at(i);
+    EXPECT_DOUBLE_EQ(held.value().at(i), 2.0 * xi);
+    EXPECT_DOUBLE_EQ(held_value.at(i), 2.0 * xi + 3.0);
+    EXPECT_DOUBLE_EQ(x.grad().value().at(i), 2.0 * xi + 8.0);
+  }
+
+  Var z = Leaf({0.3, -0.7, 1.1});
+  const Var seed = Leaf({1.0, 2.0, 4.0}, false);
+  // The reshapes' gradient (swept first) is a view of seed's storage; the
+  // exponential's is added to it.
+  backward(add(exp(z), reshape(reshape(z, Shape{3, 1}), Shape{3})), seed);
+  for (int i = 0; i < 3; ++i) {
+    const double s = seed.value().at(i);
+    EXPECT_DOUBLE_EQ(seed.value().at(i), i == 0 ? 1.0 : (i == 1 ? 2.0 : 4.0));
+    EXPECT_NEAR(z.grad().value().at(i), s + s * std::exp(z.value().at(i)), 1e-12);
+  }
+}
+
 TEST(AutogradTest, SharedSubexpressionGetsTheSumOfItsPaths) {
   Var x = Leaf({0.7});
-  Var e = exp(x);               // used three times
+  Var e = exp(x);                     // used three times
   Var loss = sum(add(mul(e, e), e));  // e^2 + e, d/dx = 2 e^2 + e
   backward(loss);
   const double ev = std::exp(0.7);
