@@ -226,12 +226,16 @@ TEST(GemmTest, SinglePanelReadInPlaceMatchesItsPackedTransposeBitwise) {
   }
 }
 
-// A B of one whole panel of columns with contiguous rows (ldb = n) is read
-// in place at any depth, depth block by depth block: bitwise the product of
+// A B of whole panels of columns with contiguous rows (ldb = n) is read in
+// place at any depth, depth block by depth block: bitwise the product of
 // the same B stored with padded rows (which is packed), with and without
-// its column sums, at depths of one, two and three depth blocks.
-TEST(GemmTest, ContiguousSinglePanelReadInPlaceAtAnyDepthMatchesItsPackedCopyBitwise) {
-  for (int64_t n : {8, 16, 32, 64}) {
+// its column sums, at depths of one, two and three depth blocks. One panel
+// (n up to 64), several (96: three of 32 columns with AVX-512; 128, 192:
+// two and three of 64), and widths that are not whole panels (80, 200),
+// which are packed either way; the column sums run in blocks of 64 columns
+// and a tail.
+TEST(GemmTest, ContiguousWholePanelsReadInPlaceAtAnyDepthMatchTheirPackedCopyBitwise) {
+  for (int64_t n : {8, 16, 32, 64, 80, 96, 128, 192, 200}) {
     for (int64_t k : {65, 256, 600}) {
       for (bool ta : {false, true}) {
         const int64_t m = 20, pad = 3;
