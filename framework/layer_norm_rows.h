@@ -44,65 +44,77 @@ bool WithRowPackets(int64_t n, Body&& body) {
          WithRowPacketsOf(n / kVecBlock, body, std::make_integer_sequence<int, kMaxRowPackets>{});
 }
 
-// One row of kPackets packets: x = the sum of the parts' rows at offset
-// (((p0 + p1) + p2) + ..., the order of chained add()), kept in sum_row when
-// it is not null, then y = (x - mean) rstd gain + bias (gain and bias
-// optional) and stats = {mean, rstd}.
+// Rows [row_begin, row_end) of kPackets packets each: x = the sum of the
+// parts' rows (((p0 + p1) + p2) + ..., the order of chained add()), kept in
+// sum_rows when it is not null, then y = (x - mean) rstd gain + bias (gain
+// and bias optional) and stats = {mean, rstd} per row. The gain and bias
+// packets are loaded once for all the rows. (Against one call per row
+// that loaded them each time, W1 explicit, 2 shards, alternating step by
+// step in one process: the median step 0.02-0.10 ms shorter in 5 of 5
+// processes of 100 steps.)
 template <int kPackets>
-void NormalizeRowInRegisters(const std::vector<const float*>& parts,
-                             int64_t offset,
-                             const float* gain,
-                             const float* bias,
-                             float eps,
-                             float* y,
-                             float* sum_row,
-                             float* stats) {
+void NormalizeRowsInRegisters(const std::vector<const float*>& parts,
+                              int64_t row_begin,
+                              int64_t row_end,
+                              const float* gain,
+                              const float* bias,
+                              float eps,
+                              float* y,
+                              float* sum_rows,
+                              float* stats) {
   namespace ei = Eigen::internal;
   constexpr int64_t n = kPackets * kVecBlock;
-  FloatPacket x[kPackets];
-  for (int j = 0; j < kPackets; ++j)
-    x[j] = ei::ploadu<FloatPacket>(parts[0] + offset + j * kVecBlock);
-  for (std::size_t k = 1; k < parts.size(); ++k) {
-    for (int j = 0; j < kPackets; ++j) {
-      x[j] = ei::padd(x[j], ei::ploadu<FloatPacket>(parts[k] + offset + j * kVecBlock));
-    }
-  }
-  if (sum_row != nullptr) {
-    for (int j = 0; j < kPackets; ++j) ei::pstoreu(sum_row + j * kVecBlock, x[j]);
-  }
   const float inv_n = 1.0f / static_cast<float>(n);
-  const float mean =
-      SumInPacketLanes(
-          n, [&](const FloatPacket& acc, int64_t i) { return ei::padd(acc, x[i / kVecBlock]); },
-          [](int64_t) { return 0.0f; }) *
-      inv_n;
-  const FloatPacket mean_packet = PacketSet(mean);
-  FloatPacket centered[kPackets];
-  for (int j = 0; j < kPackets; ++j) centered[j] = ei::psub(x[j], mean_packet);
-  const float var = SumInPacketLanes(
-                        n,
-                        [&](const FloatPacket& acc, int64_t i) {
-                          const FloatPacket& d = centered[i / kVecBlock];
-                          return ei::pmadd(d, d, acc);
-                        },
-                        [](int64_t) { return 0.0f; }) *
-                    inv_n;
-  const float rstd = 1.0f / std::sqrt(var + eps);
-  const FloatPacket rstd_packet = PacketSet(rstd);
+  FloatPacket gain_packets[kPackets], bias_packets[kPackets];
   for (int j = 0; j < kPackets; ++j) {
-    FloatPacket out = ei::pmul(centered[j], rstd_packet);
-    if (gain != nullptr && bias != nullptr) {
-      out = ei::pmadd(out, ei::ploadu<FloatPacket>(gain + j * kVecBlock),
-                      ei::ploadu<FloatPacket>(bias + j * kVecBlock));
-    } else if (gain != nullptr) {
-      out = ei::pmul(out, ei::ploadu<FloatPacket>(gain + j * kVecBlock));
-    } else if (bias != nullptr) {
-      out = ei::padd(out, ei::ploadu<FloatPacket>(bias + j * kVecBlock));
-    }
-    ei::pstoreu(y + j * kVecBlock, out);
+    gain_packets[j] = gain ? ei::ploadu<FloatPacket>(gain + j * kVecBlock) : PacketSet(1.0f);
+    bias_packets[j] = bias ? ei::ploadu<FloatPacket>(bias + j * kVecBlock) : PacketSet(0.0f);
   }
-  stats[0] = mean;
-  stats[1] = rstd;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    const int64_t offset = r * n;
+    FloatPacket x[kPackets];
+    for (int j = 0; j < kPackets; ++j)
+      x[j] = ei::ploadu<FloatPacket>(parts[0] + offset + j * kVecBlock);
+    for (std::size_t k = 1; k < parts.size(); ++k) {
+      for (int j = 0; j < kPackets; ++j) {
+        x[j] = ei::padd(x[j], ei::ploadu<FloatPacket>(parts[k] + offset + j * kVecBlock));
+      }
+    }
+    if (sum_rows != nullptr) {
+      for (int j = 0; j < kPackets; ++j) ei::pstoreu(sum_rows + offset + j * kVecBlock, x[j]);
+    }
+    const float mean =
+        SumInPacketLanes(
+            n, [&](const FloatPacket& acc, int64_t i) { return ei::padd(acc, x[i / kVecBlock]); },
+            [](int64_t) { return 0.0f; }) *
+        inv_n;
+    const FloatPacket mean_packet = PacketSet(mean);
+    FloatPacket centered[kPackets];
+    for (int j = 0; j < kPackets; ++j) centered[j] = ei::psub(x[j], mean_packet);
+    const float var = SumInPacketLanes(
+                          n,
+                          [&](const FloatPacket& acc, int64_t i) {
+                            const FloatPacket& d = centered[i / kVecBlock];
+                            return ei::pmadd(d, d, acc);
+                          },
+                          [](int64_t) { return 0.0f; }) *
+                      inv_n;
+    const float rstd = 1.0f / std::sqrt(var + eps);
+    const FloatPacket rstd_packet = PacketSet(rstd);
+    for (int j = 0; j < kPackets; ++j) {
+      FloatPacket out = ei::pmul(centered[j], rstd_packet);
+      if (gain != nullptr && bias != nullptr) {
+        out = ei::pmadd(out, gain_packets[j], bias_packets[j]);
+      } else if (gain != nullptr) {
+        out = ei::pmul(out, gain_packets[j]);
+      } else if (bias != nullptr) {
+        out = ei::padd(out, bias_packets[j]);
+      }
+      ei::pstoreu(y + offset + j * kVecBlock, out);
+    }
+    stats[2 * r] = mean;
+    stats[2 * r + 1] = rstd;
+  }
 }
 
 // The backward of rows [row_begin, row_end) of kPackets packets: dx from x,

@@ -288,11 +288,8 @@ void LayerNormForwardKernel(const std::vector<const T*>& parts,
     const bool in_registers = internal::WithRowPackets(n, [&](auto packets) {
       constexpr int kPackets = decltype(packets)::value;
       ParallelFor(0, rl.rows, MinChunk(n), [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          internal::NormalizeRowInRegisters<kPackets>(parts, r * n, gv, bv, eps_t, y + r * n,
-                                                      sum_out ? sum_out + r * n : nullptr,
-                                                      &stats[2 * r]);
-        }
+        internal::NormalizeRowsInRegisters<kPackets>(parts, begin, end, gv, bv, eps_t, y, sum_out,
+                                                     stats);
       });
     });
     if (in_registers) return;
