@@ -71,7 +71,9 @@ class Var {
   const char* op_name() const;
 
   // The gradient accumulated by backward() (undefined before). With
-  // create_graph it is itself on the tape.
+  // create_graph it is itself on the tape. Without, a later backward adds
+  // into its storage when nothing else holds it; a copy of the Var or of its
+  // tensor that you keep is never changed.
   const Var& grad() const;
   bool has_grad() const { return grad().defined(); }
   void zero_grad();
