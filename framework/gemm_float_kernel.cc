@@ -396,20 +396,21 @@ bool ReadsBInPlace(bool trans_b, int64_t k, int64_t n) {
 }
 
 // Whether op(B) is read in place as whole panels at any depth: B not
-// transposed, its rows contiguous (ldb = n) and n a whole number of
-// panels. Panel p is then the columns [p width, (p + 1) width) of each row,
-// one row stride apart, and is read depth block by depth block: the same
-// tiles on the same values as packing it, bitwise. That is the g of a
-// weight gradient x^T g when the product is not cut into column blocks:
-// W1's projections (64 output features, one panel), its first feed-forward
-// layer (128, two) and its three attention projections side by side (192,
-// three). A panel so read spans ldb floats per depth instead of width, but
-// a weight gradient's depth block (kDepthBlock rows of a 64-wide panel,
-// 64 KiB) is read from L2 by each row tile either way, and B's column sums
-// (a bias gradient) then take a pass of their own (AddColumnSums) instead
-// of riding along with the pack. (W1 explicit, 2 shards, the two ways
-// alternating step by step in one process, 100 steps: the median step
-// 0.03-0.08 ms shorter in 5 of 6 processes, 0.13 ms longer in one.)
+// transposed, its rows contiguous (ldb = n) and n a whole number of panels.
+// Panel p is then the columns [p width, (p + 1) width) of each row, one row
+// stride apart, and is read depth block by depth block: the same tiles on
+// the same values as packing it, bitwise. That is the g of a weight
+// gradient x^T g when the product is not cut into column blocks: W1's
+// projections and second feed-forward layer (64 output features, one panel)
+// and its first feed-forward layer (128, two). A panel so read spans ldb
+// floats per depth instead of width, but a weight gradient's depth block
+// (kDepthBlock rows of a 64-wide panel, 64 KiB) is read from L2 by each row
+// tile either way, and B's column sums (a bias gradient) then take a pass
+// of their own (AddColumnSums) instead of riding along with the pack. (W1
+// explicit, 2 shards, the two ways alternating step by step in one process,
+// 100 steps, with q, k and v then still projected as one 192-column
+// product: the median step 0.03-0.08 ms shorter in 5 of 6 processes, 0.13
+// ms longer in one.)
 bool ReadsPanelsInPlace(bool trans_b, int64_t n, int64_t ldb) {
   return !trans_b && n % PanelWidthFor(n) == 0 && ldb == n;
 }

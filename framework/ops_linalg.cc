@@ -216,12 +216,12 @@ Tensor MatmulValue(const Tensor& a,
                                 std::max<int64_t>(1, geo.k / kMinDepthPerPart))
           : 1;
   // Not into column blocks, though, when it runs on one thread anyway and
-  // is not cut along its depth: a whole g (64, 128 or 192 columns in W1)
-  // is then read in place instead of packed (gemm_float_kernel.cc,
-  // ReadsPanelsInPlace). Column
-  // blocks give the same values, so the result still does not depend on
-  // the thread count; a cut along the depth would not (its parts are
-  // summed apart), so that cut depends on the shapes only.
+  // is not cut along its depth: a whole g (64 or 128 columns in W1) is
+  // then read in place instead of packed (gemm_float_kernel.cc,
+  // ReadsPanelsInPlace). Column blocks give the same values, so the result
+  // still does not depend on the thread count; a cut along the depth would
+  // not (its parts are summed apart), so that cut depends on the shapes
+  // only.
   const bool cut_cols = split_cols && !(depth_parts == 1 && ParallelForRunsInline());
   const int64_t cols_per_unit = cut_cols ? kMinColsPerUnit : geo.n;
   const int64_t col_units = cut_cols ? split_col_units : 1;

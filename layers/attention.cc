@@ -70,10 +70,10 @@ Var MultiHeadAttention::Forward(const Var& x, const AttentionMask& mask) const {
   // out of the joint one): each weight is then read in place by the packed
   // kernel and each gradient written where it belongs. W1 (d = 64), 2
   // shards, steps alternating between the two ways in one process: explicit
-  // 8.36 -> 8.15 ms (3 of 3 processes, 0.2 ms shorter in each); implicit
-  // 17.29-17.33 -> 17.38-17.42 ms, where each of the 16 adjoint products adds
-  // three input gradients instead of one; W2 no difference (30.0-30.2,
-  // 78-81 ms either way).
+  // 0.15-0.26 ms shorter in 7 of 7 processes (8.36 -> 8.15 ms in the last
+  // three); implicit 0.05-0.12 ms longer in 6 of 6, where each of the 16
+  // adjoint products adds three input gradients instead of one; W2 no
+  // difference (30.0-30.2, 78-81 ms either way).
   return Forward(x, x, mask);
 }
 
