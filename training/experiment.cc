@@ -177,6 +177,50 @@ SolverStats BackwardStats(const SequenceModel& model) {
   return StatsOf(s, s.sample_iterations, s.sample_termination);
 }
 
+namespace {
+
+// The solver statistics of several solves as one: mean of the means, worst
+// maxima and residuals, counts added, the briefs of the worst.
+SolverStats Combine(const std::vector<SolverStats>& parts) {
+  SolverStats all;
+  if (parts.empty()) return all;
+  for (const SolverStats& p : parts) {
+    all.iterations_mean += p.iterations_mean / static_cast<double>(parts.size());
+    all.iterations_max = std::max(all.iterations_max, p.iterations_max);
+    if (p.residual_max >= all.residual_max) {
+      all.residual_max = p.residual_max;
+      all.brief = p.brief;
+    }
+    all.converged += p.converged;
+    all.not_converged += p.not_converged;
+  }
+  return all;
+}
+
+}  // namespace
+
+SolverStats AttentionForwardStats(const SequenceModel& model) {
+  std::vector<SolverStats> parts;
+  for (const auto& [name, attention] : FindEnergyAttentions(model)) {
+    const SolverSummary& s = attention->implicit().forward_summary();
+    if (!s.sample_iterations.empty()) {
+      parts.push_back(StatsOf(s, s.sample_iterations, s.sample_termination));
+    }
+  }
+  return Combine(parts);
+}
+
+SolverStats AttentionBackwardStats(const SequenceModel& model) {
+  std::vector<SolverStats> parts;
+  for (const auto& [name, attention] : FindEnergyAttentions(model)) {
+    const auto s = attention->implicit().backward_summary();
+    if (s && !s->sample_iterations.empty()) {
+      parts.push_back(StatsOf(*s, s->sample_iterations, s->sample_termination));
+    }
+  }
+  return Combine(parts);
+}
+
 void SetEvalDepth(SequenceModel& model, const Config& config) {
   const int64_t depth = config.GetInt("eval.max_iterations");
   if (Implicit* layer = model.mutable_implicit()) {

@@ -55,6 +55,11 @@ struct SolverStats {
 };
 SolverStats ForwardStats(const SequenceModel& model);
 SolverStats BackwardStats(const SequenceModel& model);
+// The inner solves of the model's energy attentions (energy_attention.h),
+// each as its last Forward left it, combined (mean of the iteration means,
+// worst maxima and residuals, sample counts added); empty without them.
+SolverStats AttentionForwardStats(const SequenceModel& model);
+SolverStats AttentionBackwardStats(const SequenceModel& model);
 
 struct EvalResult {
   double loss = 0;

@@ -9,12 +9,14 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "framework/buffer_pool.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "solvers/regularizers.h"
+#include "training/attention_report.h"
 #include "training/checkpoint.h"
 #include "training/config_schema.h"
 #include "training/data_parallel.h"
@@ -34,6 +36,10 @@ const std::vector<std::string> kColumns = {
     "fwd_iters_mean", "fwd_iters_max", "fwd_residual", "fwd_unconverged", "bwd_iters_mean",
     "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
     "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean"};
+
+// Held-out examples the energy attentions' collapse diagnostics are taken
+// on at every eval (one extra traced solve per attention).
+constexpr int64_t kDiagnosticExamples = 32;
 
 bool AllFinite(const NamedVars& parameters) {
   for (const auto& [name, p] : parameters) {
@@ -250,7 +256,9 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     step = state.step;
     resumed = true;
   }
-  MetricsWriter metrics(summary.run_dir, kColumns, resumed, c.GetStringList("log.formats"));
+  std::vector<std::string> columns = kColumns;
+  columns.insert(columns.end(), AttentionColumns().begin(), AttentionColumns().end());
+  MetricsWriter metrics(summary.run_dir, columns, resumed, c.GetStringList("log.formats"));
   auto save_checkpoint = [&] {
     if (!AllFinite(parameters)) return false;  // never replace a good one with NaNs
     CheckpointState state;
@@ -289,6 +297,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   const bool implicit = model.implicit() != nullptr;
 
   Progress progress(options.progress, c.GetString("log.progress"), total_steps, step);
+  std::set<std::string> collapse_warned;  // energy attentions already warned about
   ResetBufferPoolStats();
   std::vector<double> step_seconds;
   double window_loss = 0, window_correct = 0, window_count = 0, window_steps = 0;
@@ -402,8 +411,15 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         row["bwd_residual"] = backward_stats.residual_max;
         row["bwd_unconverged"] = double(backward_stats.not_converged);
       }
+      for (const auto& [column, value] : AttentionSolverColumns(model)) row[column] = value;
       if (do_eval) {
         if (implicit) model.SetDepthOverride(0);
+        std::vector<std::string> warnings;
+        for (const auto& [column, value] : AttentionDiagnosticColumns(
+                 model, *e.test, kDiagnosticExamples, e.dtype, &collapse_warned, &warnings)) {
+          row[column] = value;
+        }
+        for (const std::string& warning : warnings) progress.Message(warning);
         const EvalResult eval = Evaluate(model, *e.test, eval_batch, e.dtype);
         row["test_loss"] = eval.loss;
         row["test_accuracy"] = eval.accuracy;
