@@ -164,7 +164,13 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"forward_iterations_mean\": " << JsonNumber(s.forward.iterations_mean)
       << ",\n  \"forward_residual_max\": " << JsonNumber(s.forward.residual_max)
       << ",\n  \"backward_iterations_mean\": " << JsonNumber(s.backward.iterations_mean)
-      << ",\n  \"backward_residual_max\": " << JsonNumber(s.backward.residual_max) << "\n}\n";
+      << ",\n  \"backward_residual_max\": " << JsonNumber(s.backward.residual_max)
+      << ",\n  \"attention_iterations_mean\": " << JsonNumber(s.attention_forward.iterations_mean)
+      << ",\n  \"attention_residual_max\": " << JsonNumber(s.attention_forward.residual_max)
+      << ",\n  \"attention_backward_iterations_mean\": "
+      << JsonNumber(s.attention_backward.iterations_mean)
+      << ",\n  \"attention_backward_residual_max\": "
+      << JsonNumber(s.attention_backward.residual_max) << "\n}\n";
   return out.str();
 }
 
@@ -380,6 +386,8 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     step_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     last_forward = forward;
     last_backward = backward_stats;
+    summary.attention_forward = AttentionForwardStats(model);
+    summary.attention_backward = AttentionBackwardStats(model);
 
     const auto [correct, counted] = correct_counted;
     window_loss += loss_value;
@@ -453,6 +461,13 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
      << summary.num_parameters << " parameters.\n";
   if (!last_forward.brief.empty()) md << "\nLast forward solve: " << last_forward.brief << "\n";
   if (!last_backward.brief.empty()) md << "\nLast backward solve: " << last_backward.brief << "\n";
+  if (!summary.attention_forward.brief.empty()) {
+    md << "\nEnergy attention, last inner solve (worst of the model's attentions): "
+       << summary.attention_forward.brief << "\n";
+  }
+  if (!summary.attention_backward.brief.empty()) {
+    md << "\nEnergy attention, last inner adjoint: " << summary.attention_backward.brief << "\n";
+  }
   WriteTextFile(summary.run_dir + "/summary.md", md.str());
   return summary;
 }

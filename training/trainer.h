@@ -42,6 +42,10 @@ struct TrainSummary {
   double pool_peak_mb = 0;      // peak bytes held by tensors during training
   SolverStats forward;          // last step's solver statistics
   SolverStats backward;
+  // The inner solves of the model's energy attentions in the last step
+  // (empty without them; experiment.h AttentionForwardStats).
+  SolverStats attention_forward;
+  SolverStats attention_backward;
   int64_t num_parameters = 0;
   int64_t checkpoints_written = 0;  // by this call (cadence and the final one)
 
