@@ -325,6 +325,15 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
       return it == m.end() ? std::vector<double>{} : it->second;
     };
     const std::vector<double> steps = column("step"), accuracy = column("test_accuracy");
+    // The last evaluated collapse diagnostics (energy attentions only).
+    const std::vector<double> first = column("attn_max_weight_first"),
+                              fixed = column("attn_max_weight");
+    for (std::size_t i = 0; i < first.size() && i < fixed.size(); ++i) {
+      if (std::isfinite(first[i]) && std::isfinite(fixed[i])) {
+        v.max_weight_first = first[i];
+        v.max_weight_fixed_point = fixed[i];
+      }
+    }
     for (std::size_t i = 0; i < steps.size() && i < accuracy.size(); ++i) {
       if (std::isfinite(accuracy[i]) && accuracy[i] >= kTargetAccuracy) {
         v.steps_to_target = steps[i];
@@ -338,8 +347,8 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
   std::ostringstream table;
   table << "| variant | params | train loss | test loss | test acc | ms/step | peak tensor MiB "
            "| fwd iters | fwd residual | bwd iters | bwd residual | attn iters | attn residual "
-           "| attn bwd iters | attn bwd residual | grad cos vs ift |\n"
-        << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+           "| attn bwd iters | attn bwd residual | attn max weight | grad cos vs ift |\n"
+        << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const VariantResult& v : report.variants) {
     const TrainSummary& t = v.train;
     const bool solved = t.forward.iterations_max > 0;
@@ -352,6 +361,10 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
           << (t.backward.iterations_max > 0 ? Fixed(t.backward.iterations_mean, 1) : "-")
           << " | " << (t.backward.iterations_max > 0 ? Fixed(t.backward.residual_max, 6) : "-")
           << " | " << StatsCells(t.attention_forward) << " | " << StatsCells(t.attention_backward)
+          << " | "
+          << (std::isfinite(v.max_weight_fixed_point)
+                  ? Fixed(v.max_weight_first, 2) + " -> " + Fixed(v.max_weight_fixed_point, 2)
+                  : std::string("-"))
           << " | " << Fixed(v.gradient_cosine_vs_ift, 4) << " |\n";
   }
   report.table = table.str();
@@ -411,7 +424,9 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
      << "\nms/step is the median wall time of a training step; peak tensor MiB is the peak of "
         "bytes held by tensors during training; iterations and residuals are those of the last "
         "training step (residuals relative, max over samples; attn: the inner solves of the "
-        "energy attentions inside the cell, mean over them, worst residual); the gradient cosine compares an "
+        "energy attentions inside the cell, mean over them, worst residual; attn max weight: "
+        "the mean largest attention weight at the first iterate -> at the fixed point, at the "
+        "last eval, where a jump to above 0.9 is a collapse); the gradient cosine compares an "
         "inexact backward mode with the exact implicit (ift) gradient of the same weights on a "
         "probe batch.\n\n";
   html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>stillpoint "

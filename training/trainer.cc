@@ -428,6 +428,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
           row[column] = value;
         }
         for (const std::string& warning : warnings) progress.Message(warning);
+        if (row.count("attn_max_weight")) progress.Message(AttentionSummaryLine(row));
         const EvalResult eval = Evaluate(model, *e.test, eval_batch, e.dtype);
         row["test_loss"] = eval.loss;
         row["test_accuracy"] = eval.accuracy;
