@@ -110,6 +110,7 @@ class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
                              options.query_precision = ResolvedBeta(o);
                              options.value_precision =
                                  o.value_precision / static_cast<double>(o.dim / o.heads);
+                             options.key_adaptation = o.key_adaptation;
                              options.causal = o.causal;
                              options.dtype = o.dtype;
                              return options;
@@ -137,9 +138,10 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
   ExpFamBlock(const EnergyBlockOptions& o, Rng& rng)
       : CatalogueBlock("ExpFamBlock", o,
                        std::make_shared<ExpFamAttention>(
-                           ExpFamAttentionOptions{.measure = ExpFamMeasure::kDiscrete,
+                           ExpFamAttentionOptions{.measure = o.measure,
                                                   .dim = o.dim,
                                                   .heads = o.heads,
+                                                  .components = o.components,
                                                   .beta = ResolvedBeta(o),
                                                   .update = ExpFamUpdate::kCccp,
                                                   .query_field = true,
@@ -153,7 +155,8 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
 
   EnergyBlockProblem Prepare(const Var& u) const override {
     const Var x = Input(u);
-    EnergyContext context = typed_->Prepare(x, x);
+    const bool discrete = typed_->options().measure == ExpFamMeasure::kDiscrete;
+    EnergyContext context = typed_->Prepare(discrete ? x : Var(), x);
     const Var field = context.Get("field");
     return EnergyBlockProblem{std::move(context), field, u, {}};
   }
@@ -161,6 +164,8 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
     return wo_->Forward(typed_->LogPartitionGrad(eta, problem.context));
   }
   Var AttentionWeights(const Var& eta, const EnergyBlockProblem& problem) const override {
+    // Only the discrete measure attends over tokens.
+    if (typed_->options().measure != ExpFamMeasure::kDiscrete) return Var();
     return typed_->Weights(eta, problem.context);
   }
 

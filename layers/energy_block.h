@@ -70,7 +70,9 @@
 #include "framework/tensor.h"
 #include "layers/energy_layer.h"
 #include "layers/energy_transformer.h"
+#include "layers/expfam_attention.h"
 #include "layers/name_registry.h"
+#include "layers/probabilistic_attention.h"
 
 namespace stillpoint {
 
@@ -117,6 +119,15 @@ struct EnergyBlockOptions {
   int64_t memories = 64;
   // energy_transformer: Euler step alpha (> 0).
   double step = 0.1;
+  // probabilistic: online key adaptation (MAP-EM over the keys given the
+  // queries, before value inference; probabilistic_attention.h). Off by
+  // default (iterations 0).
+  KeyAdaptationOptions key_adaptation;
+  // expfam: the intrinsic measure (discrete: the tokens' key patterns;
+  // gaussian and mixture: learned, with the query as the field) and the
+  // mixture's components.
+  ExpFamMeasure measure = ExpFamMeasure::kDiscrete;
+  int64_t components = 4;
   // Autoregressive masking of the attention (every block).
   bool causal = false;
   DType dtype = DType::kFloat32;

@@ -180,7 +180,7 @@ ConfigSchema BuildSchema() {
               "width)",
               0.0, kInf)
       .Double(en + "value_precision", e.value_precision,
-              "Energy attention, probabilistic only (ignored by the other layers): initial "
+              "Energy attention, probabilistic only (an error for a config without it): initial "
               "value precision times the head width (beta_v = value_precision / head width; "
               "the EM value term's scale is about value_precision / 3 at initialisation); 0: "
               "one-step softmax attention",
@@ -189,22 +189,44 @@ ConfigSchema BuildSchema() {
             "Energy attention: layer norm of the block's input before its projections (keeps "
             "the operating point whatever the embedding scale)")
       .Enum(en + "key_grad", ToString(e.key_grad), {"full", "stop"},
-            "energy, energy_transformer only (ignored by the other layers): full keeps the "
+            "energy, energy_transformer only (an error for a config without it): full keeps the "
             "key-side attention gradient (energy descent); stop holds keys fixed in the update")
       .Enum(en + "dynamics", ToString(e.dynamics), {"leaky", "non_leaky"},
-            "energy, energy_transformer only (ignored by the other layers): leaky has isolated "
+            "energy, energy_transformer only (an error for a config without it): leaky has isolated "
             "fixed points; non_leaky (the reference Euler steps) does not, so solve it with few "
             "fixed steps")
       .Enum(en + "memory", ToString(e.memory), {"relu2", "softmax"},
-            "energy, energy_transformer only (ignored by the other layers): Hopfield memory "
+            "energy, energy_transformer only (an error for a config without it): Hopfield memory "
             "term")
       .Int(en + "memories", e.memories,
-           "energy, energy_transformer only (ignored by the other layers): number of "
+           "energy, energy_transformer only (an error for a config without it): number of "
            "memories",
            1, 1 << 20)
       .Double(en + "step", e.step,
-              "energy, energy_transformer only (ignored by the other layers): Euler step alpha",
-              1e-12, kInf);
+              "energy, energy_transformer only (an error for a config without it): Euler step alpha",
+              1e-12, kInf)
+      .Int(en + "key_adaptation.iterations", e.key_adaptation.iterations,
+           "probabilistic: online key adaptation, MAP-EM iterations over the keys given the "
+           "queries before value inference (0: off)",
+           0, 1 << 16)
+      .Double(en + "key_adaptation.prior_precision", e.key_adaptation.key_prior_precision,
+              "probabilistic: precision of the Gaussian prior centring each adapted key on its "
+              "projection (0: soft k-means)",
+              0.0, kInf)
+      .Bool(en + "key_adaptation.recentre_prior", e.key_adaptation.recentre_prior,
+            "probabilistic: centre the prior on the current key at each iteration (the "
+            "reference code's variant; not exact MAP-EM)")
+      .Bool(en + "key_adaptation.adapt_precision", e.key_adaptation.adapt_precision,
+            "probabilistic: also re-estimate each key's precision (Gamma prior)")
+      .Double(en + "key_adaptation.precision_prior_shape",
+              e.key_adaptation.precision_prior_shape,
+              "probabilistic: shape of the key precisions' Gamma prior (>= 1)", 1.0, kInf)
+      .Double(en + "key_adaptation.precision_prior_rate", e.key_adaptation.precision_prior_rate,
+              "probabilistic: rate of the key precisions' Gamma prior", 0.0, kInf)
+      .Enum(en + "measure", ToString(e.measure), {"discrete", "gaussian", "mixture"},
+            "expfam: the intrinsic measure (discrete: the tokens' key patterns; gaussian, "
+            "mixture: learned, the query as the field)")
+      .Int(en + "components", e.components, "expfam, mixture measure: components", 1, 1 << 16);
 
   AddSolverKeys(s, "model.solver.", ImplicitOptions{});
   AddSolverKeys(s, "model.attention_solver.", DefaultAttentionSolverOptions());
@@ -403,7 +425,67 @@ EnergyBlockOptions EnergyBlockOptionsFromConfig(const Config& c) {
   e.memory = ParseEnum<EnergyTransformerMemory>(c, en + "memory", StringToEnergyTransformerMemory);
   e.memories = c.GetInt(en + "memories");
   e.step = c.GetDouble(en + "step");
+  KeyAdaptationOptions& k = e.key_adaptation;
+  k.iterations = static_cast<int>(c.GetInt(en + "key_adaptation.iterations"));
+  k.key_prior_precision = c.GetDouble(en + "key_adaptation.prior_precision");
+  k.recentre_prior = c.GetBool(en + "key_adaptation.recentre_prior");
+  k.adapt_precision = c.GetBool(en + "key_adaptation.adapt_precision");
+  k.precision_prior_shape = c.GetDouble(en + "key_adaptation.precision_prior_shape");
+  k.precision_prior_rate = c.GetDouble(en + "key_adaptation.precision_prior_rate");
+  e.measure = ParseEnum<ExpFamMeasure>(c, en + "measure", StringToExpFamMeasure);
+  e.components = c.GetInt(en + "components");
   return e;
+}
+
+// The energy blocks a config's models use: the model's (model.attention,
+// or model.energy.layer for the energy kind) and every one a comparison
+// trains (compare.attention, energy_<block> in compare.variants), so a key
+// set for one variant of a comparison is not an error in another.
+std::vector<std::string> EnergyBlocksInUse(const Config& c) {
+  std::vector<std::string> blocks;
+  const std::string attention = c.GetString("model.attention");
+  if (attention != "softmax") blocks.push_back(attention);
+  if (c.GetString("model.kind") == "energy") blocks.push_back(c.GetString("model.energy.layer"));
+  for (const std::string& a : c.GetStringList("compare.attention")) blocks.push_back(a);
+  for (const std::string& v : c.GetStringList("compare.variants")) {
+    if (v == "energy") blocks.push_back(c.GetString("model.energy.layer"));
+    if (v.rfind("energy_", 0) == 0) blocks.push_back(v.substr(7));
+  }
+  return blocks;
+}
+
+// A model.energy.* key that only one block reads, set in a config whose
+// models never use that block, is an error naming the key and the block.
+void CheckEnergyKeysAreRead(const Config& c) {
+  static const std::vector<std::pair<std::string, std::string>> kOwners = {
+      {"value_precision", "probabilistic"},
+      {"key_adaptation.iterations", "probabilistic"},
+      {"key_adaptation.prior_precision", "probabilistic"},
+      {"key_adaptation.recentre_prior", "probabilistic"},
+      {"key_adaptation.adapt_precision", "probabilistic"},
+      {"key_adaptation.precision_prior_shape", "probabilistic"},
+      {"key_adaptation.precision_prior_rate", "probabilistic"},
+      {"measure", "expfam"},
+      {"components", "expfam"},
+      {"key_grad", "energy_transformer"},
+      {"dynamics", "energy_transformer"},
+      {"memory", "energy_transformer"},
+      {"memories", "energy_transformer"},
+      {"step", "energy_transformer"}};
+  const std::vector<std::string> blocks = EnergyBlocksInUse(c);
+  for (const auto& [key, owner] : kOwners) {
+    const std::string path = "model.energy." + key;
+    if (c.Origin(path) == "default") continue;
+    if (std::find(blocks.begin(), blocks.end(), owner) != blocks.end()) continue;
+    std::string used;
+    for (const std::string& b : blocks) used += (used.empty() ? "" : ", ") + b;
+    throw ConfigError(c.Origin(path) + ": " + path + " is read only by the " + owner +
+                      " energy attention, and " +
+                      (used.empty() ? std::string("this config uses no energy attention")
+                                    : "this config uses " + used) +
+                      " (set model.attention or model.energy.layer to " + owner +
+                      ", or remove the key)");
+  }
 }
 
 ModelOptions ModelOptionsFromConfig(const Config& c) {
@@ -435,6 +517,7 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   for (const std::string& name : EnergyBlockRegistry().Names()) attentions.push_back(name);
   CheckName(c, "model.attention", "attention", m.cell_options.attention, attentions);
   m.cell_options.energy = m.energy;
+  CheckEnergyKeysAreRead(c);
   if (m.cell_options.attention != "softmax") {
     m.cell_options.attention_solver = ImplicitOptionsFromConfig(c, "model.attention_solver.");
   }

@@ -256,6 +256,12 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
                                               "train.optimizer.type=sgd"};
   const std::vector<std::string> jacobian = {"model.regularization.jacobian_weight=0.5"};
   const std::string energy_transformer = "model.energy.layer=energy_transformer";
+  const std::vector<std::string> probabilistic = {"model.kind=energy",
+                                                  "model.energy.layer=probabilistic"};
+  std::vector<std::string> adapting = probabilistic;
+  adapting.push_back("model.energy.key_adaptation.iterations=1");
+  std::vector<std::string> adapting_precision = adapting;
+  adapting_precision.push_back("model.energy.key_adaptation.adapt_precision=true");
   std::map<std::string, KeyProbe> table = {
       {"dtype", {{}, "float64"}},
       {"task.kind", {{}, "sort"}},
@@ -319,6 +325,21 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"model.energy.memories", {{"model.kind=energy", energy_transformer}, "7"}},
       {"model.energy.step", {{"model.kind=energy", energy_transformer}, "0.05"}},
       {"model.energy.normalize_input", {{"model.kind=energy"}, "false"}},
+      {"model.energy.key_adaptation.iterations", {probabilistic, "1"}},
+      {"model.energy.key_adaptation.prior_precision", {adapting, "0"}},
+      {"model.energy.key_adaptation.recentre_prior",
+       {[&] {
+          std::vector<std::string> c = probabilistic;
+          c.push_back("model.energy.key_adaptation.iterations=3");
+          return c;
+        }(),
+        "true"}},
+      {"model.energy.key_adaptation.adapt_precision", {adapting, "true"}},
+      {"model.energy.key_adaptation.precision_prior_shape", {adapting_precision, "3"}},
+      {"model.energy.key_adaptation.precision_prior_rate", {adapting_precision, "2"}},
+      {"model.energy.measure", {{"model.kind=energy", "model.energy.layer=expfam"}, "gaussian"}},
+      {"model.energy.components",
+       {{"model.kind=energy", "model.energy.layer=expfam", "model.energy.measure=mixture"}, "2"}},
       {"model.attention", {{}, "probabilistic"}},
   };
   table.merge(SolverProbes("model.solver.", {}));

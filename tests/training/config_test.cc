@@ -202,6 +202,31 @@ TEST(AttentionConfigTest, TheGridCrossesAttentionsWithKindsAndIsCheckedBeforeTra
   EXPECT_NE(error.find("unknown kind in variant 'softmax/sideways'"), std::string::npos) << error;
 }
 
+TEST(AttentionConfigTest, ABlockKeyNoModelReadsIsAnError) {
+  // value_precision is read only by the probabilistic block.
+  std::string error = ErrorOf([] {
+    ModelOptionsFromConfig(
+        AttentionConfig("model:\n  attention: hopfield\n  energy: {value_precision: 3}\n"));
+  });
+  EXPECT_NE(error.find("grid.yaml:4:"), std::string::npos) << error;
+  EXPECT_NE(error.find("model.energy.value_precision is read only by the probabilistic energy "
+                       "attention, and this config uses hopfield"),
+            std::string::npos)
+      << error;
+  error = ErrorOf(
+      [] { ModelOptionsFromConfig(AttentionConfig("model: {energy: {memories: 7}}\n")); });
+  EXPECT_NE(error.find("this config uses no energy attention"), std::string::npos) << error;
+  // Read by some variant of a comparison: not an error for the others.
+  const Config grid = AttentionConfig(
+      "model: {energy: {value_precision: 3, key_adaptation: {iterations: 2}}}\n"
+      "compare: {attention: [softmax, probabilistic]}\n");
+  const ModelOptions m = ModelOptionsFromConfig(grid);
+  EXPECT_EQ(m.energy.value_precision, 3.0);
+  EXPECT_EQ(m.energy.key_adaptation.iterations, 2);
+  EXPECT_NO_THROW(ModelOptionsFromConfig(
+      AttentionConfig("model: {attention: expfam, energy: {measure: mixture, components: 3}}\n")));
+}
+
 TEST(EnergyConfigTest, BadValuesAreErrorsNamingTheKey) {
   for (const std::string& yaml :
        {std::string("  energy: {dynamics: sideways}\n"), std::string("  energy: {key_grad: half}\n"),
@@ -250,12 +275,24 @@ TEST(EnergyConfigTest, EveryKeyChangesTheBlockOptions) {
       {"beta: 3.5", [&](const EnergyBlockOptions& e) { return e.beta != b.beta; }},
       {"value_precision: 0.25",
        [&](const EnergyBlockOptions& e) { return e.value_precision != b.value_precision; }},
-      {"key_grad: stop", [&](const EnergyBlockOptions& e) { return e.key_grad != b.key_grad; }},
-      {"dynamics: non_leaky",
+      {"layer: energy_transformer, key_grad: stop",
+       [&](const EnergyBlockOptions& e) { return e.key_grad != b.key_grad; }},
+      {"layer: energy_transformer, dynamics: non_leaky",
        [&](const EnergyBlockOptions& e) { return e.dynamics != b.dynamics; }},
-      {"memory: softmax", [&](const EnergyBlockOptions& e) { return e.memory != b.memory; }},
-      {"memories: 7", [&](const EnergyBlockOptions& e) { return e.memories != b.memories; }},
-      {"step: 0.05", [&](const EnergyBlockOptions& e) { return e.step != b.step; }}};
+      {"layer: energy_transformer, memory: softmax",
+       [&](const EnergyBlockOptions& e) { return e.memory != b.memory; }},
+      {"layer: energy_transformer, memories: 7",
+       [&](const EnergyBlockOptions& e) { return e.memories != b.memories; }},
+      {"layer: energy_transformer, step: 0.05",
+       [&](const EnergyBlockOptions& e) { return e.step != b.step; }},
+      {"key_adaptation: {iterations: 3}",
+       [&](const EnergyBlockOptions& e) {
+         return e.key_adaptation.iterations != b.key_adaptation.iterations;
+       }},
+      {"layer: expfam, measure: mixture",
+       [&](const EnergyBlockOptions& e) { return e.measure != b.measure; }},
+      {"layer: expfam, components: 2",
+       [&](const EnergyBlockOptions& e) { return e.components != b.components; }}};
   for (const Flip& flip : flips) {
     const ModelOptions m = ModelOptionsFromConfig(EnergyConfig("  energy: {" + flip.yaml + "}\n"));
     EXPECT_TRUE(flip.changed(m.energy)) << flip.yaml;
