@@ -67,6 +67,8 @@ const char* ToString(TerminationType type) {
   switch (type) {
     case TerminationType::kConverged:
       return "CONVERGED";
+    case TerminationType::kInexact:
+      return "INEXACT";
     case TerminationType::kUserStop:
       return "USER_STOP";
     case TerminationType::kMaxIterations:
@@ -87,7 +89,8 @@ const char* ToString(TerminationType type) {
 
 bool StringToTerminationType(const std::string& text, TerminationType* type) {
   return ParseEnum(text,
-                   {TerminationType::kConverged, TerminationType::kUserStop,
+                   {TerminationType::kConverged, TerminationType::kInexact,
+                    TerminationType::kUserStop,
                     TerminationType::kMaxIterations, TerminationType::kStagnated,
                     TerminationType::kDiverged, TerminationType::kLinearAlgebraFailure,
                     TerminationType::kNonFinite, TerminationType::kFailure},

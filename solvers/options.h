@@ -45,9 +45,15 @@ bool StringToStopMode(const std::string& text, StopMode* mode);
 
 // Why a sample (or a whole solve) ended. Declared from best to worst: the
 // termination of a batch is the worst over its samples (kConverged only when
-// every sample converged). Spelled "CONVERGED", "MAX_ITERATIONS", ...
+// every sample converged). Spelled "CONVERGED", "INEXACT", "MAX_ITERATIONS", ...
 enum class TerminationType {
   kConverged,             // met the tolerance
+  // A backward pass that is an approximation by design and had no tolerance
+  // to meet: the inexact modes (jfb, phantom, unrolled; they compute no
+  // residual) and an iterative adjoint solve with tolerance 0 (a fixed
+  // budget, e.g. a truncated Neumann series; its residual is reported).
+  // Never set by the forward solvers.
+  kInexact,
   kUserStop,              // an iteration callback asked to stop
   kMaxIterations,         // ran out of iterations above the tolerance
   kStagnated,             // no progress within stagnation_window iterations

@@ -217,20 +217,23 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
   // ---- table
   std::ostringstream table;
   table << "| variant | params | train loss | test loss | test acc | ms/step | peak tensor MiB "
-           "| fwd iters | fwd residual | bwd iters | bwd residual | grad cos vs ift |\n"
-        << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+           "| fwd iters | fwd residual | fwd status | bwd iters | bwd residual | bwd status "
+           "| grad cos vs ift |\n"
+        << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const VariantResult& v : report.variants) {
     const TrainSummary& t = v.train;
     const bool solved = t.forward.iterations_max > 0;
+    const bool backward_ran = !t.backward.status_counts.empty();
     table << "| " << v.name << " | " << t.num_parameters << " | " << Fixed(t.final_train_loss, 4)
           << " | " << Fixed(t.final_eval.loss, 4) << " | "
           << Fixed(100.0 * t.final_eval.accuracy, 2) << "% | "
           << Fixed(1000.0 * t.seconds_per_step, 1) << " | " << Fixed(t.pool_peak_mb, 1) << " | "
           << (solved ? Fixed(t.forward.iterations_mean, 1) : "-") << " | "
-          << (solved ? Fixed(t.forward.residual_max, 6) : "-") << " | "
-          << (t.backward.iterations_max > 0 ? Fixed(t.backward.iterations_mean, 1) : "-")
-          << " | " << (t.backward.iterations_max > 0 ? Fixed(t.backward.residual_max, 6) : "-")
-          << " | " << Fixed(v.gradient_cosine_vs_ift, 4) << " |\n";
+          << (solved ? ResidualCell(t.forward) : "-") << " | "
+          << (solved ? StatusCell(t.forward) : "-") << " | "
+          << (backward_ran ? Fixed(t.backward.iterations_mean, 1) : "-") << " | "
+          << ResidualCell(t.backward) << " | " << StatusCell(t.backward) << " | "
+          << Fixed(v.gradient_cosine_vs_ift, 4) << " |\n";
   }
   report.table = table.str();
 
@@ -282,9 +285,12 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
      << report.table
      << "\nms/step is the median wall time of a training step; peak tensor MiB is the peak of "
         "bytes held by tensors during training; iterations and residuals are those of the last "
-        "training step (residuals relative, max over samples); the gradient cosine compares an "
-        "inexact backward mode with the exact implicit (ift) gradient of the same weights on a "
-        "probe batch.\n\n";
+        "training step (residuals relative, max over samples, beside the tolerance they had "
+        "to meet: NOT MET marks a missed tolerance, n/a a residual that an inexact backward "
+        "mode does not measure; status: samples per termination, INEXACT for a backward pass "
+        "that is an approximation by design); the gradient cosine compares an inexact "
+        "backward mode with the ift gradient (the configured adjoint solver) of the same "
+        "weights on a probe batch.\n\n";
   html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>stillpoint "
           "comparison</title>\n<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"

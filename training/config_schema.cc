@@ -222,7 +222,13 @@ ConfigSchema BuildSchema() {
             "A non-finite loss or gradient: skip the step (parameters unchanged) or stop the "
             "run; either way it is reported with the solver summary")
       .Int("train.max_skipped_steps", 20, "skip: stop after this many consecutive skipped steps",
-           1, kBig);
+           1, kBig)
+      .Enum("train.on_unconverged", "warn", {"ignore", "warn", "stop"},
+            "An implicit model's adjoint (backward) solve that leaves samples above its "
+            "tolerance: ignore; warn (print the fraction of samples, the residual, the "
+            "tolerance and the solver the first time, then once per evaluation); stop (end the "
+            "run before the update, exit 1, with the report). INEXACT backward modes (jfb, "
+            "phantom, unrolled, tolerance 0) never count");
 
   // ---- eval
   s.Int("eval.batch_size", 256, "Examples per evaluation batch", 1, 1 << 20)

@@ -1,8 +1,10 @@
 #include "training/experiment.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 
 #include "framework/ops.h"
 #include "training/config_schema.h"
@@ -144,7 +146,7 @@ namespace {
 
 template <typename Summary>
 SolverStats StatsOf(const Summary& summary, const std::vector<int>& iterations,
-                    const std::vector<TerminationType>& terminations) {
+                    const std::vector<TerminationType>& terminations, double tolerance) {
   SolverStats stats;
   if (iterations.empty()) return stats;
   double total = 0;
@@ -153,9 +155,20 @@ SolverStats StatsOf(const Summary& summary, const std::vector<int>& iterations,
     stats.iterations_max = std::max<double>(stats.iterations_max, it);
   }
   stats.iterations_mean = total / static_cast<double>(iterations.size());
-  stats.residual_max = summary.MaxRelResidual();
+  // No residual measured (an inexact backward mode) is NaN, never 0.
+  stats.residual_max = summary.sample_rel_residual.empty()
+                           ? std::numeric_limits<double>::quiet_NaN()
+                           : summary.MaxRelResidual();
+  stats.tolerance = tolerance;
   for (TerminationType t : terminations) {
-    (t == TerminationType::kConverged ? stats.converged : stats.not_converged)++;
+    if (t == TerminationType::kConverged) {
+      ++stats.converged;
+    } else if (t == TerminationType::kInexact) {
+      ++stats.inexact;
+    } else {
+      ++stats.not_converged;
+    }
+    ++stats.status_counts[ToString(t)];
   }
   stats.brief = summary.BriefReport();
   return stats;
@@ -163,18 +176,76 @@ SolverStats StatsOf(const Summary& summary, const std::vector<int>& iterations,
 
 }  // namespace
 
+void SolverStats::Merge(const SolverStats& other) {
+  const int64_t mine = converged + not_converged + inexact;
+  const int64_t theirs = other.converged + other.not_converged + other.inexact;
+  if (theirs == 0) return;
+  if (mine == 0) {
+    const std::string own_brief = brief;
+    *this = other;
+    if (!own_brief.empty()) brief = own_brief;
+    return;
+  }
+  iterations_mean = (iterations_mean * static_cast<double>(mine) +
+                     other.iterations_mean * static_cast<double>(theirs)) /
+                    static_cast<double>(mine + theirs);
+  iterations_max = std::max(iterations_max, other.iterations_max);
+  if (other.HasResidual()) {
+    residual_max = HasResidual() ? std::max(residual_max, other.residual_max) : other.residual_max;
+  }
+  tolerance = std::max(tolerance, other.tolerance);
+  converged += other.converged;
+  not_converged += other.not_converged;
+  inexact += other.inexact;
+  for (const auto& [status, count] : other.status_counts) status_counts[status] += count;
+  if (brief.empty()) brief = other.brief;
+}
+
 SolverStats ForwardStats(const SequenceModel& model) {
   const Implicit* layer = model.implicit();
   if (!layer || model.depth_override() > 0) return {};
   const SolverSummary& s = layer->forward_summary();
-  return StatsOf(s, s.sample_iterations, s.sample_termination);
+  // The reported residual is the relative one: its tolerance is known when
+  // the solve was judged by it alone.
+  const ForwardSolverOptions& forward = layer->options().forward;
+  const double tolerance =
+      forward.stop_mode == StopMode::kRelative ? forward.relative_tolerance : 0.0;
+  return StatsOf(s, s.sample_iterations, s.sample_termination, tolerance);
 }
 
 SolverStats BackwardStats(const SequenceModel& model) {
   const Implicit* layer = model.implicit();
   if (!layer || model.depth_override() > 0 || !layer->backward_summary()) return {};
   const AdjointSummary& s = *layer->backward_summary();
-  return StatsOf(s, s.sample_iterations, s.sample_termination);
+  return StatsOf(s, s.sample_iterations, s.sample_termination, s.tolerance);
+}
+
+std::string ResidualCell(const SolverStats& stats) {
+  if (stats.converged + stats.not_converged + stats.inexact == 0) return "-";
+  if (!stats.HasResidual()) return "n/a";
+  char buffer[96];
+  if (stats.tolerance <= 0) {
+    std::snprintf(buffer, sizeof(buffer), "%.2e", stats.residual_max);
+  } else if (stats.ToleranceMissed()) {
+    std::snprintf(buffer, sizeof(buffer), "%.2e > %.0e NOT MET", stats.residual_max,
+                  stats.tolerance);
+  } else {
+    std::snprintf(buffer, sizeof(buffer), "%.2e <= %.0e", stats.residual_max, stats.tolerance);
+  }
+  return buffer;
+}
+
+std::string StatusCell(const SolverStats& stats) {
+  if (stats.status_counts.empty()) return "-";
+  // In the order of TerminationType (best first), not alphabetically.
+  std::string out;
+  for (int t = 0; t <= static_cast<int>(TerminationType::kFailure); ++t) {
+    const auto it = stats.status_counts.find(ToString(static_cast<TerminationType>(t)));
+    if (it == stats.status_counts.end()) continue;
+    if (!out.empty()) out += ", ";
+    out += it->first + " " + std::to_string(it->second);
+  }
+  return out;
 }
 
 void SetEvalDepth(SequenceModel& model, const Config& config) {

@@ -98,20 +98,9 @@ double ShardedBackward(DataParallel& data_parallel,
 SolverStats ShardedStats(const DataParallel& data_parallel,
                          SolverStats (*stats_of)(const SequenceModel&)) {
   SolverStats total;
-  double iterations = 0;
-  int64_t samples = 0;
   for (int64_t shard = 0; shard < data_parallel.shards(); ++shard) {
-    const SolverStats s = stats_of(static_cast<const SequenceModel&>(data_parallel.replica(shard)));
-    const int64_t n = s.converged + s.not_converged;
-    iterations += s.iterations_mean * static_cast<double>(n);
-    samples += n;
-    total.iterations_max = std::max(total.iterations_max, s.iterations_max);
-    total.residual_max = std::max(total.residual_max, s.residual_max);
-    total.converged += s.converged;
-    total.not_converged += s.not_converged;
-    if (shard == 0) total.brief = s.brief;
+    total.Merge(stats_of(static_cast<const SequenceModel&>(data_parallel.replica(shard))));
   }
-  total.iterations_mean = samples > 0 ? iterations / static_cast<double>(samples) : 0.0;
   return total;
 }
 
@@ -139,6 +128,34 @@ void WritePlots(const std::string& run_dir) {
                             solver));
 }
 
+// {"CONVERGED": 30, "MAX_ITERATIONS": 2}
+std::string StatusJson(const SolverStats& stats) {
+  std::string out = "{";
+  for (const auto& [status, count] : stats.status_counts) {
+    if (out.size() > 1) out += ", ";
+    out += JsonString(status) + ": " + std::to_string(count);
+  }
+  return out + "}";
+}
+
+// true / false, or null when there was no tolerance or no measured residual.
+std::string ToleranceMetJson(const SolverStats& stats) {
+  if (stats.tolerance <= 0 || !stats.HasResidual()) return "null";
+  return stats.ToleranceMissed() ? "false" : "true";
+}
+
+// What train.on_unconverged reports about a step's adjoint solve.
+std::string UnconvergedReport(int64_t step, const SolverStats& backward) {
+  const int64_t samples = backward.converged + backward.not_converged + backward.inexact;
+  std::ostringstream out;
+  out << "step " << step << ": the adjoint (backward) solve left " << backward.not_converged
+      << "/" << samples << " samples (" << std::fixed << std::setprecision(0)
+      << 100.0 * static_cast<double>(backward.not_converged) / static_cast<double>(samples)
+      << "%) above its tolerance: max rel residual " << ResidualCell(backward) << " ["
+      << StatusCell(backward) << "]; " << backward.brief;
+  return out.str();
+}
+
 std::string SummaryJson(const TrainSummary& s) {
   std::ostringstream out;
   out << "{\n  \"steps\": " << s.steps << ",\n  \"skipped_steps\": " << s.skipped_steps
@@ -158,7 +175,14 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"forward_iterations_mean\": " << JsonNumber(s.forward.iterations_mean)
       << ",\n  \"forward_residual_max\": " << JsonNumber(s.forward.residual_max)
       << ",\n  \"backward_iterations_mean\": " << JsonNumber(s.backward.iterations_mean)
-      << ",\n  \"backward_residual_max\": " << JsonNumber(s.backward.residual_max) << "\n}\n";
+      << ",\n  \"backward_residual_max\": " << JsonNumber(s.backward.residual_max)
+      << ",\n  \"forward_tolerance\": " << JsonNumber(s.forward.tolerance)
+      << ",\n  \"forward_tolerance_met\": " << ToleranceMetJson(s.forward)
+      << ",\n  \"forward_status\": " << StatusJson(s.forward)
+      << ",\n  \"backward_tolerance\": " << JsonNumber(s.backward.tolerance)
+      << ",\n  \"backward_tolerance_met\": " << ToleranceMetJson(s.backward)
+      << ",\n  \"backward_status\": " << StatusJson(s.backward)
+      << ",\n  \"backward_unconverged_steps\": " << s.unconverged_backward_steps << "\n}\n";
   return out.str();
 }
 
@@ -276,6 +300,10 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   const double clip_norm = c.GetDouble("train.clip_norm");
   const bool stop_on_nonfinite = c.GetString("train.on_nonfinite") == "stop";
   const int64_t max_skipped = c.GetInt("train.max_skipped_steps");
+  const std::string on_unconverged = c.GetString("train.on_unconverged");
+  bool unconverged_reported = false;
+  int64_t unconverged_since_report = 0;
+  std::string last_unconverged;
   const double jacobian_weight = c.GetDouble("model.regularization.jacobian_weight");
   std::unique_ptr<DataParallel> data_parallel;
   if (shards > 1) {
@@ -366,6 +394,24 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
       continue;
     }
     consecutive_skips = 0;
+    if (backward_stats.not_converged > 0) {
+      ++summary.unconverged_backward_steps;
+      last_unconverged = UnconvergedReport(step, backward_stats);
+      if (on_unconverged == "stop") {
+        progress.Message(last_unconverged + "; stopping before the update (train.on_unconverged: "
+                                            "stop)");
+        summary.stopped_early = true;
+        summary.stop_reason = last_unconverged;
+        break;
+      }
+      if (on_unconverged == "warn" && !unconverged_reported) {
+        progress.Message(last_unconverged +
+                         " (train.on_unconverged: warn; reported again once per evaluation)");
+        unconverged_reported = true;
+      } else {
+        ++unconverged_since_report;
+      }
+    }
     if (clip_norm > 0) ClipGradNorm(parameter_list, clip_norm);
     optimizer->Step();
     step_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
@@ -399,7 +445,8 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         row["fwd_unconverged"] = double(forward.not_converged);
         row["bwd_iters_mean"] = backward_stats.iterations_mean;
         row["bwd_iters_max"] = backward_stats.iterations_max;
-        row["bwd_residual"] = backward_stats.residual_max;
+        // Inexact modes measure no residual: the column stays empty.
+        if (backward_stats.HasResidual()) row["bwd_residual"] = backward_stats.residual_max;
         row["bwd_unconverged"] = double(backward_stats.not_converged);
       }
       if (do_eval) {
@@ -410,6 +457,13 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         if (implicit) row["test_fwd_iters_mean"] = eval.forward.iterations_mean;
         summary.final_eval = eval;
         progress.Eval(step, eval.loss, eval.accuracy);
+        if (on_unconverged == "warn" && unconverged_since_report > 0) {
+          progress.Message(std::to_string(unconverged_since_report) +
+                           " more step(s) with unconverged adjoint samples since the last "
+                           "report; the latest: " +
+                           last_unconverged);
+          unconverged_since_report = 0;
+        }
       }
       metrics.Write(row);
       progress.Update(step, row["loss"], row["accuracy"], forward.iterations_mean, implicit);
@@ -435,8 +489,14 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   std::ostringstream md;
   md << "# Run summary\n\n" << summary.BriefReport() << "\n\nModel: " << model.Name() << ", "
      << summary.num_parameters << " parameters.\n";
-  if (!last_forward.brief.empty()) md << "\nLast forward solve: " << last_forward.brief << "\n";
-  if (!last_backward.brief.empty()) md << "\nLast backward solve: " << last_backward.brief << "\n";
+  if (!last_forward.brief.empty()) {
+    md << "\nLast forward solve: " << last_forward.brief << "\n\nForward residual "
+       << ResidualCell(last_forward) << "; samples: " << StatusCell(last_forward) << "\n";
+  }
+  if (!last_backward.brief.empty()) {
+    md << "\nLast backward solve: " << last_backward.brief << "\n\nBackward residual "
+       << ResidualCell(last_backward) << "; samples: " << StatusCell(last_backward) << "\n";
+  }
   WriteTextFile(summary.run_dir + "/summary.md", md.str());
   return summary;
 }

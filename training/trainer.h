@@ -16,7 +16,9 @@
 // Numerical failure (a non-finite loss or gradient, or a forward solve that
 // ends NON_FINITE/DIVERGED) is reported with the step and the solver summary;
 // train.on_nonfinite decides whether the step is skipped (parameters
-// unchanged) or the run stops. A checkpoint is only written from finite
+// unchanged) or the run stops. An adjoint solve that leaves samples above
+// its tolerance is reported (train.on_unconverged: warn, the first time and
+// then once per evaluation) or stops the run before the update (stop). A checkpoint is only written from finite
 // parameters, so the last good one is never replaced by a diverged state.
 #pragma once
 
@@ -42,6 +44,9 @@ struct TrainSummary {
   double pool_peak_mb = 0;      // peak bytes held by tensors during training
   SolverStats forward;          // last step's solver statistics
   SolverStats backward;
+  // Steps whose adjoint (backward) solve left some sample above its
+  // tolerance (train.on_unconverged).
+  int64_t unconverged_backward_steps = 0;
   int64_t num_parameters = 0;
   int64_t checkpoints_written = 0;  // by this call (cadence and the final one)
 

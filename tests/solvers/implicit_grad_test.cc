@@ -474,6 +474,60 @@ TEST(ImplicitGrad, UnrolledReportsItsSteps) {
   EXPECT_EQ(result.backward->iterations, 3);
 }
 
+// jfb, phantom and unrolled solve no adjoint equation: they end INEXACT,
+// never CONVERGED, and the residual they never measured prints as n/a, not 0.
+TEST(ImplicitGrad, InexactModesReportInexactAndNoResidual) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 93);
+  for (BackwardMode mode : {BackwardMode::kJfb, BackwardMode::kPhantom, BackwardMode::kUnrolled}) {
+    ImplicitOptions options;
+    options.forward = TightForward(ForwardSolverType::kAnderson);
+    options.backward.mode = mode;
+    ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+    backward(ProbeLoss(result.z_star, Probe(p)));
+    ASSERT_NE(result.backward, nullptr) << ToString(mode);
+    const AdjointSummary& s = *result.backward;
+    EXPECT_EQ(s.termination_type, TerminationType::kInexact) << s.FullReport();
+    EXPECT_EQ(s.CountSamples(TerminationType::kInexact), 2) << s.FullReport();
+    EXPECT_EQ(s.CountSamples(TerminationType::kConverged), 0) << s.FullReport();
+    EXPECT_FALSE(s.IsUsable());
+    EXPECT_FALSE(s.HasResiduals());
+    const std::string brief = s.BriefReport();
+    EXPECT_NE(brief.find(std::string(ToString(mode)) + ": INEXACT, 0/2 converged"),
+              std::string::npos)
+        << brief;
+    EXPECT_NE(brief.find("max rel residual n/a"), std::string::npos) << brief;
+    const std::string full = s.FullReport();
+    EXPECT_NE(full.find("sample 1: INEXACT"), std::string::npos) << full;
+    EXPECT_NE(full.find("abs n/a, rel n/a"), std::string::npos) << full;
+    EXPECT_EQ(full.find("e+00"), std::string::npos) << full;  // no residual printed as 0
+    EXPECT_NE(full.find("samples by termination: INEXACT 2"), std::string::npos) << full;
+  }
+}
+
+// An ift backward that misses its tolerance says so in its brief report; one
+// that meets it shows the tolerance beside the residual.
+TEST(ImplicitGrad, BriefReportShowsTheToleranceAndWhetherItWasMet) {
+  ImplicitProblem p = TanhProblem(2, 6, 3, 94, 0.9);
+  ImplicitOptions options;
+  options.forward = TightForward(ForwardSolverType::kAnderson);
+  options.backward = Ift(AdjointSolverType::kFixedPoint);
+  options.backward.tolerance = 1e-8;
+  options.backward.max_iterations = 2;
+  ImplicitResult starved = SolveImplicit(p.cell, p.z0, options);
+  backward(ProbeLoss(starved.z_star, Probe(p)));
+  EXPECT_EQ(starved.backward->tolerance, 1e-8);
+  EXPECT_EQ(starved.backward->termination_type, TerminationType::kMaxIterations);
+  EXPECT_NE(starved.backward->BriefReport().find("(tolerance 1e-08 NOT MET)"), std::string::npos)
+      << starved.backward->BriefReport();
+  options.backward.max_iterations = 400;
+  ImplicitResult solved = SolveImplicit(p.cell, p.z0, options);
+  backward(ProbeLoss(solved.z_star, Probe(p)));
+  EXPECT_EQ(solved.backward->termination_type, TerminationType::kConverged)
+      << solved.backward->FullReport();
+  EXPECT_NE(solved.backward->BriefReport().find("(tolerance 1e-08),"), std::string::npos)
+      << solved.backward->BriefReport();
+}
+
 TEST(ImplicitGrad, SampledIteratesAreKept) {
   ImplicitProblem p = TanhProblem(2, 4, 3, 93, 0.9);
   ImplicitOptions options;

@@ -154,6 +154,98 @@ TEST_F(TrainerTest, CommandsReportBadInputWithExitCodeTwo) {
   EXPECT_EQ(RunEval(eval, out, err), 2);
 }
 
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+int64_t Occurrences(const std::string& text, const std::string& what) {
+  int64_t count = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+// An adjoint solve asked for a tolerance below float32 precision with 2
+// iterations never meets it. warn (the default) says so the first time and
+// then once per evaluation, and the run goes on; stop ends the run before
+// the first update with exit code 1 and the report; ignore says nothing.
+// INEXACT backward modes never count as unconverged.
+TEST_F(TrainerTest, UnconvergedAdjointIsReportedOrStopsTheRun) {
+  const std::vector<std::string> starved = {
+      "model.kind=implicit", "train.steps=20", "train.eval_every=10",
+      "model.solver.backward.tolerance=1e-12", "model.solver.backward.max_iterations=2"};
+  const std::string first = "the adjoint (backward) solve left 16/16 samples (100%) above its "
+                            "tolerance: max rel residual ";
+  auto run = [&](const std::string& name, std::vector<std::string> overrides, int* code) {
+    TrainArgs args;
+    args.config_path = WriteConfig(name);
+    args.overrides = std::move(overrides);
+    std::ostringstream out, err;
+    *code = RunTrain(args, out, err);
+    return out.str() + err.str();
+  };
+
+  int code = -1;
+  const std::string warned = run("warn", starved, &code);
+  EXPECT_EQ(code, 0) << warned;
+  EXPECT_EQ(Occurrences(warned, "(train.on_unconverged: warn; reported again once per evaluation)"),
+            1)
+      << warned;
+  EXPECT_NE(warned.find("step 1: " + first), std::string::npos) << warned;
+  EXPECT_NE(warned.find("> 1e-12 NOT MET [MAX_ITERATIONS 16]; ift/fixed_point: MAX_ITERATIONS"),
+            std::string::npos)
+      << warned;
+  // Once per evaluation after the first report (evaluations at steps 10 and 20).
+  EXPECT_EQ(Occurrences(warned, "more step(s) with unconverged adjoint samples"), 2) << warned;
+  EXPECT_NE(warned.find("9 more step(s)"), std::string::npos) << warned;
+  const YAML::Node summary = YAML::LoadFile((dir_ / "run_warn" / "summary.json").string());
+  EXPECT_EQ(summary["backward_unconverged_steps"].as<int>(), 20);
+  EXPECT_EQ(summary["backward_status"]["MAX_ITERATIONS"].as<int>(), 16);
+  EXPECT_EQ(summary["backward_tolerance"].as<double>(), 1e-12);
+  EXPECT_FALSE(summary["backward_tolerance_met"].as<bool>());
+  EXPECT_EQ(summary["forward_status"]["CONVERGED"].as<int>() +
+                (summary["forward_status"]["MAX_ITERATIONS"]
+                     ? summary["forward_status"]["MAX_ITERATIONS"].as<int>()
+                     : 0),
+            16);
+  const std::string md = ReadFile(dir_ / "run_warn" / "summary.md");
+  EXPECT_NE(md.find("Backward residual "), std::string::npos) << md;
+  EXPECT_NE(md.find("NOT MET; samples: MAX_ITERATIONS 16"), std::string::npos) << md;
+
+  std::vector<std::string> stop = starved;
+  stop.push_back("train.on_unconverged=stop");
+  const std::string stopped = run("stop", stop, &code);
+  EXPECT_EQ(code, 1) << stopped;
+  EXPECT_NE(stopped.find("step 1: " + first), std::string::npos) << stopped;
+  EXPECT_NE(stopped.find("stopping before the update (train.on_unconverged: stop)"),
+            std::string::npos)
+      << stopped;
+  const YAML::Node stop_summary = YAML::LoadFile((dir_ / "run_stop" / "summary.json").string());
+  EXPECT_TRUE(stop_summary["stopped_early"].as<bool>());
+  EXPECT_NE(stop_summary["stop_reason"].as<std::string>().find(first), std::string::npos);
+
+  std::vector<std::string> ignore = starved;
+  ignore.push_back("train.on_unconverged=ignore");
+  const std::string ignored = run("ignore", ignore, &code);
+  EXPECT_EQ(code, 0) << ignored;
+  EXPECT_EQ(ignored.find("adjoint (backward) solve left"), std::string::npos) << ignored;
+
+  std::vector<std::string> jfb = starved;
+  jfb.push_back("train.on_unconverged=stop");
+  jfb.push_back("model.solver.backward.mode=jfb");
+  const std::string inexact = run("jfb", jfb, &code);
+  EXPECT_EQ(code, 0) << inexact;
+  const YAML::Node jfb_summary = YAML::LoadFile((dir_ / "run_jfb" / "summary.json").string());
+  EXPECT_EQ(jfb_summary["backward_status"]["INEXACT"].as<int>(), 16);
+  EXPECT_TRUE(jfb_summary["backward_residual_max"].IsNull());
+  EXPECT_TRUE(jfb_summary["backward_tolerance_met"].IsNull());
+  EXPECT_EQ(jfb_summary["backward_unconverged_steps"].as<int>(), 0);
+}
+
 TEST_F(TrainerTest, EvalOfATrainedRunMatchesTheTrainingSummary) {
   TrainArgs args;
   args.config_path = WriteConfig("eval");
@@ -189,6 +281,10 @@ TEST_F(TrainerTest, CompareWritesAReportWithEveryVariant) {
   const std::string table = out.str();
   EXPECT_NE(table.find("| explicit |"), std::string::npos) << table;
   EXPECT_NE(table.find("| implicit_jfb |"), std::string::npos) << table;
+  // jfb solves no adjoint equation: its residual is n/a (never 0) and its
+  // 16 samples are INEXACT, not CONVERGED.
+  EXPECT_NE(table.find(" | n/a | INEXACT 16 | "), std::string::npos) << table;
+  EXPECT_NE(table.find("| fwd status |"), std::string::npos) << table;
   std::ifstream md((dir_ / "run_compare" / "report.md").string());
   std::stringstream text;
   text << md.rdbuf();
