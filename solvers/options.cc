@@ -234,6 +234,8 @@ bool ForwardSolverOptions::IsValid(std::string* error) const {
           "anderson_safeguard_factor", anderson_safeguard_factor, ">= 1, or 0 to disable");
   v.Check(broyden_memory >= 1 && broyden_memory <= 256, "broyden_memory", broyden_memory,
           "in [1, 256]");
+  v.Check(Finite(broyden_initial_scale) && broyden_initial_scale >= 0, "broyden_initial_scale",
+          broyden_initial_scale, "finite and >= 0 (0: automatic)");
   v.Check(armijo_c > 0 && armijo_c < 0.5, "armijo_c", armijo_c, "in (0, 0.5)");
   v.Check(line_search_max_backtracks >= 0 && line_search_max_backtracks <= 60,
           "line_search_max_backtracks", line_search_max_backtracks, "in [0, 60]");
@@ -282,6 +284,7 @@ std::string ForwardSolverOptions::ToString() const {
       << "anderson_type: " << stillpoint::ToString(anderson_type) << "\n"
       << "anderson_safeguard_factor: " << anderson_safeguard_factor << "\n"
       << "broyden_memory: " << broyden_memory << "\n"
+      << "broyden_initial_scale: " << broyden_initial_scale << "\n"
       << "broyden_variant: " << stillpoint::ToString(broyden_variant) << "\n"
       << "broyden_line_search: " << (broyden_line_search ? "true" : "false") << "\n"
       << "armijo_c: " << armijo_c << "\n"

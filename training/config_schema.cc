@@ -119,7 +119,9 @@ ConfigSchema BuildSchema() {
               "Stop when ||f(z) - z|| / (||f(z)|| + eps) <= this (relative or either)", 0.0,
               kInf)
       .Int(fw + "stagnation_window", f.stagnation_window,
-           "Iterations without enough improvement before STAGNATED", 1, 1 << 20)
+           "Iterations without enough improvement before STAGNATED (DIVERGED when the residual "
+           "rose at each of them)",
+           1, 1 << 20)
       .Double(fw + "divergence_factor", f.divergence_factor,
               "Protective break: DIVERGED when the residual exceeds this x the initial one "
               "(0: off; otherwise > 1)",
@@ -136,6 +138,11 @@ ConfigSchema BuildSchema() {
               "anderson: reject a step raising the residual by this factor and restart", 1.0,
               kInf)
       .Int(fw + "broyden_memory", f.broyden_memory, "broyden: rank-one updates kept", 1, 1024)
+      .Double(fw + "broyden_initial_scale", f.broyden_initial_scale,
+              "broyden: alpha of the initial inverse Jacobian -alpha I (1: the first step is a "
+              "plain fixed-point step; 0: automatic, a first step of at most half of "
+              "max(|z0|, 1))",
+              0.0, kInf)
       .Enum(fw + "broyden_variant", ToString(f.broyden_variant), {"good", "bad"},
             "broyden: which update")
       .Bool(fw + "broyden_line_search", f.broyden_line_search, "broyden: Armijo line search")
@@ -292,6 +299,7 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
   f.anderson_type = ParseEnum<AndersonType>(c, fw + "anderson_type", StringToAndersonType);
   f.anderson_safeguard_factor = c.GetDouble(fw + "anderson_safeguard_factor");
   f.broyden_memory = static_cast<int>(c.GetInt(fw + "broyden_memory"));
+  f.broyden_initial_scale = c.GetDouble(fw + "broyden_initial_scale");
   f.broyden_variant =
       ParseEnum<BroydenVariant>(c, fw + "broyden_variant", StringToBroydenVariant);
   f.broyden_line_search = c.GetBool(fw + "broyden_line_search");

@@ -23,6 +23,44 @@ std::string ResolvePath(const std::string& path, const std::string& config_path)
   return (std::filesystem::path(config_path).parent_path() / path).string();
 }
 
+// The key that names `type` as a forward solver: the primary type, else the
+// fallback chain, else "" (not used).
+std::string KeyUsing(const ImplicitOptions& options, ForwardSolverType type) {
+  if (options.forward.type == type) return "model.solver.forward.type";
+  for (ForwardSolverType t : options.forward.fallback_chain) {
+    if (t == type) return "model.solver.forward.fallback_chain";
+  }
+  return "";
+}
+
+// Forward solvers that cannot run on this model are refused here, while the
+// config is validated (exit 2), not at the first step after the run
+// directory exists. `length`: the longest sequence, so a sample's state is
+// at most length x dim values.
+void ValidateForwardSolvers(const Config& config, const ModelOptions& model, int64_t length) {
+  if (model.kind != ModelKind::kImplicit && model.kind != ModelKind::kEnergy) return;
+  const std::string lbfgs = KeyUsing(model.implicit, ForwardSolverType::kCeresLbfgs);
+  if (!lbfgs.empty() && model.kind != ModelKind::kEnergy) {
+    throw ConfigError(config.Origin(lbfgs) + ": " + lbfgs +
+                      " names ceres_lbfgs, which minimises the layer's energy, but model.kind " +
+                      config.GetString("model.kind") +
+                      " has no energy (only model.kind energy does); choose another forward "
+                      "solver");
+  }
+  const std::string trust = KeyUsing(model.implicit, ForwardSolverType::kCeresTrustRegion);
+  const int64_t state_size = length * model.dim;
+  const int64_t limit = model.implicit.forward.ceres_max_state_size;
+  if (!trust.empty() && state_size > limit) {
+    throw ConfigError(config.Origin(trust) + ": " + trust +
+                      " names ceres_trust_region, which assembles a dense n x n Jacobian per "
+                      "sample, but a sample's state here has n = " +
+                      std::to_string(length) + " tokens x model.dim " +
+                      std::to_string(model.dim) + " = " + std::to_string(state_size) +
+                      " values, above its limit of " + std::to_string(limit) +
+                      "; choose another forward solver");
+  }
+}
+
 }  // namespace
 
 Experiment BuildExperiment(const Config& config, const std::string& config_path,
@@ -97,6 +135,7 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
                       std::to_string(options.max_length) + ") is shorter than the sequences (" +
                       std::to_string(longest) + " tokens)");
   }
+  ValidateForwardSolvers(config, options, longest);
   options.vocab_size = std::max<int64_t>(vocab, 1);
   options.feature_dim = feature_dim;
   options.num_classes = classes;

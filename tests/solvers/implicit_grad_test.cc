@@ -173,6 +173,79 @@ TEST(ImplicitGrad, AffineMatchesClosedForm) {
   for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(analytic[2].at(i), expected(i), 1e-9) << i;
 }
 
+// On f(z) = W z + c_b (c_b = U x_b + b) every backward mode has a closed
+// form for the injection's gradient, with p_b = dL/dz*_b:
+//   ift             dL/dc_b = (I - W)^{-T} p_b
+//   jfb             dL/dc_b = p_b                      (w = g: J taken as 0)
+//   phantom(k, tau) dL/dc_b = tau sum_{j<k} (M^T)^j p_b, M = (1 - tau) I + tau W
+//                   (k damped steps z <- (1 - tau) z + tau f(z) from z*)
+// and dL/db = sum_b dL/dc_b, dL/dx_b = U^T dL/dc_b. These are the gradients
+// the modes are defined to give, checked exactly, not only their direction.
+TEST(ImplicitGrad, JfbAndPhantomMatchTheirClosedFormsOnAnAffineMap) {
+  const int64_t batch = 3, n = 5, d = 2;
+  ImplicitProblem p = AffineProblem(batch, n, d, false, 25);
+  const Tensor probe = Probe(p);
+  const Tensor& w = p.params[0].value();
+  const Tensor& u = p.params[1].value();
+  Eigen::MatrixXd wm(n, n), um(n, d);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) wm(i, j) = w.at(i * n + j);
+    for (int64_t j = 0; j < d; ++j) um(i, j) = u.at(i * d + j);
+  }
+  // dL/dc_b for every sample from a per-sample linear map of p_b.
+  auto expected = [&](const Eigen::MatrixXd& map, std::vector<double>* db,
+                      std::vector<double>* dx) {
+    db->assign(n, 0.0);
+    dx->assign(batch * d, 0.0);
+    for (int64_t b = 0; b < batch; ++b) {
+      Eigen::VectorXd pb(n);
+      for (int64_t i = 0; i < n; ++i) pb(i) = probe.at(b * n + i);
+      const Eigen::VectorXd dc = map * pb;
+      const Eigen::VectorXd dxb = um.transpose() * dc;
+      for (int64_t i = 0; i < n; ++i) (*db)[i] += dc(i);
+      for (int64_t j = 0; j < d; ++j) (*dx)[b * d + j] = dxb(j);
+    }
+  };
+  auto check = [&](const BackwardOptions& backward, const Eigen::MatrixXd& map,
+                   const std::string& what) {
+    ImplicitOptions options;
+    options.forward = TightForward(ForwardSolverType::kAnderson);
+    options.backward = backward;
+    const std::vector<Tensor> analytic = AnalyticGradients(p, p.cell, options, probe);
+    std::vector<double> db, dx;
+    expected(map, &db, &dx);
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(analytic[2].at(i), db[i], 1e-10 * (1.0 + std::abs(db[i]))) << what << " db " << i;
+    }
+    for (int64_t i = 0; i < batch * d; ++i) {
+      EXPECT_NEAR(analytic[3].at(i), dx[i], 1e-10 * (1.0 + std::abs(dx[i]))) << what << " dx " << i;
+    }
+  };
+  const Eigen::MatrixXd identity = Eigen::MatrixXd::Identity(n, n);
+  check(Ift(AdjointSolverType::kDense),
+        (identity - wm).transpose().partialPivLu().inverse(), "ift");
+  BackwardOptions jfb;
+  jfb.mode = BackwardMode::kJfb;
+  check(jfb, identity, "jfb");
+  for (double tau : {0.5, 1.0}) {
+    for (int steps : {1, 3, 7}) {
+      BackwardOptions phantom;
+      phantom.mode = BackwardMode::kPhantom;
+      phantom.phantom_steps = steps;
+      phantom.phantom_tau = tau;
+      const Eigen::MatrixXd m = (1.0 - tau) * identity + tau * wm;
+      Eigen::MatrixXd series = Eigen::MatrixXd::Zero(n, n);
+      Eigen::MatrixXd power = identity;
+      for (int j = 0; j < steps; ++j) {
+        series += power;
+        power = power * m.transpose();
+      }
+      check(phantom, tau * series,
+            "phantom k " + std::to_string(steps) + " tau " + std::to_string(tau));
+    }
+  }
+}
+
 TEST(ImplicitGrad, IftMatchesUnrolledAsStepsGrow) {
   ImplicitProblem p = TanhProblem(2, 6, 3, 31, 0.9);
   const Tensor probe = Probe(p);

@@ -225,6 +225,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {fw + "anderson_safeguard_factor",
        {{fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}, "1"}},
       {fw + "broyden_memory", {{fw + "type=broyden"}, "2"}},
+      {fw + "broyden_initial_scale", {{fw + "type=broyden"}, "0"}},
       {fw + "broyden_variant", {{fw + "type=broyden"}, "bad"}},
       {fw + "broyden_line_search",
        {{fw + "type=broyden", fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}, "true"}},

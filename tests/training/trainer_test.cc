@@ -246,6 +246,49 @@ TEST_F(TrainerTest, UnconvergedAdjointIsReportedOrStopsTheRun) {
   EXPECT_EQ(jfb_summary["backward_unconverged_steps"].as<int>(), 0);
 }
 
+// A forward solver that cannot run on the model is a config error (exit 2)
+// that names the key, found before the run directory is created.
+TEST_F(TrainerTest, SolversThatCannotRunOnTheModelAreRefusedBeforeAnyWork) {
+  struct Case {
+    std::vector<std::string> overrides;
+    std::string key;
+    std::string why;
+  };
+  const std::vector<Case> cases = {
+      {{"model.kind=implicit", "model.solver.forward.type=ceres_lbfgs"},
+       "model.solver.forward.type",
+       "has no energy"},
+      {{"model.kind=implicit", "model.solver.forward.fallback_chain=[picard, ceres_lbfgs]"},
+       "model.solver.forward.fallback_chain",
+       "has no energy"},
+      // 17 tokens x 64 = 1088 values per sample, above the dense limit 1024.
+      {{"model.kind=implicit", "model.solver.forward.type=ceres_trust_region", "model.dim=64",
+        "task.length=17", "model.max_length=20"},
+       "model.solver.forward.type",
+       "n = 17 tokens x model.dim 64 = 1088 values"},
+  };
+  for (const Case& c : cases) {
+    TrainArgs args;
+    args.config_path = WriteConfig("refused");
+    args.overrides = c.overrides;
+    std::ostringstream out, err;
+    EXPECT_EQ(RunTrain(args, out, err), 2) << c.key;
+    EXPECT_NE(err.str().find(c.key), std::string::npos) << err.str();
+    EXPECT_NE(err.str().find(c.why), std::string::npos) << err.str();
+    EXPECT_FALSE(fs::exists(dir_ / "run_refused")) << c.key;
+  }
+  // The energy kind has an energy, and a small state fits the dense solve.
+  const std::string path = WriteConfig("accepted");
+  EXPECT_NO_THROW(BuildExperiment(
+      Config::FromFile(StillpointSchema(), path,
+                       {"model.kind=energy", "model.solver.forward.type=ceres_lbfgs"}),
+      path));
+  EXPECT_NO_THROW(BuildExperiment(
+      Config::FromFile(StillpointSchema(), path,
+                       {"model.kind=implicit", "model.solver.forward.type=ceres_trust_region"}),
+      path));
+}
+
 TEST_F(TrainerTest, EvalOfATrainedRunMatchesTheTrainingSummary) {
   TrainArgs args;
   args.config_path = WriteConfig("eval");
