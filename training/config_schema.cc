@@ -239,6 +239,12 @@ ConfigSchema BuildSchema() {
 
   // ---- eval
   s.Int("eval.batch_size", 256, "Examples per evaluation batch", 1, 1 << 20)
+      .Int("eval.gradient_check_batch_size", 8,
+           "Models with an implicit layer: at every evaluation, the gradient the trainer uses is "
+           "compared with a reference (ift, GMRES to 1e-10) on a fixed probe batch of this many "
+           "training examples (cosine and relative error in the metrics, the progress output "
+           "and summary.json; 0: off)",
+           0, 1 << 20)
       .Int("eval.max_iterations", 0,
            "Test-time forward solver budget (0: the training budget)", 0, 1 << 20)
       .DoubleList("eval.iterations_sweep", {},
@@ -261,8 +267,9 @@ ConfigSchema BuildSchema() {
                "implicit_<backward mode> (e.g. implicit_jfb), energy (model.energy.layer), "
                "energy_<layer> (e.g. energy_hopfield)")
       .Int("compare.probe_batch_size", 32,
-           "Batch used to measure each inexact backward mode's gradient cosine with ift", 1,
-           1 << 20);
+           "Probe batch of the gradient check after training: every variant with an implicit "
+           "layer, its gradient against the reference (ift, GMRES to 1e-10)",
+           1, 1 << 20);
   return s;
 }
 

@@ -18,6 +18,7 @@
 #include "training/checkpoint.h"
 #include "training/config_schema.h"
 #include "training/data_parallel.h"
+#include "training/gradient_check.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"
 #include "training/progress.h"
@@ -33,7 +34,8 @@ const std::vector<std::string> kColumns = {
     "step",           "lr",           "loss",          "accuracy",      "grad_norm",
     "fwd_iters_mean", "fwd_iters_max", "fwd_residual", "fwd_unconverged", "bwd_iters_mean",
     "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
-    "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean"};
+    "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean",
+    "grad_cos",       "grad_rel_err"};
 
 bool AllFinite(const NamedVars& parameters) {
   for (const auto& [name, p] : parameters) {
@@ -182,7 +184,19 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"backward_tolerance\": " << JsonNumber(s.backward.tolerance)
       << ",\n  \"backward_tolerance_met\": " << ToleranceMetJson(s.backward)
       << ",\n  \"backward_status\": " << StatusJson(s.backward)
-      << ",\n  \"backward_unconverged_steps\": " << s.unconverged_backward_steps << "\n}\n";
+      << ",\n  \"backward_unconverged_steps\": " << s.unconverged_backward_steps
+      << ",\n  \"gradient_check\": ";
+  if (s.gradient_check.ran) {
+    const GradientCheck& g = s.gradient_check;
+    out << "{\"step\": " << s.gradient_check_step << ", \"cosine\": " << JsonNumber(g.cosine)
+        << ", \"relative_error\": " << JsonNumber(g.relative_error)
+        << ", \"reference\": \"ift/gmres, tolerance 1e-10\", \"reference_residual\": "
+        << JsonNumber(g.reference_residual)
+        << ", \"reference_status\": " << JsonString(g.reference_status) << "}";
+  } else {
+    out << "null";
+  }
+  out << "\n}\n";
   return out.str();
 }
 
@@ -315,6 +329,10 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
   const int64_t eval_batch = c.GetInt("eval.batch_size");
   const bool implicit = model.implicit() != nullptr;
+  const int64_t check_size = c.GetInt("eval.gradient_check_batch_size");
+  const Batch check_batch = implicit && check_size > 0
+                                ? GradientProbeBatch(*e.train, check_size, e.dtype)
+                                : Batch();
 
   Progress progress(options.progress, c.GetString("log.progress"), total_steps, step);
   ResetBufferPoolStats();
@@ -457,6 +475,13 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         if (implicit) row["test_fwd_iters_mean"] = eval.forward.iterations_mean;
         summary.final_eval = eval;
         progress.Eval(step, eval.loss, eval.accuracy);
+        if (implicit && check_size > 0) {
+          summary.gradient_check = CheckGradient(model, check_batch);
+          summary.gradient_check_step = step;
+          row["grad_cos"] = summary.gradient_check.cosine;
+          row["grad_rel_err"] = summary.gradient_check.relative_error;
+          progress.Message("step " + std::to_string(step) + ": " + summary.gradient_check.Line());
+        }
         if (on_unconverged == "warn" && unconverged_since_report > 0) {
           progress.Message(std::to_string(unconverged_since_report) +
                            " more step(s) with unconverged adjoint samples since the last "
@@ -496,6 +521,10 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (!last_backward.brief.empty()) {
     md << "\nLast backward solve: " << last_backward.brief << "\n\nBackward residual "
        << ResidualCell(last_backward) << "; samples: " << StatusCell(last_backward) << "\n";
+  }
+  if (summary.gradient_check.ran) {
+    md << "\nAt step " << summary.gradient_check_step << ", " << summary.gradient_check.Line()
+       << "\n";
   }
   WriteTextFile(summary.run_dir + "/summary.md", md.str());
   return summary;

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "training/experiment.h"
+#include "training/gradient_check.h"
 
 namespace stillpoint {
 
@@ -47,6 +48,10 @@ struct TrainSummary {
   // Steps whose adjoint (backward) solve left some sample above its
   // tolerance (train.on_unconverged).
   int64_t unconverged_backward_steps = 0;
+  // The last evaluation's gradient check (eval.gradient_check_batch_size)
+  // and its step.
+  GradientCheck gradient_check;
+  int64_t gradient_check_step = 0;
   int64_t num_parameters = 0;
   int64_t checkpoints_written = 0;  // by this call (cadence and the final one)
 

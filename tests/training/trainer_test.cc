@@ -246,6 +246,67 @@ TEST_F(TrainerTest, UnconvergedAdjointIsReportedOrStopsTheRun) {
   EXPECT_EQ(jfb_summary["backward_unconverged_steps"].as<int>(), 0);
 }
 
+// The gradient check at every evaluation: with the configured backward pass
+// already the reference (ift, GMRES to 1e-10, float64) it finds no
+// difference; with jfb it measures one. It never changes the training: the
+// parameters are bitwise those of a run without it.
+TEST_F(TrainerTest, GradientCheckMeasuresTheGradientUsedWithoutChangingTraining) {
+  const std::vector<std::string> base = {"model.kind=implicit", "dtype=float64",
+                                         "train.steps=20", "train.eval_every=10"};
+  auto train = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> overrides = base;
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    overrides.push_back("log.dir=" + (dir_ / name).string());
+    const std::string path = WriteConfig(name);
+    Config config = Config::FromFile(StillpointSchema(), path, overrides);
+    Experiment e = BuildExperiment(config, path);
+    return Train(e);
+  };
+  const TrainSummary exact =
+      train("exact", {"model.solver.backward.solver=gmres", "model.solver.backward.tolerance=1e-10",
+                      "model.solver.backward.max_iterations=500"});
+  ASSERT_TRUE(exact.gradient_check.ran);
+  EXPECT_EQ(exact.gradient_check_step, 20);
+  EXPECT_GT(exact.gradient_check.cosine, 1.0 - 1e-12);
+  EXPECT_LT(exact.gradient_check.relative_error, 1e-8) << exact.gradient_check.Line();
+  EXPECT_EQ(exact.gradient_check.reference_status, "CONVERGED");
+  const auto metrics = ReadMetricsCsv((dir_ / "exact" / "metrics.csv").string());
+  int checked = 0;
+  for (double cosine : metrics.at("grad_cos")) checked += std::isfinite(cosine);
+  EXPECT_EQ(checked, 2);  // the evaluations at steps 10 and 20
+  const YAML::Node json = YAML::LoadFile((dir_ / "exact" / "summary.json").string());
+  EXPECT_EQ(json["gradient_check"]["step"].as<int>(), 20);
+  EXPECT_EQ(json["gradient_check"]["reference_status"].as<std::string>(), "CONVERGED");
+
+  const TrainSummary jfb = train("jfb", {"model.solver.backward.mode=jfb"});
+  ASSERT_TRUE(jfb.gradient_check.ran);
+  EXPECT_GT(jfb.gradient_check.relative_error, 1e-3) << jfb.gradient_check.Line();
+  EXPECT_LT(jfb.gradient_check.cosine, 1.0 - 1e-6) << jfb.gradient_check.Line();
+
+  // Off, the same run ends with bitwise the same parameters.
+  train("jfb_unchecked", {"model.solver.backward.mode=jfb", "eval.gradient_check_batch_size=0"});
+  const CheckpointState with = LoadCheckpoint((dir_ / "jfb" / "checkpoint.ckpt").string());
+  const CheckpointState without =
+      LoadCheckpoint((dir_ / "jfb_unchecked" / "checkpoint.ckpt").string());
+  ASSERT_EQ(with.model.size(), without.model.size());
+  for (std::size_t i = 0; i < with.model.size(); ++i) {
+    EXPECT_EQ(with.model[i].second.ToVector(), without.model[i].second.ToVector())
+        << with.model[i].first;
+  }
+
+  // `stillpoint eval RUN --gradient-check` does the same for a checkpoint.
+  EvalArgs eval;
+  eval.run = (dir_ / "jfb").string();
+  eval.json = true;
+  eval.gradient_check = true;
+  std::ostringstream out, err;
+  ASSERT_EQ(RunEval(eval, out, err), 0) << err.str();
+  const YAML::Node result = YAML::Load(out.str());
+  EXPECT_NEAR(result["gradient_check"]["relative_error"].as<double>(),
+              jfb.gradient_check.relative_error, 1e-9)
+      << out.str();
+}
+
 // A forward solver that cannot run on the model is a config error (exit 2)
 // that names the key, found before the run directory is created.
 TEST_F(TrainerTest, SolversThatCannotRunOnTheModelAreRefusedBeforeAnyWork) {

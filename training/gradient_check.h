@@ -1,0 +1,58 @@
+// How far the gradient an implicit model trains with is from the exact one.
+//
+// At a fixed point z* the exact gradient solves the adjoint equation
+// (solvers/adjoint.h) exactly. The model's configured backward pass may not:
+// an inexact mode (jfb, phantom, unrolled), a fixed budget, or an adjoint
+// solve that stopped above its tolerance. CheckGradient measures it on one
+// batch: the gradient of the batch loss w.r.t. every parameter with the
+// configured backward options ("used"), and with a reference backward pass,
+// ift with GMRES to a relative adjoint residual of 1e-10 ("reference"), at
+// the same weights and the same forward solve. The model runs in eval mode
+// (no dropout draws, so training's random streams are untouched) and
+// without the adjoint warm start, both restored afterwards.
+#pragma once
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "layers/models.h"
+#include "solvers/adjoint.h"
+#include "training/dataset.h"
+
+namespace stillpoint {
+
+struct GradientCheck {
+  bool ran = false;  // false for a model without an implicit layer
+  // cos(used, reference) and ||used - reference|| / ||reference|| over the
+  // flattened parameter gradients (NaN when a gradient is zero).
+  double cosine = std::numeric_limits<double>::quiet_NaN();
+  double relative_error = std::numeric_limits<double>::quiet_NaN();
+  // The reference adjoint solve: its worst relative residual and status. In
+  // float32 the VJPs limit it to about 1e-6; the status says whether 1e-10
+  // was reached.
+  double reference_residual = std::numeric_limits<double>::quiet_NaN();
+  std::string reference_status;
+  // The used backward pass's brief report.
+  std::string used_brief;
+
+  // "gradient check: cos 0.99998, rel err 6.1e-03 against ift/gmres to 1e-10
+  // (reached 3.2e-08, MAX_ITERATIONS)".
+  std::string Line() const;
+};
+
+// The reference backward options: ift, GMRES(50), tolerance 1e-10, at most
+// 500 iterations.
+BackwardOptions ReferenceBackwardOptions();
+
+// Flattened gradient of the batch loss w.r.t. every parameter (zeros where a
+// parameter gets none); the parameters' gradients are zero afterwards.
+std::vector<double> ParameterGradient(SequenceModel& model, const Batch& batch);
+
+GradientCheck CheckGradient(SequenceModel& model, const Batch& batch);
+
+// The fixed probe batch of the checks: the first `size` examples of a
+// shuffle of `dataset` with a seed of its own, the same in every run.
+Batch GradientProbeBatch(const Dataset& dataset, int64_t size, DType dtype);
+
+}  // namespace stillpoint
