@@ -117,7 +117,8 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
               out << "{\"cosine\": " << JsonNumber(check.cosine)
                   << ", \"relative_error\": " << JsonNumber(check.relative_error)
                   << ", \"reference_residual\": " << JsonNumber(check.reference_residual)
-                  << ", \"reference_status\": " << JsonString(check.reference_status) << "}";
+                  << ", \"reference_status\": " << JsonString(check.reference_status)
+                  << ", \"used\": " << JsonString(check.used_brief) << "}";
             } else {
               out << "null";
             }
@@ -134,7 +135,10 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
                 << result.forward.not_converged << " samples unconverged";
           }
           out << "\n";
-          if (args.gradient_check) out << check.Line() << "\n";
+          if (args.gradient_check) {
+            out << check.Line() << "\n";
+            if (!check.used_brief.empty()) out << "  the gradient used: " << check.used_brief << "\n";
+          }
         }
         return kOk;
       });

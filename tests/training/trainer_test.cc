@@ -305,6 +305,8 @@ TEST_F(TrainerTest, GradientCheckMeasuresTheGradientUsedWithoutChangingTraining)
   EXPECT_NEAR(result["gradient_check"]["relative_error"].as<double>(),
               jfb.gradient_check.relative_error, 1e-9)
       << out.str();
+  EXPECT_EQ(result["gradient_check"]["used"].as<std::string>().rfind("jfb: INEXACT", 0), 0u)
+      << out.str();
 }
 
 // A forward solver that cannot run on the model is a config error (exit 2)
