@@ -47,7 +47,7 @@ class BroydenSolver : public FixedPointSolver {
   Tensor previous_f_;  // [B, n] F_k = f(z_k) - z_k
   Tensor direction_;   // [B, n] p, also H y during the update
   Tensor scratch_;     // [B, n] the new v during the update
-  std::vector<double> alpha_;  // per sample, of H_0 = -alpha I
+  std::vector<double> alpha_;     // per sample, of H_0 = -alpha I
   bool automatic_scale_ = false;  // broyden_initial_scale 0
   std::vector<int> count_;
   std::vector<int> head_;

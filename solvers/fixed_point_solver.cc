@@ -330,9 +330,8 @@ void FixedPointSolver::Finish(Tensor* z, SolverSummary* summary) {
           if (!stagnation_note_.empty()) {
             message << " (" << stagnation_note_ << ")";
           } else {
-            message << " (no " << options_.stagnation_min_improvement
-                    << " relative improvement in " << options_.stagnation_window
-                    << " iterations)";
+            message << " (no " << options_.stagnation_min_improvement << " relative improvement in "
+                    << options_.stagnation_window << " iterations)";
           }
           break;
         case TerminationType::kDiverged:

@@ -137,7 +137,9 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
           out << "\n";
           if (args.gradient_check) {
             out << check.Line() << "\n";
-            if (!check.used_brief.empty()) out << "  the gradient used: " << check.used_brief << "\n";
+            if (!check.used_brief.empty()) {
+              out << "  the gradient used: " << check.used_brief << "\n";
+            }
           }
         }
         return kOk;

@@ -163,8 +163,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     Implicit* layer = model.mutable_implicit();
     if (layer) {
       const GradientCheck check = CheckGradient(
-          model,
-          GradientProbeBatch(*e.train, config.GetInt("compare.probe_batch_size"), e.dtype));
+          model, GradientProbeBatch(*e.train, config.GetInt("compare.probe_batch_size"), e.dtype));
       v.gradient_cosine_vs_ift = check.cosine;
       v.gradient_relative_error_vs_ift = check.relative_error;
     }

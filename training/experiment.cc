@@ -54,10 +54,9 @@ void ValidateForwardSolvers(const Config& config, const ModelOptions& model, int
     throw ConfigError(config.Origin(trust) + ": " + trust +
                       " names ceres_trust_region, which assembles a dense n x n Jacobian per "
                       "sample, but a sample's state here has n = " +
-                      std::to_string(length) + " tokens x model.dim " +
-                      std::to_string(model.dim) + " = " + std::to_string(state_size) +
-                      " values, above its limit of " + std::to_string(limit) +
-                      "; choose another forward solver");
+                      std::to_string(length) + " tokens x model.dim " + std::to_string(model.dim) +
+                      " = " + std::to_string(state_size) + " values, above its limit of " +
+                      std::to_string(limit) + "; choose another forward solver");
   }
 }
 

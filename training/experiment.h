@@ -69,7 +69,9 @@ struct SolverStats {
   // Whether residual_max was measured.
   bool HasResidual() const { return !std::isnan(residual_max); }
   // Whether a tolerance was set and the worst residual is above it.
-  bool ToleranceMissed() const { return tolerance > 0 && HasResidual() && residual_max > tolerance; }
+  bool ToleranceMissed() const {
+    return tolerance > 0 && HasResidual() && residual_max > tolerance;
+  }
   // Adds another batch's (or shard's) statistics: sums the counts, takes
   // maxima of the maxima (a measured residual wins over an unmeasured one)
   // and weighs the means by sample count; keeps this brief unless empty.

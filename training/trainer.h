@@ -18,8 +18,9 @@
 // train.on_nonfinite decides whether the step is skipped (parameters
 // unchanged) or the run stops. An adjoint solve that leaves samples above
 // its tolerance is reported (train.on_unconverged: warn, the first time and
-// then once per evaluation) or stops the run before the update (stop). A checkpoint is only written from finite
-// parameters, so the last good one is never replaced by a diverged state.
+// then once per evaluation) or stops the run before the update (stop). A
+// checkpoint is only written from finite parameters, so the last good one is
+// never replaced by a diverged state.
 #pragma once
 
 #include <functional>

@@ -222,8 +222,8 @@ TEST(ImplicitGrad, JfbAndPhantomMatchTheirClosedFormsOnAnAffineMap) {
     }
   };
   const Eigen::MatrixXd identity = Eigen::MatrixXd::Identity(n, n);
-  check(Ift(AdjointSolverType::kDense),
-        (identity - wm).transpose().partialPivLu().inverse(), "ift");
+  check(Ift(AdjointSolverType::kDense), (identity - wm).transpose().partialPivLu().inverse(),
+        "ift");
   BackwardOptions jfb;
   jfb.mode = BackwardMode::kJfb;
   check(jfb, identity, "jfb");

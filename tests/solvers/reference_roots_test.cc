@@ -124,8 +124,7 @@ ReferenceProblem StiffEuler(double h = 0.1) {
   };
   p.energy = [k, y0, h](const Vector& z, Vector* gradient) {
     *gradient = z - y0 + h * (k * z + Vector(z.array().cube()));
-    return 0.5 * (z - y0).squaredNorm() +
-           h * (0.5 * z.dot(k * z) + 0.25 * z.array().pow(4).sum());
+    return 0.5 * (z - y0).squaredNorm() + h * (0.5 * z.dot(k * z) + 0.25 * z.array().pow(4).sum());
   };
   // The predictor y0 (the previous state) and a perturbed start.
   p.starts = Matrix(2, p.n);
@@ -176,9 +175,9 @@ ReferenceProblem DoubleWell() {
   Vector plus(p.n);
   plus << 1.0, 0.5, 0.5, 0.5;
   p.roots = {DenseNewtonRoot(p, plus), DenseNewtonRoot(p, Vector(-plus))};
-  p.must_converge = {ForwardSolverType::kPicard,       ForwardSolverType::kAnderson,
-                     ForwardSolverType::kBroyden,      ForwardSolverType::kNewtonKrylov,
-                     ForwardSolverType::kCeresLbfgs,   ForwardSolverType::kCeresTrustRegion};
+  p.must_converge = {ForwardSolverType::kPicard,     ForwardSolverType::kAnderson,
+                     ForwardSolverType::kBroyden,    ForwardSolverType::kNewtonKrylov,
+                     ForwardSolverType::kCeresLbfgs, ForwardSolverType::kCeresTrustRegion};
   return p;
 }
 
@@ -199,8 +198,8 @@ ReferenceProblem NonNormal() {
   p.starts = Matrix::Zero(2, p.n);
   p.starts.row(1) = 3.0 * RandomVector(p.n, 323).transpose();
   p.roots = {(Matrix::Identity(p.n, p.n) - a).partialPivLu().solve(c)};
-  p.must_converge = {ForwardSolverType::kPicard,       ForwardSolverType::kAnderson,
-                     ForwardSolverType::kBroyden,      ForwardSolverType::kNewtonKrylov,
+  p.must_converge = {ForwardSolverType::kPicard, ForwardSolverType::kAnderson,
+                     ForwardSolverType::kBroyden, ForwardSolverType::kNewtonKrylov,
                      ForwardSolverType::kCeresTrustRegion};
   return p;
 }
@@ -222,8 +221,8 @@ FixedPointProblem ToSolverProblem(const ReferenceProblem& p) {
     for (size_t r = 0; r < ids.size(); ++r) write(p.map(row(z, r)), r, out);
     return true;
   };
-  problem.jvp = [p, row, write](const Tensor& z, const Tensor& v,
-                                const std::vector<int64_t>& ids, Tensor* out) {
+  problem.jvp = [p, row, write](const Tensor& z, const Tensor& v, const std::vector<int64_t>& ids,
+                                Tensor* out) {
     for (size_t r = 0; r < ids.size(); ++r) {
       write(Vector(p.jacobian(row(z, r)) * row(v, r)), r, out);
     }
@@ -289,19 +288,18 @@ TEST(ReferenceRoots, EverySolverIsTruthfulAndTheExpectedOnesConverge) {
         if (s.sample_termination[b] == TerminationType::kConverged) {
           // ||z - z*|| <= ||(I - J)^-1|| ||F(z)||: at most 10 ||F(z)|| on
           // these maps (the expansive one's I - A has singular values >= 0.1).
-          EXPECT_LT(nearest, 1e3 * Options(type).absolute_tolerance) << "sample " << b << " reported CONVERGED away from every "
-                                   << "reference root\n"
-                                   << s.FullReport();
+          EXPECT_LT(nearest, 1e3 * Options(type).absolute_tolerance)
+              << "sample " << b << " reported CONVERGED away from every "
+              << "reference root\n"
+              << s.FullReport();
         }
         if (p.must_converge.count(type)) {
-          EXPECT_EQ(s.sample_termination[b], TerminationType::kConverged)
-              << "sample " << b << "\n"
-              << s.FullReport();
+          EXPECT_EQ(s.sample_termination[b], TerminationType::kConverged) << "sample " << b << "\n"
+                                                                          << s.FullReport();
         }
         if (p.must_diverge.count(type)) {
-          EXPECT_EQ(s.sample_termination[b], TerminationType::kDiverged)
-              << "sample " << b << "\n"
-              << s.FullReport();
+          EXPECT_EQ(s.sample_termination[b], TerminationType::kDiverged) << "sample " << b << "\n"
+                                                                         << s.FullReport();
         }
       }
     }

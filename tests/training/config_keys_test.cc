@@ -277,8 +277,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"train.on_nonfinite", {nonfinite, "stop"}},
       // An adjoint tolerance below float32 precision is never met: stop ends
       // the run at the first step, warn (the default) reports and goes on.
-      {"train.on_unconverged",
-       {{bw + "tolerance=1e-12", bw + "max_iterations=2"}, "stop"}},
+      {"train.on_unconverged", {{bw + "tolerance=1e-12", bw + "max_iterations=2"}, "stop"}},
       {"train.max_skipped_steps", {nonfinite, "1"}},
       {"eval.batch_size", {{}, "4"}},
       {"eval.max_iterations", {{}, "1"}},

@@ -251,8 +251,8 @@ TEST_F(TrainerTest, UnconvergedAdjointIsReportedOrStopsTheRun) {
 // difference; with jfb it measures one. It never changes the training: the
 // parameters are bitwise those of a run without it.
 TEST_F(TrainerTest, GradientCheckMeasuresTheGradientUsedWithoutChangingTraining) {
-  const std::vector<std::string> base = {"model.kind=implicit", "dtype=float64",
-                                         "train.steps=20", "train.eval_every=10"};
+  const std::vector<std::string> base = {"model.kind=implicit", "dtype=float64", "train.steps=20",
+                                         "train.eval_every=10"};
   auto train = [&](const std::string& name, std::vector<std::string> extra) {
     std::vector<std::string> overrides = base;
     overrides.insert(overrides.end(), extra.begin(), extra.end());
