@@ -118,6 +118,7 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
                   << ", \"relative_error\": " << JsonNumber(check.relative_error)
                   << ", \"reference_residual\": " << JsonNumber(check.reference_residual)
                   << ", \"reference_status\": " << JsonString(check.reference_status)
+                  << ", \"spectral_radius\": " << JsonNumber(check.spectral_radius)
                   << ", \"used\": " << JsonString(check.used_brief) << "}";
             } else {
               out << "null";

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "framework/ops.h"
+#include "solvers/regularizers.h"
 #include "training/experiment.h"
 
 namespace stillpoint {
@@ -14,7 +16,12 @@ std::string GradientCheck::Line() const {
                 "gradient check: cos %.6f, rel err %.2e against ift/gmres to 1e-10 (reached "
                 "%.1e, %s)",
                 cosine, relative_error, reference_residual, reference_status.c_str());
-  return buffer;
+  std::string line = buffer;
+  if (!std::isnan(spectral_radius)) {
+    std::snprintf(buffer, sizeof(buffer), "; spectral radius of J_f %.3g", spectral_radius);
+    line += buffer;
+  }
+  return line;
 }
 
 BackwardOptions ReferenceBackwardOptions() {
@@ -49,6 +56,25 @@ Batch GradientProbeBatch(const Dataset& dataset, int64_t size, DType dtype) {
   return probe.Next();
 }
 
+namespace {
+
+// Power iteration on J_f^T at the fixed point of the model's last forward
+// (kind implicit: the cell with the batch's injection).
+double CellSpectralRadius(SequenceModel& model, const Batch& batch) {
+  const Var u = batch.features.defined()
+                    ? model.EmbedFeatures(constant(batch.features))
+                    : model.Embed(batch.tokens, Shape{batch.batch_size, batch.length});
+  const std::shared_ptr<Cell> cell = model.cell(0);
+  const int64_t rows = u.dim(0);
+  const CellFn f = [&](const Var& z, const std::vector<int64_t>& ids) {
+    const bool all = static_cast<int64_t>(ids.size()) == rows;
+    return cell->Forward(z, all ? u : gather(u, 0, ids), ids);
+  };
+  return EstimateSpectralRadius(f, model.implicit()->last_result().z_star.value()).max_radius;
+}
+
+}  // namespace
+
 GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   GradientCheck check;
   Implicit* layer = model.mutable_implicit();
@@ -61,6 +87,9 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   layer->mutable_options().backward.warm_start = false;
   const std::vector<double> used = ParameterGradient(model, batch);
   if (layer->backward_summary()) check.used_brief = layer->backward_summary()->BriefReport();
+  if (model.options().kind == ModelKind::kImplicit) {
+    check.spectral_radius = CellSpectralRadius(model, batch);
+  }
   layer->mutable_options().backward = ReferenceBackwardOptions();
   const std::vector<double> reference = ParameterGradient(model, batch);
   if (const auto summary = layer->backward_summary()) {

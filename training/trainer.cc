@@ -192,7 +192,8 @@ std::string SummaryJson(const TrainSummary& s) {
         << ", \"relative_error\": " << JsonNumber(g.relative_error)
         << ", \"reference\": \"ift/gmres, tolerance 1e-10\", \"reference_residual\": "
         << JsonNumber(g.reference_residual)
-        << ", \"reference_status\": " << JsonString(g.reference_status) << "}";
+        << ", \"reference_status\": " << JsonString(g.reference_status)
+        << ", \"spectral_radius\": " << JsonNumber(g.spectral_radius) << "}";
   } else {
     out << "null";
   }

@@ -12,6 +12,7 @@
 
 #include "framework/buffer_pool.h"
 #include "framework/ops.h"
+#include "layers/registry.h"
 #include "tests/scratch_path.h"
 #include "training/checkpoint.h"
 #include "training/cli_commands.h"
@@ -307,6 +308,46 @@ TEST_F(TrainerTest, GradientCheckMeasuresTheGradientUsedWithoutChangingTraining)
       << out.str();
   EXPECT_EQ(result["gradient_check"]["used"].as<std::string>().rfind("jfb: INEXACT", 0), 0u)
       << out.str();
+}
+
+// f(z; u) = z / 2 + u: J_f = I / 2, so the spectral radius is 1/2 exactly.
+class HalfCell : public Cell {
+ public:
+  std::string Name() const override { return "HalfCell"; }
+  Var Forward(const Var& z, const Var& u, const std::vector<int64_t>&) const override {
+    return add(mul_scalar(z, 0.5), u);
+  }
+};
+
+// The gradient check's spectral-radius estimate on a cell whose answer is
+// known, and on it the fixed_point adjoint with one iteration (w = g + g / 2
+// instead of 2 g) is measurably off while ift/gmres is not.
+TEST_F(TrainerTest, GradientCheckOnACellWithAKnownJacobian) {
+  if (!CellRegistry().Has("test_half_cell")) {
+    CellRegistry().Register("test_half_cell", [](const CellOptions&, Rng&) {
+      return std::make_shared<HalfCell>();
+    });
+  }
+  auto check = [&](const std::string& name, const std::vector<std::string>& backward) {
+    std::vector<std::string> overrides = {"model.kind=implicit", "model.cell=test_half_cell",
+                                          "dtype=float64", "train.steps=2",
+                                          "log.dir=" + (dir_ / name).string()};
+    overrides.insert(overrides.end(), backward.begin(), backward.end());
+    const std::string path = WriteConfig(name);
+    Experiment e = BuildExperiment(Config::FromFile(StillpointSchema(), path, overrides), path);
+    return Train(e).gradient_check;
+  };
+  const GradientCheck exact = check("half_gmres", {"model.solver.backward.solver=gmres",
+                                                   "model.solver.backward.tolerance=1e-12"});
+  ASSERT_TRUE(exact.ran);
+  EXPECT_NEAR(exact.spectral_radius, 0.5, 1e-9) << exact.Line();
+  EXPECT_LT(exact.relative_error, 1e-9) << exact.Line();
+  const GradientCheck one_step = check(
+      "half_one_step", {"model.solver.backward.max_iterations=1", "model.solver.backward.tolerance=0"});
+  EXPECT_NEAR(one_step.spectral_radius, 0.5, 1e-9) << one_step.Line();
+  EXPECT_GT(one_step.relative_error, 1e-3) << one_step.Line();
+  EXPECT_NE(one_step.used_brief.find("ift/fixed_point: INEXACT"), std::string::npos)
+      << one_step.used_brief;
 }
 
 // A forward solver that cannot run on the model is a config error (exit 2)
