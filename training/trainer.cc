@@ -421,6 +421,9 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
                                             "stop)");
         summary.stopped_early = true;
         summary.stop_reason = last_unconverged;
+        // The summaries describe the solves that stopped the run.
+        last_forward = forward;
+        last_backward = backward_stats;
         break;
       }
       if (on_unconverged == "warn" && !unconverged_reported) {

@@ -228,6 +228,7 @@ TEST_F(TrainerTest, UnconvergedAdjointIsReportedOrStopsTheRun) {
   const YAML::Node stop_summary = YAML::LoadFile((dir_ / "run_stop" / "summary.json").string());
   EXPECT_TRUE(stop_summary["stopped_early"].as<bool>());
   EXPECT_NE(stop_summary["stop_reason"].as<std::string>().find(first), std::string::npos);
+  EXPECT_EQ(stop_summary["backward_status"]["MAX_ITERATIONS"].as<int>(), 16);
 
   std::vector<std::string> ignore = starved;
   ignore.push_back("train.on_unconverged=ignore");
@@ -342,8 +343,8 @@ TEST_F(TrainerTest, GradientCheckOnACellWithAKnownJacobian) {
   ASSERT_TRUE(exact.ran);
   EXPECT_NEAR(exact.spectral_radius, 0.5, 1e-9) << exact.Line();
   EXPECT_LT(exact.relative_error, 1e-9) << exact.Line();
-  const GradientCheck one_step = check(
-      "half_one_step", {"model.solver.backward.max_iterations=1", "model.solver.backward.tolerance=0"});
+  const GradientCheck one_step = check("half_one_step", {"model.solver.backward.max_iterations=1",
+                                                         "model.solver.backward.tolerance=0"});
   EXPECT_NEAR(one_step.spectral_radius, 0.5, 1e-9) << one_step.Line();
   EXPECT_GT(one_step.relative_error, 1e-3) << one_step.Line();
   EXPECT_NE(one_step.used_brief.find("ift/fixed_point: INEXACT"), std::string::npos)
