@@ -66,26 +66,35 @@ Var JacobianPenalty(SequenceModel& model, const Batch& batch, int probes, Rng& r
   return JacobianFrobeniusPenalty(f, model.implicit()->last_result().z_star.value(), probes, rng);
 }
 
+// A term a shard adds to its loss after its forward pass (the Jacobian
+// penalty), from its replica, its rows and its index.
+using ShardPenalty = std::function<Var(SequenceModel& replica, const Batch& rows, int64_t shard)>;
+
 // One step's forward and backward passes as data-parallel shards: the
 // loss (each shard's mean over its counted targets, weighted by its share
-// of the batch's counted targets) and, through *correct_counted, the
-// batch's correct predictions and counted targets.
+// of the batch's counted targets, plus `penalty` when given) and, through
+// *correct_counted, the batch's correct predictions and counted targets.
 double ShardedBackward(DataParallel& data_parallel,
                        const Batch& batch,
-                       std::pair<int64_t, int64_t>* correct_counted) {
+                       std::pair<int64_t, int64_t>* correct_counted,
+                       const ShardPenalty& penalty = nullptr) {
   int64_t counted = 0;
   for (int64_t target : batch.targets) counted += target != kIgnoreTarget;
   std::vector<std::pair<int64_t, int64_t>> per_shard(data_parallel.shards());
   const double loss =
       data_parallel.Backward(batch.batch_size, [&](Module& replica, ShardRange rows) {
         const Batch part = SliceBatch(batch, rows.begin, rows.end);
-        const Var logits = ForwardBatch(static_cast<SequenceModel&>(replica), part);
+        SequenceModel& model = static_cast<SequenceModel&>(replica);
+        const Var logits = ForwardBatch(model, part);
         per_shard[rows.shard] = CountCorrect(logits.value(), part);
         const int64_t shard_counted = per_shard[rows.shard].second;
-        // A shard whose targets are all ignored adds nothing.
-        if (shard_counted == 0) return mul_scalar(sum(logits), 0.0);
-        return mul_scalar(BatchLoss(logits, part),
-                          static_cast<double>(shard_counted) / static_cast<double>(counted));
+        // A shard whose targets are all ignored adds nothing to the task loss.
+        Var loss = shard_counted == 0
+                       ? mul_scalar(sum(logits), 0.0)
+                       : mul_scalar(BatchLoss(logits, part), static_cast<double>(shard_counted) /
+                                                                 static_cast<double>(counted));
+        if (penalty) loss = add(loss, penalty(model, part, rows.shard));
+        return loss;
       });
   *correct_counted = {0, 0};
   for (const auto& [c, n] : per_shard) {
@@ -254,12 +263,6 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
                       ") is more than train.batch_size (" +
                       std::to_string(c.GetInt("train.batch_size")) + ")");
   }
-  if (shards > 1 && c.GetDouble("model.regularization.jacobian_weight") > 0) {
-    throw ConfigError(c.Origin("train.shards") +
-                      ": train.shards > 1 does not combine with "
-                      "model.regularization.jacobian_weight > 0 (the penalty's probes are drawn "
-                      "from one generator for the whole batch)");
-  }
   SequenceModel& model = *e.model;
   TrainSummary summary;
   summary.run_dir = RunDirectory(c, e.config_path);
@@ -380,7 +383,23 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
       backward_stats = BackwardStats(model);
     } else {
       optimizer->ZeroGrad();
-      loss_value = ShardedBackward(*data_parallel, batch, &correct_counted);
+      // The Jacobian penalty per shard: each shard's estimate is the mean over
+      // its samples, weighted by its share of the batch, with probes from a
+      // generator of its own seeded from the step's draw (so the result does
+      // not depend on which thread runs which shard).
+      ShardPenalty penalty;
+      if (implicit && jacobian_weight > 0 && step >= pretrain_steps &&
+          rng.Uniform() < jacobian_frequency) {
+        const uint64_t probe_seed = rng.NextU64();
+        penalty = [&, probe_seed](SequenceModel& replica, const Batch& part, int64_t shard) {
+          Rng shard_rng(probe_seed + static_cast<uint64_t>(shard));
+          const double share =
+              static_cast<double>(part.batch_size) / static_cast<double>(batch.batch_size);
+          return mul_scalar(JacobianPenalty(replica, part, jacobian_probes, shard_rng),
+                            jacobian_weight * share);
+        };
+      }
+      loss_value = ShardedBackward(*data_parallel, batch, &correct_counted, penalty);
       forward = ShardedStats(*data_parallel, ForwardStats);
       backward_stats = ShardedStats(*data_parallel, BackwardStats);
       if (!std::isfinite(loss_value)) failure = "non-finite loss";
