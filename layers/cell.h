@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@
 #include "framework/module.h"
 #include "framework/ops.h"
 #include "framework/tensor.h"
+#include "layers/energy_block.h"
+#include "solvers/implicit.h"
 
 namespace stillpoint {
 
@@ -45,6 +48,17 @@ struct CellOptions {
   // Seed of the cell's dropout stream.
   uint64_t dropout_seed = 0;
   DType dtype = DType::kFloat32;
+  // The attention sublayer: "softmax" (multi-head scaled dot-product
+  // attention) or the name of an energy block (EnergyBlockRegistry():
+  // hopfield, probabilistic, expfam, energy_transformer, or a user's), whose
+  // output is read at the fixed point of its energy (energy_attention.h).
+  std::string attention = "softmax";
+  // The energy block's options when attention is not softmax (dim, heads,
+  // causal and dtype are set from this struct).
+  EnergyBlockOptions energy;
+  // The inner solve of an energy attention; nullopt: its defaults
+  // (DefaultAttentionSolverOptions in energy_attention.h).
+  std::optional<ImplicitOptions> attention_solver;
   // Cell-specific numeric options, by name (unknown names are an Error in
   // the cell that reads them).
   std::map<std::string, double> extra = {};

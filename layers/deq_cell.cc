@@ -27,12 +27,25 @@ DEQCell::DEQCell(const CellOptions& options, Rng& rng) : options_(options) {
            (options.extra.empty() ? "" : options.extra.begin()->first),
            "' in extra (the cell has none)");
   SP_CHECK(options.hidden > 0, "DEQCell: hidden must be positive, got ", options.hidden);
-  const AttentionOptions attention{.causal = options.causal, .dtype = options.dtype};
-  attention_ = std::make_shared<MultiHeadAttention>(options.dim, options.heads, rng, attention);
-  RegisterModule("wq", attention_->wq());
-  RegisterModule("wk", attention_->wk());
-  RegisterModule("wv", attention_->wv());
-  RegisterModule("wo", attention_->wo());
+  if (options.attention == "softmax") {
+    const AttentionOptions attention{.causal = options.causal, .dtype = options.dtype};
+    attention_ = std::make_shared<MultiHeadAttention>(options.dim, options.heads, rng, attention);
+    RegisterModule("wq", attention_->wq());
+    RegisterModule("wk", attention_->wk());
+    RegisterModule("wv", attention_->wv());
+    RegisterModule("wo", attention_->wo());
+  } else {
+    EnergyAttentionOptions attention;
+    attention.block = options.energy;
+    attention.block.layer = options.attention;
+    attention.block.dim = options.dim;
+    attention.block.heads = options.heads;
+    attention.block.causal = options.causal;
+    attention.block.dtype = options.dtype;
+    if (options.attention_solver) attention.solver = *options.attention_solver;
+    energy_attention_ =
+        RegisterModule("attention", std::make_shared<EnergyAttention>(attention, rng));
+  }
   const LayerNormOptions norm{.eps = options.ln_eps, .dtype = options.dtype};
   const LinearOptions linear{.dtype = options.dtype};
   ln1_ = RegisterModule("ln1", std::make_shared<LayerNorm>(options.dim, norm));
@@ -52,6 +65,7 @@ std::string DEQCell::Name() const {
   std::ostringstream out;
   out << "DEQCell(dim " << options_.dim << ", heads " << options_.heads << ", hidden "
       << options_.hidden << (options_.causal ? ", causal" : "");
+  if (energy_attention_) out << ", " << options_.attention << " attention";
   if (options_.dropout > 0.0) out << ", dropout " << options_.dropout;
   out << ")";
   return out.str();
@@ -67,14 +81,20 @@ Var DEQCell::Forward(const Var& z, const Var& u, const std::vector<int64_t>& sam
   if (!(GradModeEnabled() && z.requires_grad()) && IsAllZero(z.value())) {
     return ForwardAtZero(u, sample_ids);
   }
-  return AfterAttention(z, attention_->Forward(z), u, sample_ids);
+  return AfterAttention(z, Attend(z), u, sample_ids);
 }
 
 Var DEQCell::ForwardAtZero(const Var& u, const std::vector<int64_t>& sample_ids) const {
   SP_CHECK(u.defined(), "DEQCell: the injection is undefined");
   SP_CHECK(u.rank() == 3 && u.dim(2) == options_.dim, "DEQCell(dim ", options_.dim, "): injection ",
            u.shape(), " must be [k, T, ", options_.dim, "]");
-  return AfterAttention(Var(), attention_->ForwardAtZero(u.dim(0), u.dim(1)), u, sample_ids);
+  const Var attended = attention_ ? attention_->ForwardAtZero(u.dim(0), u.dim(1))
+                                  : energy_attention_->Forward(zeros_like(u));
+  return AfterAttention(Var(), attended, u, sample_ids);
+}
+
+Var DEQCell::Attend(const Var& z) const {
+  return attention_ ? attention_->Forward(z) : energy_attention_->Forward(z);
 }
 
 Var DEQCell::AfterAttention(const Var& residual,

@@ -1,165 +1,205 @@
 #include "layers/energy_block.h"
 
+#include <cmath>
 #include <utility>
 
 #include "framework/check.h"
 #include "framework/ops.h"
 #include "layers/expfam_attention.h"
 #include "layers/hopfield.h"
+#include "layers/layer_norm.h"
 #include "layers/probabilistic_attention.h"
 
 namespace stillpoint {
 namespace {
 
-void CheckInjection(const char* block, const Var& u, int64_t dim) {
+void CheckInjection(const std::string& block, const Var& u, int64_t dim) {
   SP_CHECK(u.defined() && u.rank() == 3 && u.dim(2) == dim, block, ": the injection must be [B, T, ",
            dim, "], got ", u.defined() ? u.shape().ToString() : std::string("undefined"));
 }
 
-// The common part: owns the layer as the child "layer".
+// The Energy Transformer block's energy layer norm epsilon. Its gain
+// 1/sqrt(var + eps) is the slope of g(x) at a token of zero variance, such
+// as the zero state an explicit stack starts from; with the reference 1e-5
+// (slope 316) the leaky dynamics expand there and neither the inner solve
+// nor its adjoint converges. For tokens of unit variance (the block's
+// normalised input) 0.1 changes g by 5%.
+constexpr double kEnergyLayerNormEps = 0.1;
+
+// 1/sqrt(dh) when beta is 0 (the options' default), else beta.
+double ResolvedBeta(const EnergyBlockOptions& o) {
+  return o.beta > 0.0 ? o.beta : 1.0 / std::sqrt(static_cast<double>(o.dim / o.heads));
+}
+
+// The common part: owns the layer as the child "layer" and the input norm
+// as "norm" (normalize_input).
 template <typename Layer>
 class CatalogueBlock : public EnergyBlock {
  public:
-  explicit CatalogueBlock(std::shared_ptr<Layer> layer)
-      : typed_(layer), layer_(std::move(layer)) {
+  CatalogueBlock(const char* name, const EnergyBlockOptions& o, std::shared_ptr<Layer> layer)
+      : name_(name), dim_(o.dim), typed_(layer), layer_(std::move(layer)) {
     RegisterModule("layer", layer_);
+    if (o.normalize_input) {
+      norm_ = RegisterModule("norm", std::make_shared<LayerNorm>(
+                                         o.dim, LayerNormOptions{.dtype = o.dtype}));
+    }
   }
+  std::string Name() const override { return name_; }
   const std::shared_ptr<EnergyLayer>& layer() const override { return layer_; }
 
  protected:
+  // The checked injection u, normalised when the block normalises its input.
+  Var Input(const Var& u) const {
+    CheckInjection(name_, u, dim_);
+    return norm_ ? norm_->Forward(u) : u;
+  }
+
+  const char* name_;
+  int64_t dim_;
   std::shared_ptr<Layer> typed_;
 
  private:
   std::shared_ptr<EnergyLayer> layer_;
+  std::shared_ptr<LayerNorm> norm_;
 };
 
 class HopfieldBlock : public CatalogueBlock<HopfieldAttention> {
  public:
   HopfieldBlock(const EnergyBlockOptions& o, Rng& rng)
-      : CatalogueBlock(std::make_shared<HopfieldAttention>(
-            HopfieldOptions{.state_size = o.dim,
-                            .heads = o.heads,
-                            .head_dim = o.dim / o.heads,
-                            .beta = o.beta,
-                            .causal = o.causal,
-                            .dtype = o.dtype},
-            rng)),
-        dim_(o.dim) {}
-  std::string Name() const override { return "HopfieldBlock"; }
+      : CatalogueBlock("HopfieldBlock", o,
+                       std::make_shared<HopfieldAttention>(
+                           HopfieldOptions{.state_size = o.dim,
+                                           .heads = o.heads,
+                                           .head_dim = o.dim / o.heads,
+                                           .beta = ResolvedBeta(o),
+                                           .causal = o.causal,
+                                           .query_field = true,
+                                           .dtype = o.dtype},
+                           rng)) {}
 
   EnergyBlockProblem Prepare(const Var& u) const override {
-    CheckInjection("HopfieldBlock", u, dim_);
-    HopfieldProblem hopfield = typed_->Prepare(u, u, u);
+    const Var x = Input(u);
+    HopfieldProblem hopfield = typed_->Prepare(x, x, x);
     EnergyBlockProblem problem{hopfield.context, hopfield.initial_state, u, {}};
     problem.extras.Set("values", hopfield.values);
     return problem;
   }
-  Var Readout(const Var& xi, const EnergyBlockProblem& problem) const override {
+  Var Output(const Var& xi, const EnergyBlockProblem& problem) const override {
     const HopfieldProblem hopfield{problem.context, problem.initial_state,
                                    problem.extras.Get("values")};
-    return add(problem.injection, typed_->Readout(xi, hopfield));
+    return typed_->Readout(xi, hopfield);
   }
-
- private:
-  int64_t dim_;
+  Var AttentionWeights(const Var& xi, const EnergyBlockProblem& problem) const override {
+    return typed_->Association(xi, problem.context);
+  }
 };
 
 class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
  public:
   ProbabilisticBlock(const EnergyBlockOptions& o, Rng& rng)
-      : CatalogueBlock(std::make_shared<ProbabilisticAttention>(
-            [&] {
-              ProbabilisticAttentionOptions options;
-              options.dim = o.dim;
-              options.heads = o.heads;
-              options.query_precision = o.beta;
-              options.value_precision = o.value_precision;
-              options.causal = o.causal;
-              options.dtype = o.dtype;
-              return options;
-            }(),
-            rng)),
-        dim_(o.dim) {}
-  std::string Name() const override { return "ProbabilisticBlock"; }
+      : CatalogueBlock("ProbabilisticBlock", o,
+                       std::make_shared<ProbabilisticAttention>(
+                           [&] {
+                             SP_CHECK(o.value_precision >= 0.0,
+                                      "ProbabilisticBlock: value_precision must be >= 0, got ",
+                                      o.value_precision);
+                             ProbabilisticAttentionOptions options;
+                             options.dim = o.dim;
+                             options.heads = o.heads;
+                             options.query_precision = ResolvedBeta(o);
+                             options.value_precision =
+                                 o.value_precision / static_cast<double>(o.dim / o.heads);
+                             options.causal = o.causal;
+                             options.dtype = o.dtype;
+                             return options;
+                           }(),
+                           rng)) {}
 
   EnergyBlockProblem Prepare(const Var& u) const override {
-    CheckInjection("ProbabilisticBlock", u, dim_);
-    ProbabilisticProblem p = typed_->Prepare(u, u);
+    const Var x = Input(u);
+    ProbabilisticProblem p = typed_->Prepare(x, x);
     return EnergyBlockProblem{p.context, p.initial_state, u, {}};
   }
-  Var Readout(const Var& v, const EnergyBlockProblem& problem) const override {
+  Var Output(const Var& v, const EnergyBlockProblem& problem) const override {
     ProbabilisticProblem p;
     p.context = problem.context;
     p.initial_state = problem.initial_state;
-    return add(problem.injection, typed_->Readout(v, p));
+    return typed_->Readout(v, p);
   }
-
- private:
-  int64_t dim_;
+  Var AttentionWeights(const Var& v, const EnergyBlockProblem& problem) const override {
+    return typed_->Responsibilities(v, problem.context);
+  }
 };
 
 class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
  public:
   ExpFamBlock(const EnergyBlockOptions& o, Rng& rng)
-      : CatalogueBlock(std::make_shared<ExpFamAttention>(
-            ExpFamAttentionOptions{.measure = ExpFamMeasure::kDiscrete,
-                                   .dim = o.dim,
-                                   .heads = o.heads,
-                                   .beta = o.beta,
-                                   .update = ExpFamUpdate::kCccp,
-                                   .dtype = o.dtype},
-            rng)),
-        dim_(o.dim) {
+      : CatalogueBlock("ExpFamBlock", o,
+                       std::make_shared<ExpFamAttention>(
+                           ExpFamAttentionOptions{.measure = ExpFamMeasure::kDiscrete,
+                                                  .dim = o.dim,
+                                                  .heads = o.heads,
+                                                  .beta = ResolvedBeta(o),
+                                                  .update = ExpFamUpdate::kCccp,
+                                                  .query_field = true,
+                                                  .dtype = o.dtype},
+                           rng)) {
     SP_CHECK(!o.causal, "ExpFamBlock: the expfam energy has no attention mask (causal is not "
                         "supported)");
   }
-  std::string Name() const override { return "ExpFamBlock"; }
 
   EnergyBlockProblem Prepare(const Var& u) const override {
-    CheckInjection("ExpFamBlock", u, dim_);
-    return EnergyBlockProblem{typed_->Prepare(u), u, u, {}};
+    const Var x = Input(u);
+    EnergyContext context = typed_->Prepare(x, x);
+    const Var field = context.Get("field");
+    return EnergyBlockProblem{std::move(context), field, u, {}};
   }
-  Var Readout(const Var& eta, const EnergyBlockProblem& problem) const override {
-    return add(problem.injection, eta);
+  Var Output(const Var& eta, const EnergyBlockProblem& problem) const override {
+    return typed_->LogPartitionGrad(eta, problem.context);
   }
-
- private:
-  int64_t dim_;
+  Var AttentionWeights(const Var& eta, const EnergyBlockProblem& problem) const override {
+    return typed_->Weights(eta, problem.context);
+  }
 };
 
 class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBlock> {
  public:
   EnergyTransformerEnergyBlock(const EnergyBlockOptions& o, Rng& rng)
-      : CatalogueBlock(std::make_shared<EnergyTransformerBlock>(
-            [&] {
-              EnergyTransformerOptions options;
-              options.dim = o.dim;
-              options.heads = o.heads;
-              options.head_dim = o.dim / o.heads;
-              options.memories = o.memories;
-              options.memory = o.memory;
-              options.beta = o.beta;
-              options.causal = o.causal;
-              options.key_grad = o.key_grad;
-              options.dynamics = o.dynamics;
-              options.step = o.step;
-              options.dtype = o.dtype;
-              return options;
-            }(),
-            rng)),
-        dim_(o.dim) {}
-  std::string Name() const override { return "EnergyTransformerEnergyBlock"; }
+      : CatalogueBlock("EnergyTransformerEnergyBlock", o,
+                       std::make_shared<EnergyTransformerBlock>(
+                           [&] {
+                             EnergyTransformerOptions options;
+                             options.dim = o.dim;
+                             options.heads = o.heads;
+                             options.head_dim = o.dim / o.heads;
+                             options.memories = o.memories;
+                             options.memory = o.memory;
+                             options.beta = ResolvedBeta(o);
+                             options.causal = o.causal;
+                             options.key_grad = o.key_grad;
+                             options.dynamics = o.dynamics;
+                             options.step = o.step;
+                             options.weight_std = 0.3 / std::sqrt(static_cast<double>(o.dim));
+                             options.layer_norm_eps = kEnergyLayerNormEps;
+                             options.dtype = o.dtype;
+                             return options;
+                           }(),
+                           rng)) {}
 
   EnergyBlockProblem Prepare(const Var& u) const override {
-    CheckInjection("EnergyTransformerEnergyBlock", u, dim_);
-    EnergyContext context = typed_->Prepare(u);
-    context.Set("input", u);  // the external current
-    return EnergyBlockProblem{context, u, u, {}};
+    const Var x = Input(u);
+    EnergyContext context = typed_->Prepare(x);
+    context.Set("input", x);  // the external current
+    EnergyBlockProblem problem{context, x, u, {}};
+    problem.extras.Set("start", x);
+    return problem;
   }
-  Var Readout(const Var& x, const EnergyBlockProblem&) const override { return x; }
-
- private:
-  int64_t dim_;
+  Var Output(const Var& state, const EnergyBlockProblem& problem) const override {
+    return sub(state, problem.extras.Get("start"));
+  }
+  Var AttentionWeights(const Var& state, const EnergyBlockProblem& problem) const override {
+    return typed_->AttentionWeights(state, problem.context);
+  }
 };
 
 template <typename Block>
@@ -171,21 +211,29 @@ EnergyBlockFactory Factory() {
 
 }  // namespace
 
+Var EnergyBlock::Readout(const Var& state, const EnergyBlockProblem& problem) const {
+  return add(problem.injection, Output(state, problem));
+}
+
+Var EnergyBlock::AttentionWeights(const Var&, const EnergyBlockProblem&) const { return Var(); }
+
 Registry<EnergyBlockFactory>& EnergyBlockRegistry() {
   // Created on first use and never destroyed (see registry.cc).
   static Registry<EnergyBlockFactory>* registry = [] {
     auto* r = new Registry<EnergyBlockFactory>("energy block");
     r->Register("hopfield", Factory<HopfieldBlock>(),
-                "modern Hopfield attention: CCCP retrieval from xi_0 = u W_Q over the stored "
-                "patterns u W_K; out = u + values read with the final association");
+                "modern Hopfield attention with the query as an external field: CCCP "
+                "xi <- q + K^T softmax(beta K xi) from xi_0 = q; out = values read with the "
+                "final association");
     r->Register("probabilistic", Factory<ProbabilisticBlock>(),
-                "probabilistic (Gaussian-mixture) attention: EM over the values; out = u + "
+                "probabilistic (Gaussian-mixture) attention: EM over the values; out = "
                 "values W_O");
     r->Register("expfam", Factory<ExpFamBlock>(),
-                "exponential-family attention, discrete measure over u W_K: eta <- grad G(eta) "
-                "from eta_0 = u; out = u + eta*");
+                "exponential-family attention, discrete measure over x W_K with the query "
+                "x W_Q as a field: eta <- q + grad G(eta); out = grad G(eta*)");
     r->Register("energy_transformer", Factory<EnergyTransformerEnergyBlock>(),
-                "Energy Transformer block: tokens from u, driven by u, to the stationary state");
+                "Energy Transformer block: tokens from x, driven by x, to the stationary "
+                "state; out = x* - x");
     return r;
   }();
   return *registry;

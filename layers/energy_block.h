@@ -15,36 +15,47 @@
 // the context.
 //
 // Built-in blocks (EnergyBlockRegistry()), each with T tokens as the queries
-// and keys (self-attention):
-//   "hopfield"            HopfieldAttention: stored patterns, values and
-//                         state patterns all u; the state starts at the
-//                         projected queries xi_0 = u W_Q and follows the CCCP
-//                         update; out = u + Readout(xi*) (values and W_O
-//                         after the solve). In fixed-point mode the queries
-//                         only pick the basin: W_Q gets no gradient there.
-//   "probabilistic"       ProbabilisticAttention: queries, keys and values
-//                         from u; the state (the values v) starts at the
-//                         value_precision = 0 answer and follows EM;
-//                         out = u + Readout(v*).
-//   "expfam"              ExpFamAttention with the discrete measure: the
-//                         stored patterns are u W_K, the tokens eta start at
-//                         u and follow the CCCP update eta <- grad G(eta);
-//                         out = u + eta*.
-//   "energy_transformer"  EnergyTransformerBlock: the tokens start at u and
-//                         u drives them as an external current (the
-//                         context entry "input"), so the stationary state
-//                         depends on u; out = x* (already follows u).
-//                         Weights start at the reference N(0, 0.002^2), so
-//                         the block starts close to the identity on u
-//                         (larger weights made the leaky solve stagnate).
-// The residual "u +" is the attention sublayer's skip connection: without
-// it every token's fixed point forgets which token it started from.
+// and keys (self-attention). Every block first normalises its input,
+// x = LN(u) (normalize_input, on by default), so its operating point does
+// not depend on the scale of the embedding or of the state it is given;
+// the projections read x, the skip connection adds u. Below, q, k and v
+// are x's projections, per head of width dh = dim / heads, and beta is the
+// attention's inverse temperature (0 in the options: 1/sqrt(dh)).
+//   "hopfield"            HopfieldAttention with the query as an external
+//                         field: E(xi) = |xi|^2/2 - xi.q - lse_beta(K xi),
+//                         CCCP update xi <- q + K^T softmax(beta K xi),
+//                         from xi_0 = q; out = softmax(beta xi* K^T) V W_O.
+//                         The field keeps the fixed point a function of the
+//                         query, so routing by position survives the solve
+//                         and W_Q learns through the implicit gradient.
+//   "probabilistic"       ProbabilisticAttention: EM over the values from
+//                         the value_precision = 0 answer; query precision
+//                         alpha = beta, value precision beta_v =
+//                         value_precision / dh, both learned in log space
+//                         (positive whatever the optimiser does);
+//                         out = v* W_O.
+//   "expfam"              ExpFamAttention, discrete measure over the
+//                         patterns k = x W_K with the query q = x W_Q as an
+//                         external field: eta <- q + grad G(eta) from
+//                         eta_0 = q; out = grad G(eta*) (the patterns'
+//                         softmax-weighted mean at the fixed point).
+//   "energy_transformer"  EnergyTransformerBlock: the tokens start at x and
+//                         x drives them as an external current (the context
+//                         entry "input"), so the stationary state depends on
+//                         x; out = x* - x (the move of the tokens).
+//                         W_Q and W_K start at N(0, 0.09/dim): large enough
+//                         for W_Q to learn (the reference N(0, 0.002^2)
+//                         gives it a vanishing gradient), small enough that
+//                         the leaky dynamics contract (at N(0, 1/dim) the
+//                         attention term's curvature exceeds the leak).
+// Readout adds the skip connection: out + u.
 //
 // A user block: derive from EnergyBlock (register the energy layer as a
 // child module so its parameters are the block's), then
 //   EnergyBlockRegistry().Register("mine", [](const EnergyBlockOptions& o,
 //                                             Rng& rng) { ... }, "what it is");
-// and set ModelOptions::energy.layer = "mine" (or model.energy.layer).
+// and set ModelOptions::energy.layer = "mine" (or model.energy.layer), or
+// model.attention = mine to make it the attention of a transformer cell.
 #pragma once
 
 #include <cstdint>
@@ -75,13 +86,23 @@ struct EnergyBlockOptions {
   // Initial inverse temperature of the attention, per head: beta of
   // hopfield, expfam (discrete measure) and energy_transformer, the query
   // precision alpha of probabilistic (the same role: scores alpha q.k).
-  // Learnable in hopfield, expfam and probabilistic. Small values make the
-  // fixed point the average of the stored patterns (energy-models.md §4.6).
-  double beta = 1.0;
-  // probabilistic: initial value precision (> 0: the values take part in
-  // the responsibilities, so EM iterates; 0 would be one-step softmax
-  // attention). The EM map contracts while beta_v lambda_max(Cov_w) < 1.
-  double value_precision = 0.5;
+  // 0 (the default): 1/sqrt(dh), dh = dim / heads, the scale of softmax
+  // attention. Learnable in hopfield, expfam and probabilistic. Small values
+  // make the fixed point the average of the stored patterns
+  // (energy-models.md §4.6).
+  double beta = 0.0;
+  // probabilistic: initial value precision times the head width,
+  // beta_v = value_precision / dh (>= 0). The value term of the EM logits
+  // then has the scale kappa = beta_v E|mu|^2, about value_precision / 3 at
+  // initialisation for normalised inputs, whatever the width: EM iterates
+  // (kappa > 0) without snapping each query onto one value by content
+  // (kappa above about 2 does, and the model stops routing by position;
+  // docs/energy-layers.md). 0 is one-step softmax attention.
+  double value_precision = 2.0;
+  // Layer norm of the block's input before its projections (parameters
+  // "norm.gain", "norm.bias"): keeps every block at its operating point
+  // whatever the scale of the embedding or of the state.
+  bool normalize_input = true;
   // energy_transformer: key-side term of the attention gradient (full: the
   // update descends the energy; stop: keys held fixed inside the update).
   KeyGrad key_grad = KeyGrad::kFull;
@@ -116,8 +137,16 @@ class EnergyBlock : public Module {
   // u [B, T, d] -> the problem (see above). Every per-sample context entry
   // has extent B on axis 0; the initial state is [B, ...] (rank >= 2).
   virtual EnergyBlockProblem Prepare(const Var& u) const = 0;
-  // The solved state (shaped like problem.initial_state) -> [B, T, d].
-  virtual Var Readout(const Var& state, const EnergyBlockProblem& problem) const = 0;
+  // The attention's output for the solved state (shaped like
+  // problem.initial_state), without the skip connection: [B, T, d]. This is
+  // what a transformer cell adds to its residual stream.
+  virtual Var Output(const Var& state, const EnergyBlockProblem& problem) const = 0;
+  // The block's output with the skip connection: injection + Output.
+  virtual Var Readout(const Var& state, const EnergyBlockProblem& problem) const;
+  // The attention weights at a state, [B, H, T, S] (rows sum to 1), for the
+  // collapse diagnostics (energy_attention.h). Null for a block without
+  // attention weights (the default).
+  virtual Var AttentionWeights(const Var& state, const EnergyBlockProblem& problem) const;
 };
 
 using EnergyBlockFactory =

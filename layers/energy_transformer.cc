@@ -133,6 +133,11 @@ Var EnergyTransformerBlock::AttentionEnergy(const Var& g, const EnergyContext& c
   return neg(sum(sum(per_query, -1), -1));
 }
 
+Var EnergyTransformerBlock::AttentionWeights(const Var& x, const EnergyContext& ctx) const {
+  const Var g = Normalize(x);
+  return softmax(Scores(SplitHeads(matmul(g, wq_)), SplitHeads(matmul(g, wk_)), ctx));
+}
+
 Var EnergyTransformerBlock::AttentionEnergyGrad(const Var& g, const EnergyContext& ctx) const {
   Var q = SplitHeads(matmul(g, wq_));
   Var k = SplitHeads(matmul(g, wk_));

@@ -123,6 +123,8 @@ class EnergyTransformerBlock : public EnergyLayer {
   // dE_ATT/dg (both terms, or the query-side term with key_grad = stop).
   Var AttentionEnergyGrad(const Var& g, const EnergyContext& ctx) const;
   Var MemoryEnergyGrad(const Var& g) const;
+  // The attention weights P_h at tokens x: [B, H, N, N].
+  Var AttentionWeights(const Var& x, const EnergyContext& ctx) const;
 
   // EnergyLayer: the Lyapunov function of the chosen dynamics, x [B, N, D] -> [B].
   Var Energy(const Var& x, const EnergyContext& ctx) const override;

@@ -89,6 +89,15 @@ ExpFamAttention::ExpFamAttention(const ExpFamAttentionOptions& options, Rng& rng
     init::Normal(scale, 0.0, 0.5 / std::sqrt(static_cast<double>(dh)), rng);
     scale_ = RegisterParameter("scale", scale);
   }
+  if (o.query_field) {
+    SP_CHECK(o.update == ExpFamUpdate::kCccp,
+             "ExpFamAttention: query_field needs the cccp update (the residual update has no "
+             "energy to add the field to)");
+    LinearOptions linear;
+    linear.bias = false;
+    linear.dtype = o.dtype;
+    wq_ = RegisterModule("wq", std::make_shared<Linear>(o.dim, o.dim, rng, linear));
+  }
   if (o.update == ExpFamUpdate::kResidual && o.layer_norm) {
     LayerNormOptions norm;
     norm.eps = o.layer_norm_eps;
@@ -128,7 +137,21 @@ Var ExpFamAttention::TimesCovariance(const Var& eta) const {
 }
 
 EnergyContext ExpFamAttention::Prepare(const Var& patterns) const {
+  return Prepare(patterns, Var());
+}
+
+EnergyContext ExpFamAttention::Prepare(const Var& patterns, const Var& queries) const {
   EnergyContext ctx;
+  if (wq_) {
+    SP_CHECK(queries.defined() && queries.rank() == 3 && queries.dim(2) == options_.dim &&
+                 queries.dtype() == options_.dtype,
+             "ExpFamAttention: query_field needs queries [B, N, ", options_.dim,
+             "] of the layer's dtype, got ",
+             queries.defined() ? queries.shape().ToString() : std::string("undefined"));
+    ctx.Set("field", wq_->Forward(queries));
+  } else {
+    SP_CHECK(!queries.defined(), "ExpFamAttention: queries are read only with query_field");
+  }
   if (options_.measure != ExpFamMeasure::kDiscrete) {
     SP_CHECK(!patterns.defined(), "ExpFamAttention: the ", stillpoint::ToString(options_.measure),
              " measure takes no stored patterns");
@@ -187,17 +210,32 @@ Var ExpFamAttention::LogPartitionGrad(const Var& eta, const EnergyContext& ctx) 
   return Var();
 }
 
+Var ExpFamAttention::Weights(const Var& eta, const EnergyContext& ctx) const {
+  SP_CHECK(options_.measure == ExpFamMeasure::kDiscrete,
+           "ExpFamAttention: only the discrete measure has pattern weights");
+  const Var& x = ctx.Get("patterns");
+  Var scores =
+      mul(matmul(SplitHeads(eta), x, false, true), reshape(beta_, Shape{1, options_.heads, 1, 1}));
+  return softmax(scores);
+}
+
 Var ExpFamAttention::Energy(const Var& eta, const EnergyContext& ctx) const {
   Var quadratic = mul_scalar(sum(sum(square(eta), -1), -1), 0.5);  // [B]
-  return sub(quadratic, sum(sum(LogPartition(eta, ctx), -1), -1));
+  Var energy = sub(quadratic, sum(sum(LogPartition(eta, ctx), -1), -1));
+  if (wq_) energy = sub(energy, sum(sum(mul(eta, ctx.Get("field")), -1), -1));
+  return energy;
 }
 
 Var ExpFamAttention::EnergyGrad(const Var& eta, const EnergyContext& ctx) const {
-  return sub(eta, LogPartitionGrad(eta, ctx));
+  Var grad = sub(eta, LogPartitionGrad(eta, ctx));
+  return wq_ ? sub(grad, ctx.Get("field")) : grad;
 }
 
 Var ExpFamAttention::Update(const Var& eta, const EnergyContext& ctx) const {
-  if (options_.update == ExpFamUpdate::kCccp) return LogPartitionGrad(eta, ctx);
+  if (options_.update == ExpFamUpdate::kCccp) {
+    Var step = LogPartitionGrad(eta, ctx);
+    return wq_ ? add(ctx.Get("field"), step) : step;
+  }
   const Var step = LogPartitionGrad(eta, ctx);
   // With the norm, the residual sum goes into the fused norm of a sum (the
   // same values as add then LayerNorm, without the intermediate tensor).
@@ -207,11 +245,11 @@ Var ExpFamAttention::Update(const Var& eta, const EnergyContext& ctx) const {
 Var ExpFamAttention::Forward(const Var& x) const {
   SP_CHECK(options_.measure != ExpFamMeasure::kDiscrete,
            "ExpFamAttention: the discrete measure needs stored patterns: Forward(x, patterns)");
-  return Solve(x, Prepare(Var()), options_.solve);
+  return Solve(x, Prepare(Var(), wq_ ? x : Var()), options_.solve);
 }
 
 Var ExpFamAttention::Forward(const Var& x, const Var& patterns) const {
-  return Solve(x, Prepare(patterns), options_.solve);
+  return Solve(x, Prepare(patterns, wq_ ? x : Var()), options_.solve);
 }
 
 }  // namespace stillpoint

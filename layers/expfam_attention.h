@@ -27,6 +27,13 @@
 // measure) are [B, S, dim], projected by W_K unless project_patterns is
 // false; the energy context then holds "patterns" [B, H, S, dh].
 //
+// Query field (query_field, CCCP update only): the projected queries
+// q = x W_Q [B, N, dim] act on the tokens as an external field,
+//   E(eta) = 1/2 |eta|^2 - eta.q - G(eta),   eta <- q + grad G(eta),
+// so the fixed point keeps the query (for the discrete measure: q plus the
+// patterns' mean under softmax(beta X eta)) and W_Q learns through the
+// implicit gradient; the context then holds "field" [B, N, dim].
+//
 // Parameters: discrete: "beta" [H], and "wk" (Linear) with
 // project_patterns; gaussian: "mu" [H, dh], "scale" L [H, dh, dh];
 // mixture: "means" [H, K, dh], "log_weights" [H, K] (normalised by a
@@ -72,6 +79,9 @@ struct ExpFamAttentionOptions {
   // Discrete measure: project the stored patterns with W_K (dim -> dim).
   bool project_patterns = true;
   ExpFamUpdate update = ExpFamUpdate::kResidual;
+  // The queries as an external field (see above; needs update = cccp).
+  // Registers the query projection "wq" (dim -> dim, no bias).
+  bool query_field = false;
   // Residual update: renormalise with a layer norm over dim.
   bool layer_norm = false;
   // The layer norm's epsilon (0 is allowed: exact normalisation).
@@ -96,11 +106,16 @@ class ExpFamAttention : public EnergyLayer {
 
   // The context for a state [B, ...] (patterns: discrete measure only).
   EnergyContext Prepare(const Var& patterns) const;
+  // With query_field: also the field x W_Q of the queries x [B, N, dim].
+  EnergyContext Prepare(const Var& patterns, const Var& queries) const;
 
   // G(eta) per token and head: eta [B, N, dim] -> [B, H, N].
   Var LogPartition(const Var& eta, const EnergyContext& ctx) const;
   // grad G(eta) (analytic): [B, N, dim].
   Var LogPartitionGrad(const Var& eta, const EnergyContext& ctx) const;
+  // Discrete measure: the weights softmax(beta X eta) of the patterns,
+  // [B, H, N, S].
+  Var Weights(const Var& eta, const EnergyContext& ctx) const;
   // The measure's covariance matrices Sigma = L L^T: [H, dh, dh]
   // (gaussian and mixture measures).
   Var Covariance() const;
@@ -125,7 +140,7 @@ class ExpFamAttention : public EnergyLayer {
 
   ExpFamAttentionOptions options_;
   Var beta_, mu_, scale_, means_, log_weights_;
-  std::shared_ptr<Linear> wk_;
+  std::shared_ptr<Linear> wk_, wq_;
   std::shared_ptr<LayerNorm> norm_;
 };
 

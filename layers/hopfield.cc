@@ -103,6 +103,7 @@ HopfieldProblem HopfieldAttention::Prepare(const Var& stored,
   AddAttentionMask(mask, o.causal, batch, o.heads, state.dim(1), stored.dim(1), o.dtype,
                    &problem.context);
   problem.initial_state = SplitHeads(wq_->Forward(r), o.head_dim);
+  if (o.query_field) problem.context.Set("field", problem.initial_state);
   problem.values = SplitHeads(wv_->Forward(values), o.value_head_dim);
   return problem;
 }
@@ -126,6 +127,7 @@ Var HopfieldAttention::Energy(const Var& xi, const EnergyContext& ctx) const {
   Var beta3 = reshape(beta_, Shape{1, heads, 1});
   // [B, H, N]
   Var per_query = sub(mul_scalar(sum(square(xi), -1), 0.5), div(logsumexp(Scores(xi, ctx)), beta3));
+  if (options_.query_field) per_query = sub(per_query, sum(mul(xi, ctx.Get("field")), -1));
   Var energy = sum(sum(per_query, -1), -1);  // [B]
   if (options_.energy_constants) {
     const Var& keys = ctx.Get("keys");
@@ -141,7 +143,8 @@ Var HopfieldAttention::Energy(const Var& xi, const EnergyContext& ctx) const {
 }
 
 Var HopfieldAttention::Update(const Var& xi, const EnergyContext& ctx) const {
-  return matmul(Association(xi, ctx), ctx.Get("keys"));
+  Var retrieved = matmul(Association(xi, ctx), ctx.Get("keys"));
+  return options_.query_field ? add(ctx.Get("field"), retrieved) : retrieved;
 }
 
 Var HopfieldAttention::EnergyGrad(const Var& xi, const EnergyContext& ctx) const {

@@ -22,6 +22,16 @@
 // In fixed-point mode the output depends on the queries only through the
 // basin the iteration starts in, so W_Q (and the queries) get no gradient
 // from the implicit backward (the fixed point does not move when xi_0 does).
+// With query_field the queries q = xi_0 also act on the state as an
+// external field:
+//
+//   E(xi)   = 1/2 |xi|^2 - xi.q - (1/beta_h) lse(beta_h K_h xi + a)
+//   Update:  xi <- q + K_h^T softmax(beta_h K_h xi + a)            (CCCP)
+//
+// so the fixed point is a function of the query (q + a retrieved pattern
+// mix), the queries and W_Q learn through the implicit gradient, and with
+// no stored patterns to retrieve the layer would return q itself. The
+// context then holds "field" [B, H, N, dk] as well.
 //
 // Shapes: stored Y [B, S, stored_size], state R [B, N, state_size], values
 // Z [B, S, value_size] (default: Y) -> [B, N, output_size]. The energy's
@@ -77,6 +87,8 @@ struct HopfieldOptions {
   // 0 <= E <= 2 M^2 once |xi| <= M. They do not change the update. S and M
   // count every stored pattern, masked or not.
   bool energy_constants = false;
+  // The queries as an external field on the state (see above).
+  bool query_field = false;
   // Fixed steps (default 0: one-step attention) or the fixed point.
   EnergySolveOptions solve = FixedSteps(0);
   DType dtype = DType::kFloat32;
@@ -115,9 +127,9 @@ class HopfieldAttention : public EnergyLayer {
 
   // EnergyLayer: xi [B, H, N, dk] -> [B].
   Var Energy(const Var& xi, const EnergyContext& ctx) const override;
-  // xi - K^T softmax(beta K xi + a) (analytic).
+  // xi - [q +] K^T softmax(beta K xi + a) (analytic).
   Var EnergyGrad(const Var& xi, const EnergyContext& ctx) const override;
-  // CCCP: K^T softmax(beta K xi + a).
+  // CCCP: [q +] K^T softmax(beta K xi + a).
   Var Update(const Var& xi, const EnergyContext& ctx) const override;
   bool UpdateIsMonotone() const override { return true; }
 

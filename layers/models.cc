@@ -106,6 +106,8 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
       std::string error;
       SP_CHECK(options.implicit.IsValid(&error), "SequenceModel: implicit options: ", error);
       EnergyBlockOptions block = options.energy;
+      // model.attention names the block when it is an energy attention.
+      if (options.cell_options.attention != "softmax") block.layer = options.cell_options.attention;
       block.dim = options.dim;
       block.dtype = options.dtype;
       block.causal = options.cell_options.causal;
@@ -126,7 +128,10 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
 std::string SequenceModel::Name() const {
   std::ostringstream out;
   out << "SequenceModel(" << stillpoint::ToString(options_.kind) << ", "
-      << (options_.kind == ModelKind::kEnergy ? options_.energy.layer : options_.cell);
+      << (options_.kind == ModelKind::kEnergy ? energy_block_->Name() : options_.cell);
+  if (options_.kind != ModelKind::kEnergy && options_.cell_options.attention != "softmax") {
+    out << " with " << options_.cell_options.attention << " attention";
+  }
   if (options_.kind == ModelKind::kExplicit) out << " x " << options_.num_layers;
   if (options_.kind == ModelKind::kTied) out << " unrolled " << options_.unroll_steps;
   out << ", vocab " << options_.vocab_size << ", dim " << options_.dim << ")";
@@ -169,6 +174,25 @@ void SequenceModel::SetDepthOverride(int64_t steps) {
 
 Var SequenceModel::Encode(const std::vector<int64_t>& ids, const Shape& ids_shape) {
   return EncodeInjection(Embed(ids, ids_shape));
+}
+
+std::vector<std::pair<std::string, AttentionDiagnostics>> SequenceModel::DiagnoseAttention(
+    const Var& u) {
+  NoGrad no_grad;
+  std::vector<std::pair<std::string, AttentionDiagnostics>> result;
+  if (options_.kind == ModelKind::kEnergy) {
+    result.emplace_back("block", DiagnoseEnergyBlock(*energy_block_, options_.implicit, u));
+    return result;
+  }
+  const auto attentions = FindEnergyAttentions(*this);
+  if (attentions.empty()) return result;
+  for (const auto& [name, attention] : attentions) attention->KeepInputs(true);
+  EncodeInjection(u);
+  for (const auto& [name, attention] : attentions) {
+    attention->KeepInputs(false);
+    result.emplace_back(name, attention->Diagnose(Var(attention->last_input())));
+  }
+  return result;
 }
 
 Var SequenceModel::EncodeInjection(const Var& u) {

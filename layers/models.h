@@ -17,8 +17,12 @@
 //   logits = LNf(mean_t z) Wout + bout        SequenceClassifier: [B, C]
 //
 // The cell is any cell registered in CellRegistry() (registry.h), by
-// default "deq_transformer" (DEQCell); the energy kind has no cell (its
-// block is any block registered in EnergyBlockRegistry()). Token ids are
+// default "deq_transformer" (DEQCell), whose attention sublayer is
+// cell_options.attention: softmax, or any energy block of
+// EnergyBlockRegistry() solved to its fixed point inside the cell (nested
+// in the outer solve of an implicit model). The energy kind has no cell: its
+// block is cell_options.attention when that names an energy block, else
+// energy.layer. Token ids are
 // [B, T] with T <= max_length and values in [0, vocab_size).
 //
 // Parameter names (those of the reference implementation):
@@ -44,6 +48,7 @@
 #include "framework/tensor.h"
 #include "layers/cell.h"
 #include "layers/embedding.h"
+#include "layers/energy_attention.h"
 #include "layers/energy_block.h"
 #include "layers/implicit.h"
 #include "layers/layer_norm.h"
@@ -126,6 +131,13 @@ class SequenceModel : public Model {
   Var EmbedFeatures(const Var& features) const;
   // The final states before the head: [B, T, d].
   Var Encode(const std::vector<int64_t>& ids, const Shape& ids_shape);
+
+  // The collapse diagnostics (energy_attention.h) of every energy attention
+  // of the model for the injection u [B, T, d], off the tape: each cell's
+  // attention at the input it last saw while encoding u (named by its
+  // module path, e.g. "cells.0.attention"), or the energy kind's block at u
+  // ("block"). Empty for a model with softmax attention.
+  std::vector<std::pair<std::string, AttentionDiagnostics>> DiagnoseAttention(const Var& u);
 
   // Depth override (0 = off). For an implicit model, steps > 0 replaces the
   // solve by the tied unroll of the same cell for that many steps (trained by

@@ -281,10 +281,16 @@ ProbabilisticAttention::ProbabilisticAttention(const ProbabilisticAttentionOptio
                                                Rng& rng)
     : options_(Resolve(options)) {
   const ProbabilisticAttentionOptions& o = options_;
-  query_precision_ = RegisterParameter(
-      "query_precision", Tensor::Full({o.heads}, o.query_precision, o.dtype), o.learn_precisions);
-  value_precision_ = RegisterParameter(
-      "value_precision", Tensor::Full({o.heads}, o.value_precision, o.dtype), o.learn_precisions);
+  log_query_precision_ =
+      RegisterParameter("log_query_precision",
+                        Tensor::Full({o.heads}, std::log(o.query_precision), o.dtype),
+                        o.learn_precisions);
+  if (o.value_precision > 0.0) {
+    log_value_precision_ =
+        RegisterParameter("log_value_precision",
+                          Tensor::Full({o.heads}, std::log(o.value_precision), o.dtype),
+                          o.learn_precisions);
+  }
   LinearOptions linear;
   linear.bias = o.projection_bias;
   linear.dtype = o.dtype;
@@ -301,6 +307,13 @@ std::string ProbabilisticAttention::Name() const {
   out << "ProbabilisticAttention(heads " << options_.heads << ", head_dim " << options_.head_dim
       << ", " << stillpoint::ToString(options_.solve.mode) << ")";
   return out.str();
+}
+
+Var ProbabilisticAttention::query_precision() const { return exp(log_query_precision_); }
+
+Var ProbabilisticAttention::value_precision() const {
+  if (log_value_precision_.defined()) return exp(log_value_precision_);
+  return Var(Tensor::Zeros({options_.heads}, options_.dtype));
 }
 
 Var ProbabilisticAttention::SplitHeads(const Var& x, int64_t head_width) const {
@@ -328,8 +341,8 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(
 
   bool per_key_alpha = inputs.key_precision.defined();
   bool per_key_beta = inputs.value_precision.defined();
-  Var alpha = per_key_alpha ? inputs.key_precision : reshape(query_precision_, Shape{1, heads, 1});
-  Var beta = per_key_beta ? inputs.value_precision : reshape(value_precision_, Shape{1, heads, 1});
+  Var alpha = per_key_alpha ? inputs.key_precision : reshape(query_precision(), Shape{1, heads, 1});
+  Var beta = per_key_beta ? inputs.value_precision : reshape(value_precision(), Shape{1, heads, 1});
   CheckPrecision(op, "key precision", alpha, batch, heads, num_keys, false);
   CheckPrecision(op, "value precision", beta, batch, heads, num_keys, true);
   Var base_log_prior = inputs.log_prior;

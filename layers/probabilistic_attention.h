@@ -35,9 +35,11 @@
 // "values" mu [B, H, S, dv] and "value_precision" beta, [1 or B, H, 1, 1]
 // when uniform or [B, H, 1, S] per key.
 //
-// Parameters: "query_precision" alpha [H] and "value_precision" beta [H]
-// (uniform precisions; learnable unless learn_precisions is false; they must
-// stay > 0 and >= 0 respectively), and the Linears "wq", "wk", "wv", "wo".
+// Parameters: "log_query_precision" log alpha [H] and "log_value_precision"
+// log beta [H] (uniform precisions, learned in log space so that no update
+// can make them negative; learnable unless learn_precisions is false; with
+// value_precision = 0 there is no value parameter and beta stays exactly 0),
+// and the Linears "wq", "wk", "wv", "wo".
 #pragma once
 
 #include <cstdint>
@@ -159,7 +161,8 @@ struct ProbabilisticAttentionOptions {
   int64_t value_head_dim = 0;
   // Initial uniform query/key precision alpha; 0 = 1/sqrt(head_dim).
   double query_precision = 0.0;
-  // Initial uniform value precision beta (0 = standard attention).
+  // Initial uniform value precision beta (0 = standard attention, kept at
+  // 0: beta is learned in log space, which cannot reach 0).
   double value_precision = 0.0;
   bool learn_precisions = true;
   // pi_ij ∝ exp(alpha_j/2 |xi_j|^2 + beta_j/2 |mu_j|^2) (eq 17).
@@ -233,8 +236,9 @@ class ProbabilisticAttention : public EnergyLayer {
   Var Responsibilities(const Var& v, const EnergyContext& ctx) const;
 
   const ProbabilisticAttentionOptions& options() const { return options_; }
-  const Var& query_precision() const { return query_precision_; }
-  const Var& value_precision() const { return value_precision_; }
+  // alpha = exp(log alpha) and beta (exp(log beta), or zeros): [H].
+  Var query_precision() const;
+  Var value_precision() const;
 
  private:
   Var SplitHeads(const Var& x, int64_t head_width) const;
@@ -242,7 +246,7 @@ class ProbabilisticAttention : public EnergyLayer {
   Var Logits(const Var& v, const EnergyContext& ctx) const;
 
   ProbabilisticAttentionOptions options_;
-  Var query_precision_, value_precision_;
+  Var log_query_precision_, log_value_precision_;  // the latter undefined for beta = 0
   std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
 };
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "framework/ops.h"
+#include "layers/energy_attention.h"
 #include "layers/energy_block.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
@@ -89,6 +90,39 @@ std::string CurveTable(const std::vector<PlotSeries>& series, const std::string&
   return table.str();
 }
 
+// The attention x kind table: one row per attention, one column per kind;
+// each cell "held-out accuracy, ms/step, steps to the target accuracy".
+std::string GridTable(const CompareReport& report, const Config& config) {
+  const std::vector<std::string> kinds = config.GetStringList("compare.kinds");
+  std::ostringstream grid;
+  grid << "| attention |";
+  for (const std::string& kind : kinds) grid << " " << kind << " |";
+  grid << "\n|---|";
+  for (std::size_t i = 0; i < kinds.size(); ++i) grid << "---|";
+  grid << "\n";
+  for (const std::string& attention : config.GetStringList("compare.attention")) {
+    grid << "| " << attention << " |";
+    for (const std::string& kind : kinds) {
+      const VariantResult* cell = nullptr;
+      for (const VariantResult& v : report.variants) {
+        if (v.name == attention + "/" + kind) cell = &v;
+      }
+      if (cell == nullptr) {
+        grid << " - |";
+        continue;
+      }
+      grid << " " << Fixed(100.0 * cell->train.final_eval.accuracy, 2) << "%, "
+           << Fixed(1000.0 * cell->train.seconds_per_step, 1) << " ms, "
+           << (std::isfinite(cell->steps_to_target)
+                   ? std::to_string(static_cast<int64_t>(cell->steps_to_target)) + " steps"
+                   : std::string("not reached"))
+           << " |";
+    }
+    grid << "\n";
+  }
+  return grid.str();
+}
+
 std::vector<double> DepthSweep(const Config& config) {
   std::vector<double> sweep = config.GetDoubleList("eval.iterations_sweep");
   if (sweep.empty()) sweep = {1, 2, 4, 8, 16, 32};
@@ -97,7 +131,30 @@ std::vector<double> DepthSweep(const Config& config) {
 
 }  // namespace
 
+std::vector<std::string> AttentionNames() {
+  std::vector<std::string> names = {"softmax"};
+  for (const std::string& name : EnergyBlockRegistry().Names()) names.push_back(name);
+  return names;
+}
+
 std::vector<std::string> VariantOverrides(const std::string& variant) {
+  const std::size_t slash = variant.find('/');
+  if (slash != std::string::npos) {
+    // ATTENTION/KIND: a cell of the attention x kind grid.
+    const std::string attention = variant.substr(0, slash);
+    const std::string kind = variant.substr(slash + 1);
+    const std::vector<std::string> attentions = AttentionNames();
+    if (std::find(attentions.begin(), attentions.end(), attention) == attentions.end()) return {};
+    if (kind == "energy") {
+      if (attention == "softmax") return {};  // the energy kind needs an energy attention
+      return {"model.kind=energy", "model.attention=" + attention};
+    }
+    if (kind.find('/') != std::string::npos || kind.rfind("energy", 0) == 0) return {};
+    std::vector<std::string> overrides = VariantOverrides(kind);
+    if (overrides.empty()) return {};
+    overrides.push_back("model.attention=" + attention);
+    return overrides;
+  }
   if (variant == "explicit" || variant == "tied" || variant == "implicit") {
     return {"model.kind=" + variant};
   }
@@ -113,13 +170,54 @@ std::vector<std::string> VariantOverrides(const std::string& variant) {
   return {};
 }
 
+std::vector<std::string> CompareVariants(const Config& config) {
+  const std::vector<std::string> attentions = config.GetStringList("compare.attention");
+  if (attentions.empty()) return config.GetStringList("compare.variants");
+  std::vector<std::string> variants;
+  for (const std::string& attention : attentions) {
+    for (const std::string& kind : config.GetStringList("compare.kinds")) {
+      if (attention == "softmax" && kind == "energy") continue;  // no such model
+      variants.push_back(attention + "/" + kind);
+    }
+  }
+  return variants;
+}
+
 void ValidateCompareVariants(const Config& config) {
-  const std::vector<std::string> variants = config.GetStringList("compare.variants");
+  const std::vector<std::string> attentions = config.GetStringList("compare.attention");
+  const std::vector<std::string> known_attentions = AttentionNames();
+  for (const std::string& attention : attentions) {
+    if (std::find(known_attentions.begin(), known_attentions.end(), attention) ==
+        known_attentions.end()) {
+      std::string known;
+      for (const std::string& a : known_attentions) known += (known.empty() ? "" : ", ") + a;
+      std::string message = config.Origin("compare.attention") + ": unknown attention '" +
+                            attention + "' in compare.attention (known: " + known + ")";
+      const std::string closest = ClosestName(attention, known_attentions);
+      if (!closest.empty()) message += "; did you mean '" + closest + "'?";
+      throw ConfigError(message);
+    }
+  }
+  const std::string key = attentions.empty() ? "compare.variants" : "compare.kinds";
+  const std::vector<std::string> variants = CompareVariants(config);
   if (variants.empty()) {
-    throw ConfigError(config.Origin("compare.variants") + ": compare.variants is empty");
+    throw ConfigError(config.Origin(key) + ": " + key + " is empty");
+  }
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (variants[i] == variants[j]) {
+        throw ConfigError(config.Origin(key) + ": variant '" + variants[i] +
+                          "' is listed twice in " + key);
+      }
+    }
   }
   for (const std::string& v : variants) {
     if (VariantOverrides(v).empty()) {
+      if (!attentions.empty()) {
+        throw ConfigError(config.Origin(key) + ": unknown kind in variant '" + v +
+                          "' (compare.kinds takes explicit, tied, implicit, implicit_<mode> "
+                          "and energy)");
+      }
       std::string known = "explicit, tied, implicit";
       for (const std::string& mode : kBackwardModes) known += ", implicit_" + mode;
       known += ", energy";
@@ -139,7 +237,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
   const std::vector<double> lengths = base.GetDoubleList("eval.lengths");
   const int64_t eval_batch = base.GetInt("eval.batch_size");
 
-  for (const std::string& name : base.GetStringList("compare.variants")) {
+  for (const std::string& name : CompareVariants(base)) {
     VariantResult v;
     v.name = name;
     v.overrides = VariantOverrides(name);
@@ -161,7 +259,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     v.gradient_cosine_vs_ift = kNaN;
     v.gradient_relative_error_vs_ift = kNaN;
     Implicit* layer = model.mutable_implicit();
-    if (layer) {
+    if (layer || !FindEnergyAttentions(model).empty()) {
       const GradientCheck check = CheckGradient(
           model, GradientProbeBatch(*e.train, config.GetInt("compare.probe_batch_size"), e.dtype));
       v.gradient_cosine_vs_ift = check.cosine;
@@ -194,6 +292,23 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     report.variants.push_back(std::move(v));
   }
 
+  // ---- time to accuracy, from each run's metrics
+  for (VariantResult& v : report.variants) {
+    const auto m = ReadRunMetrics(v.run_dir);
+    auto column = [&](const std::string& key) {
+      auto it = m.find(key);
+      return it == m.end() ? std::vector<double>{} : it->second;
+    };
+    const std::vector<double> steps = column("step"), accuracy = column("test_accuracy");
+    for (std::size_t i = 0; i < steps.size() && i < accuracy.size(); ++i) {
+      if (std::isfinite(accuracy[i]) && accuracy[i] >= kTargetAccuracy) {
+        v.steps_to_target = steps[i];
+        v.seconds_to_target = steps[i] * v.train.seconds_per_step;
+        break;
+      }
+    }
+  }
+
   // ---- table
   std::ostringstream table;
   table << "| variant | params | train loss | test loss | test acc | ms/step | peak tensor MiB "
@@ -220,6 +335,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
           << " |\n";
   }
   report.table = table.str();
+  if (!base.GetStringList("compare.attention").empty()) report.grid = GridTable(report, base);
 
   // ---- plots
   std::vector<PlotSeries> loss, accuracy, depth, length, gradient;
@@ -282,7 +398,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
   md << "# stillpoint comparison\n\nConfig: `" << config_path << "`; task `"
      << base.GetString("task.kind") << "`, seed " << base.GetInt("seed")
      << "; every variant trained with the same seeds and data order.\n\n"
-     << report.table
+     << report.grid << (report.grid.empty() ? "" : "\n") << report.table
      << "\nms/step is the median wall time of a training step; peak tensor MiB is the peak of "
         "bytes held by tensors during training; iterations and residuals are those of the last "
         "training step (residuals relative, max over samples, beside the tolerance they had "
@@ -298,6 +414,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
           "text-align:right}</style></head><body>\n<h1>stillpoint comparison</h1>\n<p>Config "
        << config_path << ", task " << base.GetString("task.kind") << ".</p>\n";
+  if (!report.grid.empty()) html << MarkdownTableToHtml(report.grid);
   html << MarkdownTableToHtml(report.table);
   for (const Figure& f : figures) {
     PlotOptions options{f.title, f.x, f.y, f.log_y, 760, 420};

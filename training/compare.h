@@ -12,6 +12,13 @@
 //   energy_<layer>       energy with model.energy.layer=<layer>, any name of
 //                        EnergyBlockRegistry() (hopfield, probabilistic,
 //                        expfam, energy_transformer)
+//   ATTENTION/KIND       a cell of the attention x kind grid: KIND (one of
+//                        the above but energy_<layer>) with
+//                        model.attention=ATTENTION (softmax or an energy
+//                        attention); ATTENTION/energy is the energy kind
+//                        with that block. compare.attention x compare.kinds
+//                        lists them all; the report then opens with one
+//                        table attention x kind.
 //
 // The report (RUN_DIR/report.md and report.html with the plots inline, plus
 // one run directory per variant) holds, per variant: parameters, final
@@ -28,6 +35,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,17 +58,32 @@ struct VariantResult {
   double gradient_relative_error_vs_ift = 0;
   std::vector<std::pair<double, double>> accuracy_vs_depth;   // (iterations or depth, acc)
   std::vector<std::pair<double, double>> accuracy_vs_length;  // (length, acc)
+  // The first evaluated step whose held-out accuracy reached
+  // kTargetAccuracy, and that many steps at the median step time (NaN when
+  // never reached).
+  double steps_to_target = std::numeric_limits<double>::quiet_NaN();
+  double seconds_to_target = std::numeric_limits<double>::quiet_NaN();
 };
+
+// The held-out accuracy whose time to reach compare reports.
+inline constexpr double kTargetAccuracy = 0.98;
 
 struct CompareReport {
   std::vector<VariantResult> variants;
   std::string table;  // the summary table as printed
+  // With compare.attention: the attention x kind table (held-out accuracy,
+  // ms/step, steps to kTargetAccuracy per cell); empty otherwise.
+  std::string grid;
   std::string markdown_path;
   std::string html_path;
 };
 
-// Throws ConfigError naming the key when compare.variants holds an unknown
-// variant.
+// The variants to train: the attention x kind grid (ATTENTION/KIND) when
+// compare.attention is set, else compare.variants.
+std::vector<std::string> CompareVariants(const Config& config);
+
+// Throws ConfigError naming the key when a variant is unknown or listed
+// twice (before any training).
 void ValidateCompareVariants(const Config& config);
 
 // The overrides that turn the base config into the named variant.

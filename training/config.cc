@@ -243,6 +243,20 @@ const ConfigKey* ConfigSchema::Find(const std::string& path) const {
   return nullptr;
 }
 
+std::string ClosestName(const std::string& text, const std::vector<std::string>& names) {
+  std::string best;
+  std::size_t best_distance = std::string::npos;
+  for (const std::string& name : names) {
+    const std::size_t d = EditDistance(text, name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = name;
+    }
+  }
+  const std::size_t allowed = std::max<std::size_t>(1, best.size() / 3);
+  return best_distance <= allowed ? best : "";
+}
+
 std::string ConfigSchema::Suggest(const std::string& path) const {
   std::string best;
   std::size_t best_distance = std::string::npos;

@@ -42,6 +42,11 @@ struct ConfigKey {
   bool required = false;       // no default: the file must set it
 };
 
+// The name of `names` closest to text by edit distance, when it is close
+// enough to be a likely misspelling (at most a third of its length, and at
+// least 1 edit); "" otherwise. For did-you-mean in errors about values.
+std::string ClosestName(const std::string& text, const std::vector<std::string>& names);
+
 class ConfigSchema {
  public:
   // Adders return *this so a schema reads as one declaration list.

@@ -1,7 +1,9 @@
 #include "training/config_schema.h"
 
+#include <algorithm>
 #include <limits>
 
+#include "layers/energy_attention.h"
 #include "layers/energy_block.h"
 #include "training/dataset.h"
 
@@ -20,9 +22,100 @@ std::vector<std::string> Names(const std::vector<Enum>& values) {
 
 std::vector<std::string> ForwardSolverNames() { return Names(AllForwardSolverTypes()); }
 
+// Whether a solver key exists under prefix: the inner solve of an energy
+// attention has no warm start (one call site serves every evaluation of the
+// cell, so there is no previous solution of the same problem) and no
+// divergence break (its maps are the catalogue's bounded EM/CCCP updates).
+bool SolverKeyApplies(const std::string& prefix, const std::string& key) {
+  if (prefix != "model.attention_solver.") return true;
+  return key != "backward.warm_start" && key != "forward.divergence_factor";
+}
+
+// The keys of an implicit solve under prefix ("model.solver." or
+// "model.attention_solver."), with the defaults of `defaults`.
+void AddSolverKeys(ConfigSchema& s, const std::string& prefix, const ImplicitOptions& defaults) {
+  const ForwardSolverOptions& f = defaults.forward;
+  const BackwardOptions& b = defaults.backward;
+  // ---- PREFIX.forward: ForwardSolverOptions
+  const std::string fw = prefix + "forward.";
+  s.Enum(fw + "type", ToString(f.type), ForwardSolverNames(), "Forward solver")
+      .Int(fw + "max_iterations", f.max_iterations, "Iteration budget per solve", 0, 1 << 20)
+      .Enum(fw + "stop_mode", ToString(f.stop_mode), {"absolute", "relative", "either"},
+            "Which residual decides convergence")
+      .Double(fw + "absolute_tolerance", f.absolute_tolerance,
+              "Stop when ||f(z) - z|| <= this (absolute or either)", 0.0, kInf)
+      .Double(fw + "relative_tolerance", f.relative_tolerance,
+              "Stop when ||f(z) - z|| / (||f(z)|| + eps) <= this (relative or either)", 0.0,
+              kInf)
+      .Int(fw + "stagnation_window", f.stagnation_window,
+           "Iterations without enough improvement before STAGNATED (DIVERGED when the residual "
+           "rose at each of them)",
+           1, 1 << 20)
+      .Double(fw + "picard_damping", f.picard_damping, "picard: z <- (1 - tau) z + tau f(z)",
+              1e-6, 1.0)
+      .Int(fw + "anderson_memory", f.anderson_memory, "anderson: history size m", 1, 1024)
+      .Double(fw + "anderson_lambda", f.anderson_lambda, "anderson: Tikhonov regularisation",
+              0.0, kInf)
+      .Double(fw + "anderson_beta", f.anderson_beta, "anderson: mixing", 1e-6, 1.0)
+      .Enum(fw + "anderson_type", ToString(f.anderson_type), {"type_ii", "type_i"},
+            "anderson: type II (default) or type I")
+      .Double(fw + "anderson_safeguard_factor", f.anderson_safeguard_factor,
+              "anderson: reject a step raising the residual by this factor and restart", 1.0,
+              kInf)
+      .Int(fw + "broyden_memory", f.broyden_memory, "broyden: rank-one updates kept", 1, 1024)
+      .Double(fw + "broyden_initial_scale", f.broyden_initial_scale,
+              "broyden: alpha of the initial inverse Jacobian -alpha I (1: the first step is a "
+              "plain fixed-point step; 0: automatic, a first step of at most half of "
+              "max(|z0|, 1))",
+              0.0, kInf)
+      .Enum(fw + "broyden_variant", ToString(f.broyden_variant), {"good", "bad"},
+            "broyden: which update")
+      .Bool(fw + "broyden_line_search", f.broyden_line_search, "broyden: Armijo line search")
+      .Int(fw + "gmres_restart", f.gmres_restart, "newton_krylov: Krylov vectors kept", 1, 4096)
+      .Double(fw + "newton_forcing", f.newton_forcing, "newton_krylov: forcing term eta", 1e-12,
+              0.999)
+      .StringList(fw + "fallback_chain", {}, ForwardSolverNames(),
+                  "Solvers tried in order for samples that end DIVERGED / NON_FINITE / "
+                  "LINEAR_ALGEBRA_FAILURE or above fallback_residual_threshold")
+      .Double(fw + "fallback_residual_threshold", f.fallback_residual_threshold,
+              "Relative residual above which a sample is handed to the fallback chain", 0.0,
+              kInf);
+
+  // ---- PREFIX.backward: BackwardOptions
+  const std::string bw = prefix + "backward.";
+  s.Enum(bw + "mode", ToString(b.mode), Names(std::vector<BackwardMode>{
+                                            BackwardMode::kIft, BackwardMode::kJfb,
+                                            BackwardMode::kPhantom, BackwardMode::kUnrolled}),
+         "ift: implicit function theorem (default); jfb: Jacobian-free; phantom: k damped "
+         "unrolled steps from z*; unrolled: backprop through k forward steps")
+      .Enum(bw + "solver", ToString(b.solver), Names(AllAdjointSolverTypes()),
+            "ift: solver of the adjoint equation g = dL/dz* + J^T g")
+      .Int(bw + "max_iterations", b.max_iterations, "ift: adjoint iteration budget", 0, 1 << 20)
+      .Double(bw + "tolerance", b.tolerance, "ift: relative adjoint residual to stop at", 0.0,
+              kInf)
+      .Int(bw + "neumann_terms", b.neumann_terms, "neumann: terms of the series", 1, 1 << 20)
+      .Int(bw + "gmres_restart", b.gmres_restart, "gmres: restart length", 1, 4096)
+      .Int(bw + "stagnation_window", b.stagnation_window,
+           "fixed_point, anderson, broyden: iterations without 0.1% improvement of the adjoint "
+           "residual before STAGNATED (0: never; not judged when tolerance is 0)",
+           0, 1 << 20)
+      .Int(bw + "phantom_steps", b.phantom_steps, "phantom: unrolled steps k", 1, 4096)
+      .Double(bw + "phantom_tau", b.phantom_tau, "phantom: damping tau", 1e-6, 1.0)
+      .Int(bw + "unrolled_steps", b.unrolled_steps, "unrolled: forward steps recorded", 1,
+           1 << 16);
+
+  if (SolverKeyApplies(prefix, "forward.divergence_factor")) {
+    s.Double(fw + "divergence_factor", f.divergence_factor,
+             "Protective break: DIVERGED when the residual exceeds this x the initial one (0: "
+             "off; otherwise > 1)",
+             0.0, kInf);
+  }
+  if (SolverKeyApplies(prefix, "backward.warm_start")) {
+    s.Bool(bw + "warm_start", b.warm_start, "ift: start from the previous step's solution");
+  }
+}
+
 ConfigSchema BuildSchema() {
-  const ForwardSolverOptions f;  // the solvers' own defaults
-  const BackwardOptions b;
   const OptimizerOptions o;
   const ModelOptions m;
   ConfigSchema s;
@@ -57,6 +150,12 @@ ConfigSchema BuildSchema() {
          "backprop; implicit: the cell solved to its fixed point; energy: an energy attention "
          "block (model.energy.*) solved to its fixed point, then a feed-forward sublayer")
       .String("model.cell", m.cell, "Registered cell name (explicit, tied, implicit)")
+      .String("model.attention", m.cell_options.attention,
+              "The cell's attention sublayer: softmax, or a registered energy attention "
+              "(built-in: hopfield, probabilistic, expfam, energy_transformer) read at the fixed "
+              "point of its energy, solved by model.attention_solver.* (nested in the outer "
+              "solve of an implicit model); energy kind: the block (instead of "
+              "model.energy.layer)")
       .Int("model.dim", m.dim, "Model width d", 1, 1 << 16)
       .Int("model.heads", m.cell_options.heads,
            "Attention heads of the cell or of the energy block (dim must be a multiple)", 1, 1024)
@@ -75,20 +174,27 @@ ConfigSchema BuildSchema() {
       .Double("model.embedding_init_std", m.embedding_init_std,
               "Standard deviation of the token and position tables", 0.0, kInf);
 
-  // ---- model.energy: EnergyBlockOptions (model.kind energy)
+  // ---- model.energy: EnergyBlockOptions (model.kind energy, and the energy
+  // attention of a cell, model.attention)
   const EnergyBlockOptions e;
   const std::string en = "model.energy.";
   s.String(en + "layer", e.layer,
-           "energy: the energy attention block, by registered name (built-in: hopfield, "
-           "probabilistic, expfam, energy_transformer)")
+           "energy kind: the energy attention block, by registered name (built-in: hopfield, "
+           "probabilistic, expfam, energy_transformer), unless model.attention names one")
       .Double(en + "beta", e.beta,
-              "energy: initial inverse temperature of the attention per head (hopfield, expfam "
-              "and energy_transformer beta; probabilistic query precision alpha)",
-              1e-12, kInf)
+              "Energy attention: initial inverse temperature per head (hopfield, expfam and "
+              "energy_transformer beta; probabilistic query precision alpha); 0: 1/sqrt(head "
+              "width)",
+              0.0, kInf)
       .Double(en + "value_precision", e.value_precision,
-              "energy, probabilistic only (ignored by the other layers): initial value "
-              "precision; > 0 lets the values shape the responsibilities so EM iterates",
-              1e-12, kInf)
+              "Energy attention, probabilistic only (ignored by the other layers): initial "
+              "value precision times the head width (beta_v = value_precision / head width; "
+              "the EM value term's scale is about value_precision / 3 at initialisation); 0: "
+              "one-step softmax attention",
+              0.0, kInf)
+      .Bool(en + "normalize_input", e.normalize_input,
+            "Energy attention: layer norm of the block's input before its projections (keeps "
+            "the operating point whatever the embedding scale)")
       .Enum(en + "key_grad", ToString(e.key_grad), {"full", "stop"},
             "energy, energy_transformer only (ignored by the other layers): full keeps the "
             "key-side attention gradient (energy descent); stop holds keys fixed in the update")
@@ -107,78 +213,8 @@ ConfigSchema BuildSchema() {
               "energy, energy_transformer only (ignored by the other layers): Euler step alpha",
               1e-12, kInf);
 
-  // ---- model.solver.forward: ForwardSolverOptions
-  const std::string fw = "model.solver.forward.";
-  s.Enum(fw + "type", ToString(f.type), ForwardSolverNames(), "Forward solver")
-      .Int(fw + "max_iterations", f.max_iterations, "Iteration budget per solve", 0, 1 << 20)
-      .Enum(fw + "stop_mode", ToString(f.stop_mode), {"absolute", "relative", "either"},
-            "Which residual decides convergence")
-      .Double(fw + "absolute_tolerance", f.absolute_tolerance,
-              "Stop when ||f(z) - z|| <= this (absolute or either)", 0.0, kInf)
-      .Double(fw + "relative_tolerance", f.relative_tolerance,
-              "Stop when ||f(z) - z|| / (||f(z)|| + eps) <= this (relative or either)", 0.0,
-              kInf)
-      .Int(fw + "stagnation_window", f.stagnation_window,
-           "Iterations without enough improvement before STAGNATED (DIVERGED when the residual "
-           "rose at each of them)",
-           1, 1 << 20)
-      .Double(fw + "divergence_factor", f.divergence_factor,
-              "Protective break: DIVERGED when the residual exceeds this x the initial one "
-              "(0: off; otherwise > 1)",
-              0.0, kInf)
-      .Double(fw + "picard_damping", f.picard_damping, "picard: z <- (1 - tau) z + tau f(z)",
-              1e-6, 1.0)
-      .Int(fw + "anderson_memory", f.anderson_memory, "anderson: history size m", 1, 1024)
-      .Double(fw + "anderson_lambda", f.anderson_lambda, "anderson: Tikhonov regularisation",
-              0.0, kInf)
-      .Double(fw + "anderson_beta", f.anderson_beta, "anderson: mixing", 1e-6, 1.0)
-      .Enum(fw + "anderson_type", ToString(f.anderson_type), {"type_ii", "type_i"},
-            "anderson: type II (default) or type I")
-      .Double(fw + "anderson_safeguard_factor", f.anderson_safeguard_factor,
-              "anderson: reject a step raising the residual by this factor and restart", 1.0,
-              kInf)
-      .Int(fw + "broyden_memory", f.broyden_memory, "broyden: rank-one updates kept", 1, 1024)
-      .Double(fw + "broyden_initial_scale", f.broyden_initial_scale,
-              "broyden: alpha of the initial inverse Jacobian -alpha I (1: the first step is a "
-              "plain fixed-point step; 0: automatic, a first step of at most half of "
-              "max(|z0|, 1))",
-              0.0, kInf)
-      .Enum(fw + "broyden_variant", ToString(f.broyden_variant), {"good", "bad"},
-            "broyden: which update")
-      .Bool(fw + "broyden_line_search", f.broyden_line_search, "broyden: Armijo line search")
-      .Int(fw + "gmres_restart", f.gmres_restart, "newton_krylov: Krylov vectors kept", 1, 4096)
-      .Double(fw + "newton_forcing", f.newton_forcing, "newton_krylov: forcing term eta", 1e-12,
-              0.999)
-      .StringList(fw + "fallback_chain", {}, ForwardSolverNames(),
-                  "Solvers tried in order for samples that end DIVERGED / NON_FINITE / "
-                  "LINEAR_ALGEBRA_FAILURE or above fallback_residual_threshold")
-      .Double(fw + "fallback_residual_threshold", f.fallback_residual_threshold,
-              "Relative residual above which a sample is handed to the fallback chain", 0.0,
-              kInf);
-
-  // ---- model.solver.backward: BackwardOptions
-  const std::string bw = "model.solver.backward.";
-  s.Enum(bw + "mode", ToString(b.mode), Names(std::vector<BackwardMode>{
-                                            BackwardMode::kIft, BackwardMode::kJfb,
-                                            BackwardMode::kPhantom, BackwardMode::kUnrolled}),
-         "ift: implicit function theorem (default); jfb: Jacobian-free; phantom: k damped "
-         "unrolled steps from z*; unrolled: backprop through k forward steps")
-      .Enum(bw + "solver", ToString(b.solver), Names(AllAdjointSolverTypes()),
-            "ift: solver of the adjoint equation g = dL/dz* + J^T g")
-      .Int(bw + "max_iterations", b.max_iterations, "ift: adjoint iteration budget", 0, 1 << 20)
-      .Double(bw + "tolerance", b.tolerance, "ift: relative adjoint residual to stop at", 0.0,
-              kInf)
-      .Int(bw + "neumann_terms", b.neumann_terms, "neumann: terms of the series", 1, 1 << 20)
-      .Int(bw + "gmres_restart", b.gmres_restart, "gmres: restart length", 1, 4096)
-      .Int(bw + "stagnation_window", b.stagnation_window,
-           "fixed_point, anderson, broyden: iterations without 0.1% improvement of the adjoint "
-           "residual before STAGNATED (0: never; not judged when tolerance is 0)",
-           0, 1 << 20)
-      .Bool(bw + "warm_start", b.warm_start, "ift: start from the previous step's solution")
-      .Int(bw + "phantom_steps", b.phantom_steps, "phantom: unrolled steps k", 1, 4096)
-      .Double(bw + "phantom_tau", b.phantom_tau, "phantom: damping tau", 1e-6, 1.0)
-      .Int(bw + "unrolled_steps", b.unrolled_steps, "unrolled: forward steps recorded", 1,
-           1 << 16);
+  AddSolverKeys(s, "model.solver.", ImplicitOptions{});
+  AddSolverKeys(s, "model.attention_solver.", DefaultAttentionSolverOptions());
 
   // ---- model.regularization
   s.Double("model.regularization.jacobian_weight", 0.0,
@@ -266,6 +302,14 @@ ConfigSchema BuildSchema() {
                "Variants trained by `stillpoint compare`: explicit, tied, implicit, "
                "implicit_<backward mode> (e.g. implicit_jfb), energy (model.energy.layer), "
                "energy_<layer> (e.g. energy_hopfield)")
+      .StringList("compare.attention", {}, {},
+                  "The attention x kind grid: attentions (softmax or registered energy "
+                  "attentions) crossed with compare.kinds, variants named ATTENTION/KIND (e.g. "
+                  "probabilistic/implicit; softmax/energy is skipped). When set, it replaces "
+                  "compare.variants")
+      .StringList("compare.kinds", {"explicit", "tied", "implicit", "energy"}, {},
+                  "The kinds of the grid: explicit, tied, implicit, implicit_<backward mode>, "
+                  "energy")
       .Int("compare.probe_batch_size", 32,
            "Probe batch of the gradient check after training: every variant with an implicit "
            "layer, its gradient against the reference (ift, GMRES to 1e-10)",
@@ -289,16 +333,22 @@ const ConfigSchema& StillpointSchema() {
 }
 
 ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
+  return ImplicitOptionsFromConfig(c, "model.solver.");
+}
+
+ImplicitOptions ImplicitOptionsFromConfig(const Config& c, const std::string& prefix) {
   ImplicitOptions options;
   ForwardSolverOptions& f = options.forward;
-  const std::string fw = "model.solver.forward.";
+  const std::string fw = prefix + "forward.";
   f.type = ParseEnum<ForwardSolverType>(c, fw + "type", StringToForwardSolverType);
   f.max_iterations = static_cast<int>(c.GetInt(fw + "max_iterations"));
   f.stop_mode = ParseEnum<StopMode>(c, fw + "stop_mode", StringToStopMode);
   f.absolute_tolerance = c.GetDouble(fw + "absolute_tolerance");
   f.relative_tolerance = c.GetDouble(fw + "relative_tolerance");
   f.stagnation_window = static_cast<int>(c.GetInt(fw + "stagnation_window"));
-  f.divergence_factor = c.GetDouble(fw + "divergence_factor");
+  if (SolverKeyApplies(prefix, "forward.divergence_factor")) {
+    f.divergence_factor = c.GetDouble(fw + "divergence_factor");
+  }
   f.picard_damping = c.GetDouble(fw + "picard_damping");
   f.anderson_memory = static_cast<int>(c.GetInt(fw + "anderson_memory"));
   f.anderson_lambda = c.GetDouble(fw + "anderson_lambda");
@@ -321,7 +371,7 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
   f.fallback_residual_threshold = c.GetDouble(fw + "fallback_residual_threshold");
 
   BackwardOptions& b = options.backward;
-  const std::string bw = "model.solver.backward.";
+  const std::string bw = prefix + "backward.";
   b.mode = ParseEnum<BackwardMode>(c, bw + "mode", StringToBackwardMode);
   b.solver = ParseEnum<AdjointSolverType>(c, bw + "solver", StringToAdjointSolverType);
   b.max_iterations = static_cast<int>(c.GetInt(bw + "max_iterations"));
@@ -329,7 +379,7 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
   b.neumann_terms = static_cast<int>(c.GetInt(bw + "neumann_terms"));
   b.gmres_restart = static_cast<int>(c.GetInt(bw + "gmres_restart"));
   b.stagnation_window = static_cast<int>(c.GetInt(bw + "stagnation_window"));
-  b.warm_start = c.GetBool(bw + "warm_start");
+  if (SolverKeyApplies(prefix, "backward.warm_start")) b.warm_start = c.GetBool(bw + "warm_start");
   b.phantom_steps = static_cast<int>(c.GetInt(bw + "phantom_steps"));
   b.phantom_tau = c.GetDouble(bw + "phantom_tau");
   b.unrolled_steps = static_cast<int>(c.GetInt(bw + "unrolled_steps"));
@@ -337,24 +387,37 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
   // The schema checks each key alone; the solvers' own rules (e.g. a
   // divergence factor of 0 or above 1) are checked here, before any work.
   std::string error;
-  if (!options.IsValid(&error)) throw ConfigError(c.source() + ": model.solver: " + error);
+  if (!options.IsValid(&error)) {
+    throw ConfigError(c.source() + ": " + prefix.substr(0, prefix.size() - 1) + ": " + error);
+  }
   return options;
+}
+
+// Throws a ConfigError naming key, the registered names and the closest one
+// unless `name` is among `names`.
+void CheckName(const Config& c,
+               const std::string& key,
+               const std::string& what,
+               const std::string& name,
+               const std::vector<std::string>& names) {
+  if (std::find(names.begin(), names.end(), name) != names.end()) return;
+  std::string known;
+  for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+  std::string message =
+      c.Origin(key) + ": unknown " + what + " '" + name + "' in " + key + " (known: " + known + ")";
+  const std::string closest = ClosestName(name, names);
+  if (!closest.empty()) message += "; did you mean '" + closest + "'?";
+  throw ConfigError(message);
 }
 
 EnergyBlockOptions EnergyBlockOptionsFromConfig(const Config& c) {
   EnergyBlockOptions e;
   const std::string en = "model.energy.";
   e.layer = c.GetString(en + "layer");
-  if (!EnergyBlockRegistry().Has(e.layer)) {
-    std::string known;
-    for (const std::string& name : EnergyBlockRegistry().Names()) {
-      known += (known.empty() ? "" : ", ") + name;
-    }
-    throw ConfigError(c.Origin(en + "layer") + ": unknown energy layer '" + e.layer +
-                      "' in model.energy.layer (known: " + known + ")");
-  }
+  CheckName(c, en + "layer", "energy layer", e.layer, EnergyBlockRegistry().Names());
   e.beta = c.GetDouble(en + "beta");
   e.value_precision = c.GetDouble(en + "value_precision");
+  e.normalize_input = c.GetBool(en + "normalize_input");
   e.key_grad = ParseEnum<KeyGrad>(c, en + "key_grad", StringToKeyGrad);
   e.dynamics =
       ParseEnum<EnergyTransformerDynamics>(c, en + "dynamics", StringToEnergyTransformerDynamics);
@@ -388,6 +451,14 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   m.energy.dim = m.dim;
   m.energy.heads = m.cell_options.heads;
   m.energy.dtype = m.dtype;
+  m.cell_options.attention = c.GetString("model.attention");
+  std::vector<std::string> attentions = {"softmax"};
+  for (const std::string& name : EnergyBlockRegistry().Names()) attentions.push_back(name);
+  CheckName(c, "model.attention", "attention", m.cell_options.attention, attentions);
+  m.cell_options.energy = m.energy;
+  if (m.cell_options.attention != "softmax") {
+    m.cell_options.attention_solver = ImplicitOptionsFromConfig(c, "model.attention_solver.");
+  }
   if (m.kind == ModelKind::kEnergy && c.GetDouble("model.regularization.jacobian_weight") > 0) {
     throw ConfigError(c.Origin("model.regularization.jacobian_weight") +
                       ": model.regularization.jacobian_weight needs a cell "

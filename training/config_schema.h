@@ -23,6 +23,8 @@ const ConfigSchema& StillpointSchema();
 // decides vocab_size and num_classes; the config decides the rest).
 ModelOptions ModelOptionsFromConfig(const Config& config);
 ImplicitOptions ImplicitOptionsFromConfig(const Config& config);
+// The same for the keys under prefix (e.g. "model.attention_solver.").
+ImplicitOptions ImplicitOptionsFromConfig(const Config& config, const std::string& prefix);
 // model.energy.* (dim, heads and dtype are left at their defaults; the model
 // options set them). An unknown model.energy.layer is a ConfigError naming
 // the key and the registered layers.

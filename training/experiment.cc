@@ -182,6 +182,12 @@ std::pair<int64_t, int64_t> CountCorrect(const Tensor& logits, const Batch& batc
 
 namespace {
 
+// The tolerance of the relative residual the statistics report: known when
+// the solve was judged by it alone (stop mode relative), else 0.
+double RelativeTolerance(const ForwardSolverOptions& forward) {
+  return forward.stop_mode == StopMode::kRelative ? forward.relative_tolerance : 0.0;
+}
+
 template <typename Summary>
 SolverStats StatsOf(const Summary& summary, const std::vector<int>& iterations,
                     const std::vector<TerminationType>& terminations, double tolerance) {
@@ -243,12 +249,8 @@ SolverStats ForwardStats(const SequenceModel& model) {
   const Implicit* layer = model.implicit();
   if (!layer || model.depth_override() > 0) return {};
   const SolverSummary& s = layer->forward_summary();
-  // The reported residual is the relative one: its tolerance is known when
-  // the solve was judged by it alone.
-  const ForwardSolverOptions& forward = layer->options().forward;
-  const double tolerance =
-      forward.stop_mode == StopMode::kRelative ? forward.relative_tolerance : 0.0;
-  return StatsOf(s, s.sample_iterations, s.sample_termination, tolerance);
+  return StatsOf(s, s.sample_iterations, s.sample_termination,
+                 RelativeTolerance(layer->options().forward));
 }
 
 SolverStats BackwardStats(const SequenceModel& model) {
@@ -284,6 +286,58 @@ std::string StatusCell(const SolverStats& stats) {
     out += it->first + " " + std::to_string(it->second);
   }
   return out;
+}
+
+namespace {
+
+// The solver statistics of several solves as one: mean of the means, worst
+// maxima and residuals (NaN when no part measured one), counts added, the
+// brief of the worst.
+SolverStats Combine(const std::vector<SolverStats>& parts) {
+  SolverStats all;
+  if (parts.empty()) return all;
+  all.residual_max = std::numeric_limits<double>::quiet_NaN();
+  for (const SolverStats& p : parts) {
+    all.iterations_mean += p.iterations_mean / static_cast<double>(parts.size());
+    all.iterations_max = std::max(all.iterations_max, p.iterations_max);
+    if (p.HasResidual() && (!all.HasResidual() || p.residual_max >= all.residual_max)) {
+      all.residual_max = p.residual_max;
+      all.brief = p.brief;
+    } else if (all.brief.empty()) {
+      all.brief = p.brief;
+    }
+    all.tolerance = std::max(all.tolerance, p.tolerance);
+    all.converged += p.converged;
+    all.not_converged += p.not_converged;
+    all.inexact += p.inexact;
+    for (const auto& [status, count] : p.status_counts) all.status_counts[status] += count;
+  }
+  return all;
+}
+
+}  // namespace
+
+SolverStats AttentionForwardStats(const SequenceModel& model) {
+  std::vector<SolverStats> parts;
+  for (const auto& [name, attention] : FindEnergyAttentions(model)) {
+    const SolverSummary& s = attention->implicit().forward_summary();
+    if (!s.sample_iterations.empty()) {
+      parts.push_back(StatsOf(s, s.sample_iterations, s.sample_termination,
+                              RelativeTolerance(attention->implicit().options().forward)));
+    }
+  }
+  return Combine(parts);
+}
+
+SolverStats AttentionBackwardStats(const SequenceModel& model) {
+  std::vector<SolverStats> parts;
+  for (const auto& [name, attention] : FindEnergyAttentions(model)) {
+    const auto s = attention->implicit().backward_summary();
+    if (s && !s->sample_iterations.empty()) {
+      parts.push_back(StatsOf(*s, s->sample_iterations, s->sample_termination, s->tolerance));
+    }
+  }
+  return Combine(parts);
 }
 
 void SetEvalDepth(SequenceModel& model, const Config& config) {

@@ -79,6 +79,11 @@ struct SolverStats {
 };
 SolverStats ForwardStats(const SequenceModel& model);
 SolverStats BackwardStats(const SequenceModel& model);
+// The inner solves of the model's energy attentions (energy_attention.h),
+// each as its last Forward left it, combined (mean of the iteration means,
+// worst maxima and residuals, sample counts added); empty without them.
+SolverStats AttentionForwardStats(const SequenceModel& model);
+SolverStats AttentionBackwardStats(const SequenceModel& model);
 
 // The worst residual beside its tolerance, for tables and summaries:
 // "3.10e-09 <= 1e-05", "5.80e-03 > 1e-05 NOT MET", "5.80e-03" (no

@@ -9,12 +9,15 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "framework/buffer_pool.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
+#include "layers/energy_attention.h"
 #include "solvers/regularizers.h"
+#include "training/attention_report.h"
 #include "training/checkpoint.h"
 #include "training/config_schema.h"
 #include "training/data_parallel.h"
@@ -36,6 +39,10 @@ const std::vector<std::string> kColumns = {
     "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
     "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean",
     "grad_cos",       "grad_rel_err"};
+
+// Held-out examples the energy attentions' collapse diagnostics are taken
+// on at every eval (one extra traced solve per attention).
+constexpr int64_t kDiagnosticExamples = 32;
 
 bool AllFinite(const NamedVars& parameters) {
   for (const auto& [name, p] : parameters) {
@@ -292,7 +299,9 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     step = state.step;
     resumed = true;
   }
-  MetricsWriter metrics(summary.run_dir, kColumns, resumed, c.GetStringList("log.formats"));
+  std::vector<std::string> columns = kColumns;
+  columns.insert(columns.end(), AttentionColumns().begin(), AttentionColumns().end());
+  MetricsWriter metrics(summary.run_dir, columns, resumed, c.GetStringList("log.formats"));
   auto save_checkpoint = [&] {
     if (!AllFinite(parameters)) return false;  // never replace a good one with NaNs
     CheckpointState state;
@@ -333,12 +342,15 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
   const int64_t eval_batch = c.GetInt("eval.batch_size");
   const bool implicit = model.implicit() != nullptr;
-  const int64_t check_size = c.GetInt("eval.gradient_check_batch_size");
-  const Batch check_batch = implicit && check_size > 0
-                                ? GradientProbeBatch(*e.train, check_size, e.dtype)
-                                : Batch();
+  // The gradient check runs for every model with an implicit layer: its own,
+  // or an energy attention inside its cells.
+  const bool checked = implicit || !FindEnergyAttentions(model).empty();
+  const int64_t check_size = checked ? c.GetInt("eval.gradient_check_batch_size") : 0;
+  const Batch check_batch =
+      check_size > 0 ? GradientProbeBatch(*e.train, check_size, e.dtype) : Batch();
 
   Progress progress(options.progress, c.GetString("log.progress"), total_steps, step);
+  std::set<std::string> collapse_warned;  // energy attentions already warned about
   ResetBufferPoolStats();
   std::vector<double> step_seconds;
   double window_loss = 0, window_correct = 0, window_count = 0, window_steps = 0;
@@ -490,15 +502,22 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         if (backward_stats.HasResidual()) row["bwd_residual"] = backward_stats.residual_max;
         row["bwd_unconverged"] = double(backward_stats.not_converged);
       }
+      for (const auto& [column, value] : AttentionSolverColumns(model)) row[column] = value;
       if (do_eval) {
         if (implicit) model.SetDepthOverride(0);
+        std::vector<std::string> warnings;
+        for (const auto& [column, value] : AttentionDiagnosticColumns(
+                 model, *e.test, kDiagnosticExamples, e.dtype, &collapse_warned, &warnings)) {
+          row[column] = value;
+        }
+        for (const std::string& warning : warnings) progress.Message(warning);
         const EvalResult eval = Evaluate(model, *e.test, eval_batch, e.dtype);
         row["test_loss"] = eval.loss;
         row["test_accuracy"] = eval.accuracy;
         if (implicit) row["test_fwd_iters_mean"] = eval.forward.iterations_mean;
         summary.final_eval = eval;
         progress.Eval(step, eval.loss, eval.accuracy);
-        if (implicit && check_size > 0) {
+        if (check_size > 0) {
           summary.gradient_check = CheckGradient(model, check_batch);
           summary.gradient_check_step = step;
           row["grad_cos"] = summary.gradient_check.cosine;

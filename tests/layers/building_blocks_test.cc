@@ -352,7 +352,7 @@ TEST(DEQCellTest, FusedNormsMatchTheUnfusedFormulaBitwise) {
   const Var u(RandomNormal({3, 5, 16}, 0.0, 1.0, DType::kFloat32, rng), true);
   auto p = [&](const std::string& name) { return cell.parameter(name); };
   auto unfused = [&] {
-    const Var attended = cell.attention().Forward(z);
+    const Var attended = cell.attention()->Forward(z);
     const Var h =
         layer_norm(add(add(z, attended), u), p("ln1.gain"), p("ln1.bias"), options.ln_eps);
     const Var hidden =

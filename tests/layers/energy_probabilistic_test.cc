@@ -57,9 +57,9 @@ TEST(ProbabilisticAttentionTest, ZeroValuePrecisionIsSoftmaxAttention) {
     ProbabilisticAttentionOptions options = SmallOptions(D, H);
     options.solve.steps = steps;
     ProbabilisticAttention layer(options, rng);
-    EXPECT_DOUBLE_EQ(layer.query_precision().value().at(0), 1.0 / std::sqrt(3.0));
-    layer.LoadParameters({{"query_precision", layer.query_precision().value()},
-                          {"value_precision", layer.value_precision().value()},
+    EXPECT_NEAR(layer.query_precision().value().at(0), 1.0 / std::sqrt(3.0), 1e-15);
+    EXPECT_FALSE(layer.HasParameter("log_value_precision"));  // beta = 0 exactly
+    layer.LoadParameters({{"log_query_precision", layer.parameter("log_query_precision").value()},
                           {"wq.weight", mha.wq()->weight().value()},
                           {"wk.weight", mha.wk()->weight().value()},
                           {"wv.weight", mha.wv()->weight().value()},

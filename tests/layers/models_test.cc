@@ -45,10 +45,7 @@ ModelOptions SmallOptions(ModelKind kind) {
   options.unroll_steps = 4;
   options.seed = 11;
   if (kind == ModelKind::kEnergy) {
-    // The EM update is monotone: plain iteration converges where Anderson's
-    // extrapolation can hop between the mixture's basins.
     options.energy.layer = "probabilistic";
-    options.implicit.forward.type = ForwardSolverType::kPicard;
     options.implicit.forward.max_iterations = 100;
   }
   return options;
@@ -121,7 +118,7 @@ TEST_P(ModelKindTest, ShapesNamesAndKind) {
   EXPECT_EQ(named[4].first, "out.weight");
   const bool energy = GetParam() == ModelKind::kEnergy;
   const std::string first_cell = GetParam() == ModelKind::kExplicit ? "cells.0.wq.weight"
-                                 : energy                          ? "block.layer.query_precision"
+                                 : energy                          ? "block.layer.log_query_precision"
                                                                    : "cell.wq.weight";
   EXPECT_EQ(named[6].first, first_cell);
   EXPECT_EQ(model.num_cells(), GetParam() == ModelKind::kExplicit ? 2 : energy ? 0 : 1);

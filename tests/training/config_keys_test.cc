@@ -97,7 +97,10 @@ class ConfigKeysTest : public ::testing::Test {
            "    backward: {max_iterations: 12}\n"
            "train:\n  steps: 4\n  batch_size: 8\n  eval_every: 2\n  log_every: 1\n"
            "  checkpoint_every: 2\n  optimizer: {lr: 0.01}\n  schedule: {warmup_steps: 1}\n"
-           "eval: {batch_size: 16}\n"
+           // The gradient check (one per evaluation) is off in the base runs,
+           // which keeps this test's hundreds of runs short; its key's probe
+           // turns it on.
+           "eval: {batch_size: 16, gradient_check_batch_size: 0}\n"
            "log: {dir: " +
            Path("run") +
            ", progress: lines}\n"
@@ -172,6 +175,77 @@ class ConfigKeysTest : public ::testing::Test {
   std::string config_path_;
 };
 
+// The probes of the solver keys under prefix ("model.solver." or
+// "model.attention_solver."), each in `base` plus its own context.
+std::map<std::string, KeyProbe> SolverProbes(const std::string& prefix,
+                                             const std::vector<std::string>& base) {
+  const std::string fw = prefix + "forward.";
+  const std::string bw = prefix + "backward.";
+  const std::vector<std::string> unconverged = {fw + "max_iterations=2",
+                                                fw + "relative_tolerance=1e-12"};
+  auto in = [&](std::vector<std::string> context) {
+    context.insert(context.begin(), base.begin(), base.end());
+    return context;
+  };
+  std::map<std::string, KeyProbe> probes = {
+      {fw + "type", {in({}), "broyden"}},
+      {fw + "max_iterations", {in({}), "3"}},
+      {fw + "absolute_tolerance", {in({fw + "stop_mode=absolute"}), "0.5"}},
+      {fw + "relative_tolerance", {in({}), "0.05"}},
+      // A tolerance below float32 precision: the residual stalls (tolerance 0
+      // would mean a fixed budget, where stagnation is not judged).
+      {fw + "stagnation_window",
+       {in({fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}), "1"}},
+      // A map whose residual doubles every step: DIVERGED at once with a
+      // factor of 1.01, MAX_ITERATIONS at the default.
+      {fw + "divergence_factor", {in({"model.cell=test_doubling_cell", fw + "type=picard"}), "1.01"}},
+      {fw + "picard_damping", {in({fw + "type=picard"}), "0.5"}},
+      {fw + "anderson_memory", {in({}), "2"}},
+      {fw + "anderson_lambda", {in({}), "0.5"}},
+      {fw + "anderson_beta", {in({}), "0.5"}},
+      {fw + "anderson_safeguard_factor",
+       {in({fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}), "1"}},
+      {fw + "broyden_memory", {in({fw + "type=broyden"}), "2"}},
+      {fw + "broyden_initial_scale", {in({fw + "type=broyden"}), "0"}},
+      {fw + "broyden_variant", {in({fw + "type=broyden"}), "bad"}},
+      {fw + "broyden_line_search",
+       {in({fw + "type=broyden", fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}), "true"}},
+      {fw + "gmres_restart", {in({fw + "type=newton_krylov"}), "2"}},
+      {fw + "newton_forcing", {in({fw + "type=newton_krylov"}), "0.9"}},
+      {fw + "fallback_chain", {in(unconverged), "[picard]"}},
+      {fw + "fallback_residual_threshold",
+       {in([&] {
+          std::vector<std::string> c = unconverged;
+          c.push_back(fw + "fallback_chain=[picard]");
+          return c;
+        }()),
+        "1e30"}},
+      {bw + "mode", {in({}), "jfb"}},
+      {bw + "solver", {in({}), "anderson"}},
+      {bw + "max_iterations", {in({}), "2"}},
+      {bw + "tolerance", {in({}), "0.1"}},
+      {bw + "neumann_terms", {in({bw + "solver=neumann"}), "2"}},
+      {bw + "gmres_restart", {in({bw + "solver=gmres", bw + "tolerance=1e-12"}), "2"}},
+      // A tolerance below float32 precision: the adjoint residual stalls, and
+      // a window of 1 ends it sooner than the default 10.
+      {bw + "stagnation_window", {in({bw + "tolerance=1e-12", bw + "max_iterations=60"}), "1"}},
+      {bw + "warm_start", {in({bw + "max_iterations=3"}), "true"}},
+      {bw + "phantom_steps", {in({bw + "mode=phantom"}), "2"}},
+      {bw + "phantom_tau", {in({bw + "mode=phantom"}), "0.25"}},
+      {bw + "unrolled_steps", {in({bw + "mode=unrolled"}), "2"}},
+  };
+  if (prefix == "model.attention_solver.") {
+    // Not keys of the inner solve (config_schema.cc, SolverKeyApplies).
+    probes.erase(fw + "divergence_factor");
+    probes.erase(bw + "warm_start");
+  }
+  // Every other key under prefix: its automatic alternative, in `base`.
+  for (const ConfigKey& key : StillpointSchema().keys()) {
+    if (key.path.rfind(prefix, 0) == 0 && !probes.count(key.path)) probes[key.path] = {in({}), ""};
+  }
+  return probes;
+}
+
 // The keys that need a setting to act in, or a specific value.
 std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
   auto path = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
@@ -182,15 +256,11 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
                                         "task.path=" + path("train_a.csv"),
                                         "task.test_path=" + path("test.csv")};
   const std::vector<std::string> digits = {"task.kind=digits", "model.max_length=16"};
-  const std::string fw = "model.solver.forward.";
-  const std::string bw = "model.solver.backward.";
-  const std::vector<std::string> unconverged = {fw + "max_iterations=2",
-                                                fw + "relative_tolerance=1e-12"};
   const std::vector<std::string> nonfinite = {"train.optimizer.lr=1e30", "train.clip_norm=0",
                                               "train.optimizer.type=sgd"};
   const std::vector<std::string> jacobian = {"model.regularization.jacobian_weight=0.5"};
   const std::string energy_transformer = "model.energy.layer=energy_transformer";
-  return {
+  std::map<std::string, KeyProbe> table = {
       {"dtype", {{}, "float64"}},
       {"task.kind", {{}, "sort"}},
       {"task.path", {csv, path("train_b.csv")}},
@@ -207,51 +277,6 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"model.num_layers", {{"model.kind=explicit"}, "3"}},
       {"model.unroll_steps", {{"model.kind=tied"}, "3"}},
       {"model.dropout", {{}, "0.2"}},
-      {fw + "type", {{}, "broyden"}},
-      {fw + "max_iterations", {{}, "3"}},
-      {fw + "absolute_tolerance", {{fw + "stop_mode=absolute"}, "0.5"}},
-      {fw + "relative_tolerance", {{}, "0.05"}},
-      // A tolerance below float32 precision: the residual stalls (tolerance 0
-      // would mean a fixed budget, where stagnation is not judged).
-      {fw + "stagnation_window",
-       {{fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}, "1"}},
-      // A map whose residual doubles every step: DIVERGED at once with a
-      // factor of 1.01, MAX_ITERATIONS at the default.
-      {fw + "divergence_factor", {{"model.cell=test_doubling_cell", fw + "type=picard"}, "1.01"}},
-      {fw + "picard_damping", {{fw + "type=picard"}, "0.5"}},
-      {fw + "anderson_memory", {{}, "2"}},
-      {fw + "anderson_lambda", {{}, "0.5"}},
-      {fw + "anderson_beta", {{}, "0.5"}},
-      {fw + "anderson_safeguard_factor",
-       {{fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}, "1"}},
-      {fw + "broyden_memory", {{fw + "type=broyden"}, "2"}},
-      {fw + "broyden_initial_scale", {{fw + "type=broyden"}, "0"}},
-      {fw + "broyden_variant", {{fw + "type=broyden"}, "bad"}},
-      {fw + "broyden_line_search",
-       {{fw + "type=broyden", fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}, "true"}},
-      {fw + "gmres_restart", {{fw + "type=newton_krylov"}, "2"}},
-      {fw + "newton_forcing", {{fw + "type=newton_krylov"}, "0.9"}},
-      {fw + "fallback_chain", {unconverged, "[picard]"}},
-      {fw + "fallback_residual_threshold",
-       {[&] {
-          std::vector<std::string> c = unconverged;
-          c.push_back(fw + "fallback_chain=[picard]");
-          return c;
-        }(),
-        "1e30"}},
-      {bw + "mode", {{}, "jfb"}},
-      {bw + "solver", {{}, "anderson"}},
-      {bw + "max_iterations", {{}, "2"}},
-      {bw + "tolerance", {{}, "0.1"}},
-      {bw + "neumann_terms", {{bw + "solver=neumann"}, "2"}},
-      {bw + "gmres_restart", {{bw + "solver=gmres", bw + "tolerance=1e-12"}, "2"}},
-      // A tolerance below float32 precision: the adjoint residual stalls, and
-      // a window of 1 ends it sooner than the default 10.
-      {bw + "stagnation_window", {{bw + "tolerance=1e-12", bw + "max_iterations=60"}, "1"}},
-      {bw + "warm_start", {{bw + "max_iterations=3"}, "true"}},
-      {bw + "phantom_steps", {{bw + "mode=phantom"}, "2"}},
-      {bw + "phantom_tau", {{bw + "mode=phantom"}, "0.25"}},
-      {bw + "unrolled_steps", {{bw + "mode=unrolled"}, "2"}},
       {"model.regularization.jacobian_weight", {{}, "0.5"}},
       {"model.regularization.jacobian_probes", {jacobian, "3"}},
       {"model.regularization.jacobian_frequency", {jacobian, "0.5"}},
@@ -277,7 +302,9 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"train.on_nonfinite", {nonfinite, "stop"}},
       // An adjoint tolerance below float32 precision is never met: stop ends
       // the run at the first step, warn (the default) reports and goes on.
-      {"train.on_unconverged", {{bw + "tolerance=1e-12", bw + "max_iterations=2"}, "stop"}},
+      {"train.on_unconverged",
+       {{"model.solver.backward.tolerance=1e-12", "model.solver.backward.max_iterations=2"},
+        "stop"}},
       {"train.max_skipped_steps", {nonfinite, "1"}},
       {"eval.batch_size", {{}, "4"}},
       {"eval.max_iterations", {{}, "1"}},
@@ -288,6 +315,9 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"log.progress", {{}, "none"}},
       {"compare.variants", {{}, "[explicit, tied]", ProbeKind::kCompare}},
       {"compare.probe_batch_size", {{}, "2", ProbeKind::kCompare}},
+      {"compare.attention", {{}, "[softmax]", ProbeKind::kCompare}},
+      {"compare.kinds",
+       {{"compare.attention=[softmax]"}, "[explicit, tied]", ProbeKind::kCompare}},
       {"model.energy.layer", {{"model.kind=energy"}, "hopfield"}},
       {"model.energy.beta", {{"model.kind=energy"}, "2.5"}},
       {"model.energy.value_precision",
@@ -297,7 +327,12 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"model.energy.memory", {{"model.kind=energy", energy_transformer}, "softmax"}},
       {"model.energy.memories", {{"model.kind=energy", energy_transformer}, "7"}},
       {"model.energy.step", {{"model.kind=energy", energy_transformer}, "0.05"}},
+      {"model.energy.normalize_input", {{"model.kind=energy"}, "false"}},
+      {"model.attention", {{}, "probabilistic"}},
   };
+  table.merge(SolverProbes("model.solver.", {}));
+  table.merge(SolverProbes("model.attention_solver.", {"model.attention=probabilistic"}));
+  return table;
 }
 
 // Another valid value for a key, from its current value and the schema.

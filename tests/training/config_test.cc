@@ -147,10 +147,65 @@ TEST(EnergyConfigTest, UnknownLayerNamesTheKeyAndTheKnownLayers) {
       << m;
 }
 
+Config AttentionConfig(const std::string& extra) {
+  return Config::FromYaml(StillpointSchema(), "task: {kind: reverse}\n" + extra, "grid.yaml");
+}
+
+TEST(AttentionConfigTest, ModelAttentionReachesTheCellAndAnUnknownOneIsNamed) {
+  const ModelOptions m =
+      ModelOptionsFromConfig(AttentionConfig("model:\n  attention: hopfield\n  attention_solver:\n"
+                                             "    forward: {max_iterations: 7}\n"));
+  EXPECT_EQ(m.cell_options.attention, "hopfield");
+  ASSERT_TRUE(m.cell_options.attention_solver.has_value());
+  EXPECT_EQ(m.cell_options.attention_solver->forward.max_iterations, 7);
+  EXPECT_EQ(ModelOptionsFromConfig(AttentionConfig("")).cell_options.attention, "softmax");
+  const std::string error =
+      ErrorOf([] { ModelOptionsFromConfig(AttentionConfig("model: {attention: probabilstic}\n")); });
+  EXPECT_NE(error.find("grid.yaml:2:"), std::string::npos) << error;
+  EXPECT_NE(error.find("unknown attention 'probabilstic' in model.attention"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("did you mean 'probabilistic'?"), std::string::npos) << error;
+  // The inner solve has no warm start (one call site serves every evaluation).
+  EXPECT_NE(ErrorOf([] {
+              AttentionConfig("model: {attention_solver: {backward: {warm_start: true}}}\n");
+            }).find("unknown key 'model.attention_solver.backward.warm_start'"),
+            std::string::npos);
+}
+
+TEST(AttentionConfigTest, TheGridCrossesAttentionsWithKindsAndIsCheckedBeforeTraining) {
+  const Config grid = AttentionConfig(
+      "compare: {attention: [softmax, probabilistic], kinds: [explicit, implicit, energy]}\n");
+  EXPECT_EQ(CompareVariants(grid),
+            (std::vector<std::string>{"softmax/explicit", "softmax/implicit",
+                                      "probabilistic/explicit", "probabilistic/implicit",
+                                      "probabilistic/energy"}));
+  EXPECT_NO_THROW(ValidateCompareVariants(grid));
+  EXPECT_EQ(VariantOverrides("probabilistic/implicit"),
+            (std::vector<std::string>{"model.kind=implicit", "model.attention=probabilistic"}));
+  EXPECT_EQ(VariantOverrides("hopfield/energy"),
+            (std::vector<std::string>{"model.kind=energy", "model.attention=hopfield"}));
+  EXPECT_TRUE(VariantOverrides("softmax/energy").empty());
+  EXPECT_TRUE(VariantOverrides("nope/explicit").empty());
+  std::string error = ErrorOf(
+      [] { ValidateCompareVariants(AttentionConfig("compare: {attention: [softmaxx]}\n")); });
+  EXPECT_NE(error.find("unknown attention 'softmaxx' in compare.attention"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("did you mean 'softmax'?"), std::string::npos) << error;
+  error = ErrorOf([] {
+    ValidateCompareVariants(
+        AttentionConfig("compare: {attention: [softmax], kinds: [explicit, explicit]}\n"));
+  });
+  EXPECT_NE(error.find("'softmax/explicit' is listed twice"), std::string::npos) << error;
+  error = ErrorOf([] {
+    ValidateCompareVariants(AttentionConfig("compare: {attention: [softmax], kinds: [sideways]}\n"));
+  });
+  EXPECT_NE(error.find("unknown kind in variant 'softmax/sideways'"), std::string::npos) << error;
+}
+
 TEST(EnergyConfigTest, BadValuesAreErrorsNamingTheKey) {
   for (const std::string& yaml :
        {std::string("  energy: {dynamics: sideways}\n"), std::string("  energy: {key_grad: half}\n"),
-        std::string("  energy: {memory: lstm}\n"), std::string("  energy: {beta: 0}\n"),
+        std::string("  energy: {memory: lstm}\n"), std::string("  energy: {beta: -1}\n"),
         std::string("  energy: {memories: 0}\n"), std::string("  energy: {step: -1}\n"),
         std::string("  energy: {value_precision: -0.5}\n"), std::string("  energy: {layers: x}\n")}) {
     const std::string m = ErrorOf([&] { ModelOptionsFromConfig(EnergyConfig(yaml)); });

@@ -1,0 +1,137 @@
+#include "layers/energy_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <utility>
+
+#include "framework/check.h"
+#include "framework/ops.h"
+
+namespace stillpoint {
+namespace {
+
+// AttentionDiagnostics::collapsed (see there).
+constexpr double kCollapsedMaxWeight = 0.9;
+constexpr double kCollapseRise = 0.25;
+
+// Row statistics of attention weights [B, H, N, S]: mean entropy (nats) and
+// mean largest weight over the rows. Masked keys (weight 0) add nothing.
+void RowStatistics(const Tensor& weights, double* entropy, double* max_weight) {
+  const std::vector<double> w = weights.ToVector();
+  const int64_t keys = weights.dim(-1);
+  const int64_t rows = keys > 0 ? static_cast<int64_t>(w.size()) / keys : 0;
+  double entropy_sum = 0.0, max_sum = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double h = 0.0, largest = 0.0;
+    for (int64_t j = 0; j < keys; ++j) {
+      const double p = w[r * keys + j];
+      if (p > 0.0) h -= p * std::log(p);
+      largest = std::max(largest, p);
+    }
+    entropy_sum += h;
+    max_sum += largest;
+  }
+  *entropy = rows > 0 ? entropy_sum / static_cast<double>(rows) : 0.0;
+  *max_weight = rows > 0 ? max_sum / static_cast<double>(rows) : 0.0;
+}
+
+double Norm(const Tensor& x) {
+  double s = 0.0;
+  for (double v : x.ToVector()) s += v * v;
+  return std::sqrt(s);
+}
+
+void Collect(const Module& module,
+             const std::string& prefix,
+             std::vector<std::pair<std::string, const EnergyAttention*>>* found) {
+  if (const auto* attention = dynamic_cast<const EnergyAttention*>(&module)) {
+    found->emplace_back(prefix, attention);
+  }
+  for (const auto& [name, child] : module.children()) {
+    Collect(*child, prefix.empty() ? name : prefix + "." + name, found);
+  }
+}
+
+}  // namespace
+
+ImplicitOptions DefaultAttentionSolverOptions() {
+  ImplicitOptions options;
+  options.forward.type = ForwardSolverType::kAnderson;
+  options.forward.max_iterations = 16;
+  options.forward.relative_tolerance = 1e-4;
+  options.backward.mode = BackwardMode::kIft;
+  options.backward.solver = AdjointSolverType::kFixedPoint;
+  options.backward.max_iterations = 16;
+  options.backward.tolerance = 1e-5;
+  return options;
+}
+
+EnergyAttention::EnergyAttention(const EnergyAttentionOptions& options, Rng& rng)
+    : options_(options) {
+  std::string error;
+  SP_CHECK(options.solver.IsValid(&error), "EnergyAttention: inner solver options: ", error);
+  SP_CHECK(!options.solver.backward.warm_start,
+           "EnergyAttention: the inner adjoint cannot be warm-started (one call site serves "
+           "every evaluation of the cell)");
+  block_ = RegisterModule("block", CreateEnergyBlock(options.block, rng));
+  implicit_ = std::make_shared<Implicit>(block_->layer(), options.solver);
+}
+
+std::string EnergyAttention::Name() const {
+  std::ostringstream out;
+  out << "EnergyAttention(" << options_.block.layer << ", "
+      << stillpoint::ToString(options_.solver.forward.type) << " <= "
+      << options_.solver.forward.max_iterations << ")";
+  return out.str();
+}
+
+Var EnergyAttention::Forward(const Var& x) const {
+  if (keep_inputs_) last_input_ = x.value().Clone();
+  const EnergyBlockProblem problem = block_->Prepare(x);
+  const Var state = implicit_->Forward(problem.context, problem.initial_state);
+  return block_->Output(state, problem);
+}
+
+AttentionDiagnostics EnergyAttention::Diagnose(const Var& x) const {
+  return DiagnoseEnergyBlock(*block_, options_.solver, x);
+}
+
+AttentionDiagnostics DiagnoseEnergyBlock(const EnergyBlock& block,
+                                         const ImplicitOptions& solver,
+                                         const Var& x) {
+  NoGrad no_grad;
+  const EnergyBlockProblem problem = block.Prepare(x);
+  Implicit traced(block.layer(), solver, EnergyImplicitOptions{.trace_energy = true});
+  const Var state = traced.Forward(problem.context, problem.initial_state);
+
+  AttentionDiagnostics d;
+  const Var first = block.AttentionWeights(problem.initial_state, problem);
+  const Var fixed = block.AttentionWeights(state, problem);
+  if (first.defined() && fixed.defined()) {
+    RowStatistics(first.value(), &d.entropy_first, &d.max_weight_first);
+    RowStatistics(fixed.value(), &d.entropy_fixed_point, &d.max_weight_fixed_point);
+  }
+  const double start = Norm(problem.initial_state.value());
+  d.relative_move = Norm(sub(state, problem.initial_state).value()) / std::max(start, 1e-30);
+  for (const std::vector<double>& energies : traced.energy_trace()) {
+    for (std::size_t t = 1; t < energies.size(); ++t) {
+      const double slack = 1e-6 * std::max(1.0, std::abs(energies[t - 1]));
+      if (energies[t] > energies[t - 1] + slack) d.energy_monotone = false;
+    }
+  }
+  d.iterations = traced.forward_summary().iterations;
+  d.residual = traced.forward_summary().MaxRelResidual();
+  d.collapsed = d.max_weight_fixed_point > kCollapsedMaxWeight &&
+                d.max_weight_fixed_point - d.max_weight_first > kCollapseRise;
+  return d;
+}
+
+std::vector<std::pair<std::string, const EnergyAttention*>> FindEnergyAttentions(
+    const Module& module) {
+  std::vector<std::pair<std::string, const EnergyAttention*>> found;
+  Collect(module, "", &found);
+  return found;
+}
+
+}  // namespace stillpoint

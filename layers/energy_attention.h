@@ -1,0 +1,117 @@
+// EnergyAttention: an energy block (energy_block.h) as the attention
+// sublayer of a transformer cell: its output is the attention read out at
+// the fixed point of the block's energy, found by an inner solve with its
+// own solver options and differentiated by the implicit function theorem.
+//
+//   x [k, T, d] -> problem = block.Prepare(x)
+//               -> v* = Implicit(block.layer()).Forward(problem)  (inner solve)
+//               -> block.Output(v*, problem)                      [k, T, d]
+//
+// The result is the attention's contribution without the skip connection,
+// like MultiHeadAttention's output, so a cell adds it to its residual stream
+// in the same place. Inside an implicit model the inner solve nests in the
+// outer one: while the outer solver iterates (tape off) each evaluation of
+// the cell runs a whole inner solve; at the outer fixed point the recorded
+// evaluation records one inner implicit node, and every vector-Jacobian
+// product of the outer adjoint passes through it (an inner adjoint solve).
+//
+// Parameters: "block.*" (the block's norm, projections and precisions).
+// The inner Implicit is not a child: its only parameters are the block's.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/autograd.h"
+#include "framework/module.h"
+#include "framework/random.h"
+#include "layers/energy_block.h"
+#include "layers/implicit.h"
+
+namespace stillpoint {
+
+// The inner solve's defaults: Anderson, at most 16 iterations to a relative
+// residual of 1e-4; the adjoint by fixed-point iteration, at most 16
+// iterations to 1e-5. The block maps of the catalogue contract at their
+// default operating points, so both converge well inside these budgets.
+ImplicitOptions DefaultAttentionSolverOptions();
+
+struct EnergyAttentionOptions {
+  // The block (dim, heads, causal and dtype are the cell's).
+  EnergyBlockOptions block;
+  // The inner solve.
+  ImplicitOptions solver = DefaultAttentionSolverOptions();
+};
+
+// What happened to the attention over one solve, averaged over samples,
+// heads and queries (Diagnose).
+struct AttentionDiagnostics {
+  // Mean entropy (nats) and mean largest weight of the attention rows at
+  // the first iterate (the block's initial state) and at the fixed point.
+  double entropy_first = 0.0, entropy_fixed_point = 0.0;
+  double max_weight_first = 0.0, max_weight_fixed_point = 0.0;
+  // |v* - v0| / |v0| over the whole batch.
+  double relative_move = 0.0;
+  // Whether every sample's energy never rose along the solve (1e-6
+  // relative slack for rounding).
+  bool energy_monotone = true;
+  // The inner solve's iterations and largest relative residual.
+  int iterations = 0;
+  double residual = 0.0;
+  // The solve snapped the queries onto single keys: the mean largest weight
+  // is above 0.9 at the fixed point and the solve raised it by more than
+  // 0.25 over the first iterate. Sharp attention that the first iterate
+  // already has (a learned routing, e.g. one key per query) is not a
+  // collapse.
+  bool collapsed = false;
+};
+
+class EnergyAttention : public Module {
+ public:
+  EnergyAttention(const EnergyAttentionOptions& options, Rng& rng);
+
+  std::string Name() const override;
+
+  // x [k, T, d] -> [k, T, d] (see above).
+  Var Forward(const Var& x) const;
+
+  // The diagnostics of the attention at x, off the tape (one extra solve
+  // with the energy traced).
+  AttentionDiagnostics Diagnose(const Var& x) const;
+
+  // While on, every Forward keeps a copy of its input, so that diagnostics
+  // can be taken where the model last evaluated the attention (in an
+  // implicit model: the outer solve's last iterate). Off by default.
+  void KeepInputs(bool keep) const { keep_inputs_ = keep; }
+  // The last input kept (undefined before one was).
+  const Tensor& last_input() const { return last_input_; }
+
+  const EnergyBlock& block() const { return *block_; }
+  // The inner solve (its options can be changed between calls).
+  Implicit& implicit() const { return *implicit_; }
+  const EnergyAttentionOptions& options() const { return options_; }
+
+ private:
+  EnergyAttentionOptions options_;
+  std::shared_ptr<EnergyBlock> block_;
+  // Not a child (see above). Its summaries describe the last Forward.
+  std::shared_ptr<Implicit> implicit_;
+  // Diagnostic state, not part of the layer's function.
+  mutable bool keep_inputs_ = false;
+  mutable Tensor last_input_;
+};
+
+// The diagnostics of any energy block at input x [B, T, d], its energy
+// solved with `solver` (what EnergyAttention::Diagnose does; also used for
+// the block of the energy model kind).
+AttentionDiagnostics DiagnoseEnergyBlock(const EnergyBlock& block,
+                                         const ImplicitOptions& solver,
+                                         const Var& x);
+
+// Every EnergyAttention inside module (depth first), with its dotted name.
+std::vector<std::pair<std::string, const EnergyAttention*>> FindEnergyAttentions(
+    const Module& module);
+
+}  // namespace stillpoint

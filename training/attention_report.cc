@@ -1,0 +1,78 @@
+#include "training/attention_report.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "framework/ops.h"
+#include "training/experiment.h"
+
+namespace stillpoint {
+
+const std::vector<std::string>& AttentionColumns() {
+  static const std::vector<std::string> columns = {
+      "attn_iters",         "attn_residual",         "attn_bwd_iters",  "attn_bwd_residual",
+      "attn_unconverged",   "attn_entropy_first",    "attn_entropy",    "attn_max_weight_first",
+      "attn_max_weight",    "attn_move",             "attn_monotone"};
+  return columns;
+}
+
+std::map<std::string, double> AttentionSolverColumns(const SequenceModel& model) {
+  std::map<std::string, double> row;
+  const SolverStats forward = AttentionForwardStats(model);
+  if (forward.converged + forward.not_converged + forward.inexact == 0) return row;
+  const SolverStats backward = AttentionBackwardStats(model);
+  row["attn_iters"] = forward.iterations_mean;
+  row["attn_residual"] = forward.residual_max;
+  row["attn_unconverged"] = static_cast<double>(forward.not_converged);
+  if (backward.converged + backward.not_converged + backward.inexact > 0) {
+    row["attn_bwd_iters"] = backward.iterations_mean;
+    // Inexact backward modes measure no residual: the column stays empty.
+    if (backward.HasResidual()) row["attn_bwd_residual"] = backward.residual_max;
+  }
+  return row;
+}
+
+std::map<std::string, double> AttentionDiagnosticColumns(SequenceModel& model,
+                                                         const Dataset& test,
+                                                         int64_t examples,
+                                                         DType dtype,
+                                                         std::set<std::string>* warned,
+                                                         std::vector<std::string>* warnings) {
+  std::map<std::string, double> row;
+  std::vector<int64_t> indices;
+  for (int64_t i = 0; i < std::min(examples, test.size()); ++i) indices.push_back(i);
+  if (indices.empty()) return row;
+  const Batch batch = MakeBatch(test, indices, dtype);
+  const bool was_training = model.is_training();
+  model.Eval();
+  NoGrad no_grad;
+  const Var u = batch.features.defined()
+                    ? model.EmbedFeatures(constant(batch.features))
+                    : model.Embed(batch.tokens, Shape{batch.batch_size, batch.length});
+  const auto diagnostics = model.DiagnoseAttention(u);
+  model.Train(was_training);
+  if (diagnostics.empty()) return row;
+  double n = static_cast<double>(diagnostics.size());
+  bool monotone = true;
+  for (const auto& [name, d] : diagnostics) {
+    row["attn_entropy_first"] += d.entropy_first / n;
+    row["attn_entropy"] += d.entropy_fixed_point / n;
+    row["attn_max_weight_first"] += d.max_weight_first / n;
+    row["attn_max_weight"] += d.max_weight_fixed_point / n;
+    row["attn_move"] += d.relative_move / n;
+    monotone = monotone && d.energy_monotone;
+    if (d.collapsed && warned->insert(name).second) {
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "warning: energy attention '%s' collapsed: mean largest weight %.3f at its "
+                    "fixed point, %.3f at the first iterate (each query snaps onto one key; "
+                    "see docs/energy-layers.md, operating points)",
+                    name.c_str(), d.max_weight_fixed_point, d.max_weight_first);
+      warnings->push_back(line);
+    }
+  }
+  row["attn_monotone"] = monotone ? 1.0 : 0.0;
+  return row;
+}
+
+}  // namespace stillpoint

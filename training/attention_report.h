@@ -1,0 +1,36 @@
+// The energy attentions' side of a training run: their inner solves and
+// their collapse diagnostics (layers/energy_attention.h) as metrics columns,
+// and the warning a user sees when a block's heads collapse.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "layers/models.h"
+#include "training/dataset.h"
+
+namespace stillpoint {
+
+// The metrics columns this file writes (all "attn_...").
+const std::vector<std::string>& AttentionColumns();
+
+// The inner solves of the last step: attn_iters, attn_residual,
+// attn_bwd_iters, attn_bwd_residual, attn_unconverged (empty for a model
+// without energy attention).
+std::map<std::string, double> AttentionSolverColumns(const SequenceModel& model);
+
+// Diagnostics on the first `examples` held-out examples: attn_entropy_first,
+// attn_entropy, attn_max_weight_first, attn_max_weight (means over the
+// attentions), attn_move (their mean relative move), attn_monotone (1 when
+// every energy decreased monotonically). Appends to *warnings a line naming
+// each attention that collapsed and is not yet in *warned (which it joins).
+std::map<std::string, double> AttentionDiagnosticColumns(SequenceModel& model,
+                                                         const Dataset& test,
+                                                         int64_t examples,
+                                                         DType dtype,
+                                                         std::set<std::string>* warned,
+                                                         std::vector<std::string>* warnings);
+
+}  // namespace stillpoint
