@@ -13,7 +13,7 @@ namespace {
 
 // AttentionDiagnostics::collapsed (see there).
 constexpr double kCollapsedMaxWeight = 0.9;
-constexpr double kCollapseRise = 0.25;
+constexpr double kCollapseRise = 0.3;
 
 // Row statistics of attention weights [B, H, N, S]: mean entropy (nats) and
 // mean largest weight over the rows. Masked keys (weight 0) add nothing.

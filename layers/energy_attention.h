@@ -62,7 +62,7 @@ struct AttentionDiagnostics {
   double residual = 0.0;
   // The solve snapped the queries onto single keys: the mean largest weight
   // is above 0.9 at the fixed point and the solve raised it by more than
-  // 0.25 over the first iterate. Sharp attention that the first iterate
+  // 0.3 over the first iterate. Sharp attention that the first iterate
   // already has (a learned routing, e.g. one key per query) is not a
   // collapse.
   bool collapsed = false;

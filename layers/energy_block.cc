@@ -8,6 +8,7 @@
 #include "layers/expfam_attention.h"
 #include "layers/hopfield.h"
 #include "layers/layer_norm.h"
+#include "layers/linear.h"
 #include "layers/probabilistic_attention.h"
 
 namespace stillpoint {
@@ -146,6 +147,8 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
                            rng)) {
     SP_CHECK(!o.causal, "ExpFamBlock: the expfam energy has no attention mask (causal is not "
                         "supported)");
+    wo_ = RegisterModule("wo", std::make_shared<Linear>(o.dim, o.dim, rng,
+                                                        LinearOptions{.dtype = o.dtype}));
   }
 
   EnergyBlockProblem Prepare(const Var& u) const override {
@@ -155,11 +158,17 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
     return EnergyBlockProblem{std::move(context), field, u, {}};
   }
   Var Output(const Var& eta, const EnergyBlockProblem& problem) const override {
-    return typed_->LogPartitionGrad(eta, problem.context);
+    return wo_->Forward(typed_->LogPartitionGrad(eta, problem.context));
   }
   Var AttentionWeights(const Var& eta, const EnergyBlockProblem& problem) const override {
     return typed_->Weights(eta, problem.context);
   }
+
+ private:
+  // The patterns are keys and content at once (grad G is their weighted
+  // mean); the output projection lets the content read out differ from the
+  // address, as W_V W_O does for the other blocks.
+  std::shared_ptr<Linear> wo_;
 };
 
 class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBlock> {

@@ -37,8 +37,9 @@
 //   "expfam"              ExpFamAttention, discrete measure over the
 //                         patterns k = x W_K with the query q = x W_Q as an
 //                         external field: eta <- q + grad G(eta) from
-//                         eta_0 = q; out = grad G(eta*) (the patterns'
-//                         softmax-weighted mean at the fixed point).
+//                         eta_0 = q; out = grad G(eta*) W_O (the patterns'
+//                         softmax-weighted mean at the fixed point, through
+//                         an output projection "wo").
 //   "energy_transformer"  EnergyTransformerBlock: the tokens start at x and
 //                         x drives them as an external current (the context
 //                         entry "input"), so the stationary state depends on

@@ -1,7 +1,9 @@
 #include "training/attention_report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "framework/ops.h"
 #include "training/experiment.h"
@@ -64,15 +66,37 @@ std::map<std::string, double> AttentionDiagnosticColumns(SequenceModel& model,
     if (d.collapsed && warned->insert(name).second) {
       char line[256];
       std::snprintf(line, sizeof(line),
-                    "warning: energy attention '%s' collapsed: mean largest weight %.3f at its "
-                    "fixed point, %.3f at the first iterate (each query snaps onto one key; "
-                    "see docs/energy-layers.md, operating points)",
-                    name.c_str(), d.max_weight_fixed_point, d.max_weight_first);
+                    "warning: energy attention '%s' may have collapsed: its solve snaps the "
+                    "queries onto single keys (mean largest weight %.2f at the first iterate, "
+                    "%.2f at the fixed point); if accuracy stalls, see docs/energy-layers.md, "
+                    "operating points",
+                    name.c_str(), d.max_weight_first, d.max_weight_fixed_point);
       warnings->push_back(line);
     }
   }
   row["attn_monotone"] = monotone ? 1.0 : 0.0;
   return row;
+}
+
+std::string AttentionSummaryLine(const std::map<std::string, double>& row) {
+  auto at = [&](const char* column) {
+    const auto it = row.find(column);
+    return it == row.end() ? std::numeric_limits<double>::quiet_NaN() : it->second;
+  };
+  char line[320];
+  std::snprintf(line, sizeof(line),
+                "energy attention: largest weight %.2f -> %.2f, entropy %.2f -> %.2f, move %.2f, "
+                "energy %s",
+                at("attn_max_weight_first"), at("attn_max_weight"), at("attn_entropy_first"),
+                at("attn_entropy"), at("attn_move"),
+                at("attn_monotone") == 1.0 ? "monotone" : "not monotone");
+  std::string text = line;
+  if (std::isfinite(at("attn_iters"))) {
+    std::snprintf(line, sizeof(line), ", inner iterations %.1f (residual %.2g)", at("attn_iters"),
+                  at("attn_residual"));
+    text += line;
+  }
+  return text;
 }
 
 }  // namespace stillpoint

@@ -33,4 +33,9 @@ std::map<std::string, double> AttentionDiagnosticColumns(SequenceModel& model,
                                                          std::set<std::string>* warned,
                                                          std::vector<std::string>* warnings);
 
+// One progress line from a metrics row holding the columns above:
+// "energy attention: largest weight 0.58 -> 0.94, entropy 1.62 -> 0.31,
+// move 0.41, energy monotone, inner iterations 5.2 (residual 8.1e-05)".
+std::string AttentionSummaryLine(const std::map<std::string, double>& row);
+
 }  // namespace stillpoint

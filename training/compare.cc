@@ -123,6 +123,12 @@ std::string GridTable(const CompareReport& report, const Config& config) {
   return grid.str();
 }
 
+// "mean iterations | max relative residual" of a solve, or "- | -".
+std::string StatsCells(const SolverStats& stats) {
+  if (stats.converged + stats.not_converged + stats.inexact == 0) return "- | -";
+  return Fixed(stats.iterations_mean, 1) + " | " + ResidualCell(stats);
+}
+
 std::vector<double> DepthSweep(const Config& config) {
   std::vector<double> sweep = config.GetDoubleList("eval.iterations_sweep");
   if (sweep.empty()) sweep = {1, 2, 4, 8, 16, 32};
@@ -300,6 +306,15 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
       return it == m.end() ? std::vector<double>{} : it->second;
     };
     const std::vector<double> steps = column("step"), accuracy = column("test_accuracy");
+    // The last evaluated collapse diagnostics (energy attentions only).
+    const std::vector<double> first = column("attn_max_weight_first"),
+                              fixed = column("attn_max_weight");
+    for (std::size_t i = 0; i < first.size() && i < fixed.size(); ++i) {
+      if (std::isfinite(first[i]) && std::isfinite(fixed[i])) {
+        v.max_weight_first = first[i];
+        v.max_weight_fixed_point = fixed[i];
+      }
+    }
     for (std::size_t i = 0; i < steps.size() && i < accuracy.size(); ++i) {
       if (std::isfinite(accuracy[i]) && accuracy[i] >= kTargetAccuracy) {
         v.steps_to_target = steps[i];
@@ -313,8 +328,9 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
   std::ostringstream table;
   table << "| variant | params | train loss | test loss | test acc | ms/step | peak tensor MiB "
            "| fwd iters | fwd residual | fwd status | bwd iters | bwd residual | bwd status "
+           "| attn iters | attn residual | attn bwd iters | attn bwd residual | attn max weight "
            "| grad cos vs ref | grad rel err vs ref |\n"
-        << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const VariantResult& v : report.variants) {
     const TrainSummary& t = v.train;
     const bool solved = t.forward.iterations_max > 0;
@@ -328,7 +344,11 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
           << (solved ? StatusCell(t.forward) : "-") << " | "
           << (backward_ran ? Fixed(t.backward.iterations_mean, 1) : "-") << " | "
           << ResidualCell(t.backward) << " | " << StatusCell(t.backward) << " | "
-          << Fixed(v.gradient_cosine_vs_ift, 4) << " | "
+          << StatsCells(t.attention_forward) << " | " << StatsCells(t.attention_backward) << " | "
+          << (std::isfinite(v.max_weight_fixed_point)
+                  ? Fixed(v.max_weight_first, 2) + " -> " + Fixed(v.max_weight_fixed_point, 2)
+                  : std::string("-"))
+          << " | " << Fixed(v.gradient_cosine_vs_ift, 4) << " | "
           << (std::isfinite(v.gradient_relative_error_vs_ift)
                   ? Scientific(v.gradient_relative_error_vs_ift)
                   : "-")
@@ -398,17 +418,26 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
   md << "# stillpoint comparison\n\nConfig: `" << config_path << "`; task `"
      << base.GetString("task.kind") << "`, seed " << base.GetInt("seed")
      << "; every variant trained with the same seeds and data order.\n\n"
-     << report.grid << (report.grid.empty() ? "" : "\n") << report.table
+     << report.grid
+     << (report.grid.empty() ? ""
+                             : "\nEach cell: final held-out accuracy, median ms per training "
+                               "step, and the first evaluated step (train.eval_every) at which "
+                               "held-out accuracy reached 98%.\n\n")
+     << report.table
      << "\nms/step is the median wall time of a training step; peak tensor MiB is the peak of "
         "bytes held by tensors during training; iterations and residuals are those of the last "
         "training step (residuals relative, max over samples, beside the tolerance they had "
         "to meet: NOT MET marks a missed tolerance, n/a a residual that an inexact backward "
         "mode does not measure; status: samples per termination, INEXACT for a backward pass "
-        "that is an approximation by design); the gradient columns compare the gradient each "
-        "variant with an implicit layer trains with (its backward mode and adjoint solver) "
-        "with a reference solved to a relative adjoint residual of 1e-10 by GMRES, at the same "
-        "weights and fixed point, on a probe batch after training (cosine and relative error); "
-        "the gradient-quality plot shows the same at every evaluation during training.\n\n";
+        "that is an approximation by design; attn: the inner solves of the energy attentions "
+        "inside the cell, mean over them, worst residual; attn max weight: the mean largest "
+        "attention weight at the first iterate -> at the fixed point, at the last eval, where a "
+        "jump to above 0.9 is a collapse); the gradient columns compare the gradient each "
+        "variant with an implicit layer trains with (its backward modes and adjoint solvers) "
+        "with a reference solved to a relative adjoint residual of 1e-10 by GMRES in every "
+        "implicit layer, at the same weights and fixed points, on a probe batch after training "
+        "(cosine and relative error); the gradient-quality plot shows the same at every "
+        "evaluation during training.\n\n";
   html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>stillpoint "
           "comparison</title>\n<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"

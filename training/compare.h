@@ -63,6 +63,10 @@ struct VariantResult {
   // never reached).
   double steps_to_target = std::numeric_limits<double>::quiet_NaN();
   double seconds_to_target = std::numeric_limits<double>::quiet_NaN();
+  // The energy attentions' mean largest weight at the first iterate and at
+  // the fixed point, at the last eval (NaN without energy attention).
+  double max_weight_first = std::numeric_limits<double>::quiet_NaN();
+  double max_weight_fixed_point = std::numeric_limits<double>::quiet_NaN();
 };
 
 // The held-out accuracy whose time to reach compare reports.

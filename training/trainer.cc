@@ -194,6 +194,12 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"forward_residual_max\": " << JsonNumber(s.forward.residual_max)
       << ",\n  \"backward_iterations_mean\": " << JsonNumber(s.backward.iterations_mean)
       << ",\n  \"backward_residual_max\": " << JsonNumber(s.backward.residual_max)
+      << ",\n  \"attention_iterations_mean\": " << JsonNumber(s.attention_forward.iterations_mean)
+      << ",\n  \"attention_residual_max\": " << JsonNumber(s.attention_forward.residual_max)
+      << ",\n  \"attention_backward_iterations_mean\": "
+      << JsonNumber(s.attention_backward.iterations_mean)
+      << ",\n  \"attention_backward_residual_max\": "
+      << JsonNumber(s.attention_backward.residual_max)
       << ",\n  \"forward_tolerance\": " << JsonNumber(s.forward.tolerance)
       << ",\n  \"forward_tolerance_met\": " << ToleranceMetJson(s.forward)
       << ",\n  \"forward_status\": " << StatusJson(s.forward)
@@ -470,6 +476,8 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     step_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     last_forward = forward;
     last_backward = backward_stats;
+    summary.attention_forward = AttentionForwardStats(model);
+    summary.attention_backward = AttentionBackwardStats(model);
 
     const auto [correct, counted] = correct_counted;
     window_loss += loss_value;
@@ -511,6 +519,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
           row[column] = value;
         }
         for (const std::string& warning : warnings) progress.Message(warning);
+        if (row.count("attn_max_weight")) progress.Message(AttentionSummaryLine(row));
         const EvalResult eval = Evaluate(model, *e.test, eval_batch, e.dtype);
         row["test_loss"] = eval.loss;
         row["test_accuracy"] = eval.accuracy;
@@ -567,6 +576,13 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (summary.gradient_check.ran) {
     md << "\nAt step " << summary.gradient_check_step << ", " << summary.gradient_check.Line()
        << "\n";
+  }
+  if (!summary.attention_forward.brief.empty()) {
+    md << "\nEnergy attention, last inner solve (worst of the model's attentions): "
+       << summary.attention_forward.brief << "\n";
+  }
+  if (!summary.attention_backward.brief.empty()) {
+    md << "\nEnergy attention, last inner adjoint: " << summary.attention_backward.brief << "\n";
   }
   WriteTextFile(summary.run_dir + "/summary.md", md.str());
   return summary;

@@ -46,6 +46,10 @@ struct TrainSummary {
   double pool_peak_mb = 0;      // peak bytes held by tensors during training
   SolverStats forward;          // last step's solver statistics
   SolverStats backward;
+  // The inner solves of the model's energy attentions in the last step
+  // (empty without them; experiment.h AttentionForwardStats).
+  SolverStats attention_forward;
+  SolverStats attention_backward;
   // Steps whose adjoint (backward) solve left some sample above its
   // tolerance (train.on_unconverged).
   int64_t unconverged_backward_steps = 0;
