@@ -198,7 +198,11 @@ void Finalize(AdjointOperator* op,
     TerminationType type = samples->termination[b];
     if (replaced[b]) {
       type = TerminationType::kNonFinite;
-    } else if (samples->Meets(b, abs_residual)) {
+    } else if (samples->Meets(b, abs_residual) &&
+               (samples->threshold[b] > 0.0 || samples->g_norm[b] == 0.0)) {
+      // At tolerance 0 (a fixed budget) a residual of exactly 0 in the
+      // VJP's precision does not turn a spent budget into a convergence;
+      // the solver's own verdict stands.
       type = TerminationType::kConverged;
     } else if (type == TerminationType::kConverged) {
       // A recurrence (CG, MINRES) estimated convergence that the true
@@ -550,9 +554,14 @@ void SolveNeumann(const BackwardOptions& options,
       if (!samples->active[b]) continue;
       const double r = (g.row(b) + jt_w.row(b) - w->row(b)).norm();
       residual[b] = r;
+      // With tolerance 0 the truncated series of neumann_terms terms is what
+      // was asked for: a residual that reaches exactly 0 in the VJP's
+      // precision (a float32 map has its own fixed point) does not end it,
+      // unless g_b = 0, whose solution w_b = 0 is exact.
+      const bool may_stop = options.tolerance > 0.0 || samples->g_norm[b] == 0.0;
       if (!std::isfinite(r)) {
         samples->End(b, TerminationType::kNonFinite);
-      } else if (samples->Meets(b, r)) {
+      } else if (may_stop && samples->Meets(b, r)) {
         samples->End(b, TerminationType::kConverged);
       }
     }
@@ -1093,8 +1102,12 @@ std::string AdjointSummary::BriefReport() const {
   out << ": " << ToString(termination_type) << ", " << CountSamples(TerminationType::kConverged)
       << "/" << batch_size << " converged, " << iterations << " iterations, " << vjp_evaluations
       << " VJPs, max rel residual "
-      << (sample_rel_residual.empty() ? std::string("n/a") : FormatDouble("%.3g", MaxRelResidual()))
-      << ", " << FormatTime(wall_time_seconds);
+      << (HasResiduals() ? FormatDouble("%.3g", MaxRelResidual()) : std::string("n/a"));
+  if (tolerance > 0.0) {
+    const bool met = HasResiduals() && MaxRelResidual() <= tolerance;
+    out << " (tolerance " << FormatDouble("%.3g", tolerance) << (met ? ")" : " NOT MET)");
+  }
+  out << ", " << FormatTime(wall_time_seconds);
   if (warm_started) out << ", warm start";
   return out.str();
 }
@@ -1122,11 +1135,14 @@ std::string AdjointSummary::FullReport() const {
   }
   if (batch_size <= 16) {
     for (size_t b = 0; b < sample_termination.size(); ++b) {
+      // A residual that was never measured prints as n/a, never as 0.
       out << "  sample " << b << ": " << ToString(sample_termination[b]) << " after "
           << (b < sample_iterations.size() ? sample_iterations[b] : 0) << " iterations, abs "
-          << FormatDouble("%.3e", b < sample_abs_residual.size() ? sample_abs_residual[b] : 0.0)
+          << (b < sample_abs_residual.size() ? FormatDouble("%.3e", sample_abs_residual[b])
+                                             : std::string("n/a"))
           << ", rel "
-          << FormatDouble("%.3e", b < sample_rel_residual.size() ? sample_rel_residual[b] : 0.0)
+          << (b < sample_rel_residual.size() ? FormatDouble("%.3e", sample_rel_residual[b])
+                                             : std::string("n/a"))
           << "\n";
     }
   }
@@ -1170,6 +1186,19 @@ AdjointSummary SolveAdjoint(const BackwardOptions& options,
     SolveOnFloat64Rows(options, vjp, g, w, &summary);
   }
 
+  summary.tolerance = options.tolerance;
+  if (options.tolerance == 0.0 && options.solver != AdjointSolverType::kDense) {
+    int64_t budget_spent = 0;
+    for (TerminationType& t : summary.sample_termination) {
+      if (t != TerminationType::kMaxIterations) continue;
+      t = TerminationType::kInexact;
+      ++budget_spent;
+    }
+    if (budget_spent > 0) {
+      summary.message += " Tolerance 0 asks for a fixed budget: " + std::to_string(budget_spent) +
+                         " sample(s) used it and end INEXACT (no tolerance to meet).";
+    }
+  }
   summary.iterations = 0;
   for (int it : summary.sample_iterations) summary.iterations = std::max(summary.iterations, it);
   summary.termination_type = TerminationType::kConverged;

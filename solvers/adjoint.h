@@ -15,6 +15,10 @@
 // Stopping rule, shared by every adjoint solver (per sample b):
 //   r_b = g_b + J_b^T w_b - w_b,   converged when ||r_b||_2 <= tolerance ||g_b||_2.
 // A sample with g_b = 0 has the solution w_b = 0 and converges at once.
+// Tolerance 0 asks for a fixed budget: no residual meets it, and a sample
+// that uses the whole budget (max_iterations, or neumann_terms terms) ends
+// INEXACT, not MAX_ITERATIONS: the truncated iteration is what was asked
+// for. Its residual is still measured and reported.
 #pragma once
 
 #include <cstdint>
@@ -103,7 +107,9 @@ struct BackwardOptions {
   // relative adjoint residual has not fallen by 0.1% within this many
   // iterations (0 disables; not judged in a fixed budget, tolerance 0).
   int stagnation_window = 10;
-  // kNeumann: terms of the series after g (k VJPs).
+  // kNeumann: terms of the series after g (k VJPs). With tolerance 0 every
+  // sample gets exactly this many terms (a truncated series), even when its
+  // residual reaches 0 in the state's precision before.
   int neumann_terms = 10;
   // kDense: largest state size it accepts (it builds an n x n matrix per
   // sample); beyond it the solve throws stillpoint::Error.
@@ -135,10 +141,14 @@ struct AdjointSummary {
   AdjointSolverType solver = AdjointSolverType::kFixedPoint;  // meaningful for kIft
   // Worst over samples (kConverged when every sample met the tolerance).
   // The inexact modes (kJfb, kPhantom, kUnrolled) solve no equation: they
-  // report kConverged, their recorded steps as iterations, empty residual
-  // vectors (no residual is computed) and a message that says so.
+  // report kInexact, their recorded steps as iterations, empty residual
+  // vectors (no residual is computed; reports print "n/a") and a message
+  // that says so. A fixed-budget solve (tolerance 0) ends kInexact too.
   TerminationType termination_type = TerminationType::kFailure;
   std::string message;
+  // The relative tolerance the solve had to meet (BackwardOptions::tolerance
+  // for kIft); 0 when there was none (a fixed budget, or an inexact mode).
+  double tolerance = 0.0;
 
   int64_t batch_size = 0;
   int64_t state_size = 0;
@@ -163,10 +173,15 @@ struct AdjointSummary {
 
   // True when every sample converged.
   bool IsUsable() const;
+  // Whether residuals were measured (false for the inexact modes).
+  bool HasResiduals() const { return !sample_rel_residual.empty(); }
+  // Max over samples; only meaningful when HasResiduals().
   double MaxRelResidual() const;
   int64_t CountSamples(TerminationType type) const;
   // One line: "ift/gmres: CONVERGED, 4/4 converged, 9 iterations, 10 VJPs,
-  // max rel residual 3.1e-09, 0.4 ms".
+  // max rel residual 3.1e-09 (tolerance 1e-06), 0.4 ms"; the residual is
+  // "n/a" when none was measured, and a tolerance not met is marked
+  // "(tolerance 1e-05 NOT MET)".
   std::string BriefReport() const;
   // The brief line, message, per-status counts, effort, options given vs
   // used, the residual trace and (for up to 16 samples) one line per sample.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "framework/parallel.h"
@@ -19,6 +20,8 @@ int64_t BroydenSolver::InitSolver() {
   previous_f_ = Tensor(Shape{batch, n}, dtype());
   direction_ = Tensor(Shape{batch, n}, dtype());
   scratch_ = Tensor(Shape{batch, n}, dtype());
+  automatic_scale_ = options().broyden_initial_scale == 0.0;
+  alpha_.assign(batch, automatic_scale_ ? 1.0 : options().broyden_initial_scale);
   count_.assign(batch, 0);
   head_.assign(batch, 0);
   has_previous_.assign(batch, 0);
@@ -54,9 +57,10 @@ void BroydenSolver::UpdateAndDirection(int64_t sample) {
     }
     const T* s = zk;
     const T* y = fk;
+    const double alpha = alpha_[sample];
     const int used = count_[sample];
-    // p <- H y = -y + sum_i u_i (v_i . y)
-    for (int64_t i = 0; i < n; ++i) p[i] = -y[i];
+    // p <- H y = -alpha y + sum_i u_i (v_i . y)
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(-alpha * static_cast<double>(y[i]));
     for (int j = 0; j < used; ++j) {
       const T coefficient = static_cast<T>(Dot(v + j * n, y, n));
       for (int64_t i = 0; i < n; ++i) p[i] += coefficient * u[j * n + i];
@@ -66,10 +70,10 @@ void BroydenSolver::UpdateAndDirection(int64_t sample) {
     T* w = scratch_.data<T>() + sample * n;
     double denominator = 0.0;
     if (options().broyden_variant == BroydenVariant::kGood) {
-      // w <- H^T s = -s + sum_i v_i (u_i . s); denominator s^T H y.
+      // w <- H^T s = -alpha s + sum_i v_i (u_i . s); denominator s^T H y.
       double coefficients[256];
       for (int j = 0; j < used; ++j) coefficients[j] = Dot(u + j * n, s, n);
-      for (int64_t i = 0; i < n; ++i) w[i] = -s[i];
+      for (int64_t i = 0; i < n; ++i) w[i] = static_cast<T>(-alpha * static_cast<double>(s[i]));
       for (int j = 0; j < used; ++j) {
         const T coefficient = static_cast<T>(coefficients[j]);
         for (int64_t i = 0; i < n; ++i) w[i] += coefficient * v[j * n + i];
@@ -96,11 +100,21 @@ void BroydenSolver::UpdateAndDirection(int64_t sample) {
     }
   }
 
-  // Save z_k, F_k and form p = -H F_k = F_k - sum_i u_i (v_i . F_k).
+  // Save z_k, F_k and form p = -H F_k = alpha F_k - sum_i u_i (v_i . F_k).
+  if (!has_previous_[sample] && automatic_scale_) {
+    // Automatic scale: the first step z0 + alpha F(z0) is at most half of
+    // max(||z0||, 1) long, and alpha stays the scale of H_0 for the solve.
+    double residual_sq = 0.0, map_sq = 0.0;
+    SquaredNorms(z, f, n, &residual_sq, &map_sq);
+    const double limit = 0.5 * std::max(std::sqrt(Dot(z, z, n)), 1.0);
+    const double length = std::sqrt(residual_sq);
+    alpha_[sample] = length > limit ? limit / length : 1.0;
+  }
+  const double alpha = alpha_[sample];
   for (int64_t i = 0; i < n; ++i) {
     zk[i] = z[i];
     fk[i] = f[i] - z[i];
-    p[i] = fk[i];
+    p[i] = static_cast<T>(alpha * static_cast<double>(fk[i]));
   }
   for (int j = 0; j < count_[sample]; ++j) {
     const T coefficient = static_cast<T>(Dot(v + j * n, fk, n));
@@ -155,7 +169,8 @@ void BroydenSolver::StepSolver() {
       T* z = state().template data<T>() + b * n;
       const T* zk = previous_z_.data<T>() + b * n;
       const T* fk = previous_f_.data<T>() + b * n;
-      for (int64_t i = 0; i < n; ++i) z[i] = zk[i] + fk[i];
+      const T alpha = static_cast<T>(alpha_[b]);
+      for (int64_t i = 0; i < n; ++i) z[i] = zk[i] + alpha * fk[i];
     }
   });
   resets_ += static_cast<int64_t>(reset_.size());
@@ -164,6 +179,13 @@ void BroydenSolver::StepSolver() {
 }
 
 void BroydenSolver::FinishSolver(SolverSummary* summary) {
+  if (options().broyden_initial_scale == 0.0 && !alpha_.empty()) {
+    const auto [low, high] = std::minmax_element(alpha_.begin(), alpha_.end());
+    char used[64];
+    std::snprintf(used, sizeof(used), "%.3g to %.3g", *low, *high);
+    summary->option_usage.push_back({"broyden_initial_scale", "0 (automatic)", used,
+                                     "alpha over samples, from each one's first residual"});
+  }
   if (max_pairs_used_ < memory_) {
     summary->option_usage.push_back({"broyden_memory", std::to_string(memory_),
                                      std::to_string(max_pairs_used_),

@@ -169,6 +169,7 @@ int64_t CeresSolverBase::InitSolver() {
   stalled_samples_ = 0;
   first_stalled_sample_ = -1;
   first_stall_report_.clear();
+  first_stall_reason_.clear();
   return static_cast<int64_t>(point_.nbytes() + value_.nbytes() + unit_.nbytes() +
                               column_.nbytes() + energy_gradient_.nbytes()) +
          static_cast<int64_t>(2 * n * sizeof(double));
@@ -312,7 +313,8 @@ void CeresSolverBase::StepSolver() {
 
     int ceres_iterations = 0;
     TerminationType outcome = TerminationType::kFailure;
-    last_report_ = RunCeres(b, &params, &ceres_iterations, &outcome);
+    std::string reason;
+    last_report_ = RunCeres(b, &params, &ceres_iterations, &outcome, &reason);
 
     // The final point and its map value become the sample's current row.
     std::vector<double> fz(n);
@@ -336,6 +338,7 @@ void CeresSolverBase::StepSolver() {
       if (stalled_samples_++ == 0) {
         first_stalled_sample_ = b;
         first_stall_report_ = last_report_;
+        first_stall_reason_ = reason;
       }
     }
     TerminateSample(b, end);
@@ -349,6 +352,10 @@ void CeresSolverBase::FinishSolver(SolverSummary* summary) {
         " sample(s) before the stopping rule held, so they are reported STAGNATED at their "
         "best iterate (first: sample ", first_stalled_sample_, ", Ceres: ", first_stall_report_,
         "). ", stall_hint_, " ");
+    // Name Ceres' own reason for stopping, not the base's stagnation window
+    // (which Ceres samples never reach).
+    SetStagnationNote(detail::StrCat("Ceres ended the solve by its own rule, first sample ",
+                                     first_stalled_sample_, ": ", first_stall_reason_));
   }
   if (!last_report_.empty()) {
     summary->message += std::string("Ceres (last sample solved): ") + last_report_;
@@ -376,7 +383,8 @@ void CeresLbfgsSolver::ValidateProblem(const FixedPointProblem& problem) const {
 std::string CeresLbfgsSolver::RunCeres(int64_t sample,
                                        std::vector<double>* params,
                                        int* ceres_iterations,
-                                       TerminationType* outcome) {
+                                       TerminationType* outcome,
+                                       std::string* reason) {
   const int n = static_cast<int>(state_size());
   ceres::GradientProblem problem(new EnergyFunction(this, sample, n));
   ceres::GradientProblemSolver::Options o;
@@ -400,6 +408,8 @@ std::string CeresLbfgsSolver::RunCeres(int64_t sample,
   }
   *ceres_iterations = std::max(0, static_cast<int>(summary.iterations.size()) - 1);
   *outcome = FromCeres(summary.termination_type, /*trust_region=*/false);
+  *reason = std::string(ceres::TerminationTypeToString(summary.termination_type)) + ": " +
+            summary.message;
   return summary.BriefReport();
 }
 
@@ -422,7 +432,8 @@ void CeresTrustRegionSolver::ValidateProblem(const FixedPointProblem& problem) c
 std::string CeresTrustRegionSolver::RunCeres(int64_t sample,
                                              std::vector<double>* params,
                                              int* ceres_iterations,
-                                             TerminationType* outcome) {
+                                             TerminationType* outcome,
+                                             std::string* reason) {
   const int n = static_cast<int>(state_size());
   ceres::Problem problem;
   problem.AddResidualBlock(new ResidualFunction(this, sample, n), nullptr, params->data());
@@ -449,6 +460,8 @@ std::string CeresTrustRegionSolver::RunCeres(int64_t sample,
   }
   *ceres_iterations = std::max(0, static_cast<int>(summary.iterations.size()) - 1);
   *outcome = FromCeres(summary.termination_type, /*trust_region=*/true);
+  *reason = std::string(ceres::TerminationTypeToString(summary.termination_type)) + ": " +
+            summary.message;
   return summary.BriefReport();
 }
 

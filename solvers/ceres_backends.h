@@ -59,12 +59,14 @@ class CeresSolverBase : public FixedPointSolver {
   bool UsesJvp() const override { return true; }
 
   // Runs Ceres on one sample from params (in/out). Returns Ceres' brief
-  // report; sets *ceres_iterations and *outcome (the termination if
-  // stillpoint's rule did not stop Ceres).
+  // report; sets *ceres_iterations, *outcome (the termination if
+  // stillpoint's rule did not stop Ceres) and *reason (Ceres' termination
+  // type and its own message, e.g. "FAILURE: Line search failed: ...").
   virtual std::string RunCeres(int64_t sample,
                                std::vector<double>* params,
                                int* ceres_iterations,
-                               TerminationType* outcome) = 0;
+                               TerminationType* outcome,
+                               std::string* reason) = 0;
 
   const char* backend_name_ = "ceres";
   // Why Ceres may stop early for this backend (appended to the message).
@@ -95,6 +97,7 @@ class CeresSolverBase : public FixedPointSolver {
   int64_t stalled_samples_ = 0;
   int64_t first_stalled_sample_ = -1;
   std::string first_stall_report_;
+  std::string first_stall_reason_;
 };
 
 class CeresLbfgsSolver : public CeresSolverBase {
@@ -106,7 +109,8 @@ class CeresLbfgsSolver : public CeresSolverBase {
   std::string RunCeres(int64_t sample,
                        std::vector<double>* params,
                        int* ceres_iterations,
-                       TerminationType* outcome) override;
+                       TerminationType* outcome,
+                       std::string* reason) override;
 };
 
 class CeresTrustRegionSolver : public CeresSolverBase {
@@ -118,7 +122,8 @@ class CeresTrustRegionSolver : public CeresSolverBase {
   std::string RunCeres(int64_t sample,
                        std::vector<double>* params,
                        int* ceres_iterations,
-                       TerminationType* outcome) override;
+                       TerminationType* outcome,
+                       std::string* reason) override;
 };
 
 }  // namespace stillpoint

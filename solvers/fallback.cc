@@ -27,6 +27,7 @@ bool NeedsFallback(const ForwardSolverOptions& options,
     case TerminationType::kStagnated:
       return !(monitored <= options.fallback_residual_threshold);
     case TerminationType::kConverged:
+    case TerminationType::kInexact:  // never set by the forward solvers
     case TerminationType::kUserStop:
       return false;
   }

@@ -90,6 +90,8 @@ void NoteUnusedOptions(const ForwardSolverOptions& options, std::vector<OptionUs
        "anderson_safeguard_factor", ValueString(options.anderson_safeguard_factor));
   note(broyden, options.broyden_memory != defaults.broyden_memory, "broyden_memory",
        ValueString(options.broyden_memory));
+  note(broyden, options.broyden_initial_scale != defaults.broyden_initial_scale,
+       "broyden_initial_scale", ValueString(options.broyden_initial_scale));
   note(broyden, options.broyden_variant != defaults.broyden_variant, "broyden_variant",
        ToString(options.broyden_variant));
   note(broyden, options.broyden_line_search != defaults.broyden_line_search, "broyden_line_search",
@@ -202,6 +204,9 @@ void FixedPointSolver::Init(const FixedPointProblem& problem, const Tensor& z0) 
   initial_abs_.assign(batch, kInfinity);
   stagnation_reference_.assign(batch, kInfinity);
   stagnation_since_.assign(batch, 0);
+  previous_monitored_.assign(batch, kInfinity);
+  consecutive_rises_.assign(batch, 0);
+  diverged_by_growth_ = 0;
   sample_iterations_.assign(batch, 0);
   termination_.assign(batch, TerminationType::kFailure);
   pending_termination_.assign(batch, TerminationType::kFailure);
@@ -228,6 +233,7 @@ void FixedPointSolver::Init(const FixedPointProblem& problem, const Tensor& z0) 
   converged_count_ = 0;
   solver_option_usage_.clear();
   solver_message_.clear();
+  stagnation_note_.clear();
   iteration_ = 0;
   stopped_by_callback_ = false;
   initialized_ = true;
@@ -321,11 +327,22 @@ void FixedPointSolver::Finish(Tensor* z, SolverSummary* summary) {
                   << options_.max_iterations << (options_.FixedBudget() ? " iterations)" : ")");
           break;
         case TerminationType::kStagnated:
-          message << " (no " << options_.stagnation_min_improvement << " relative improvement in "
-                  << options_.stagnation_window << " iterations)";
+          if (!stagnation_note_.empty()) {
+            message << " (" << stagnation_note_ << ")";
+          } else {
+            message << " (no " << options_.stagnation_min_improvement << " relative improvement in "
+                    << options_.stagnation_window << " iterations)";
+          }
           break;
         case TerminationType::kDiverged:
-          message << " (residual above " << options_.divergence_factor << " x initial)";
+          if (diverged_by_growth_ < count) {
+            message << " (" << count - diverged_by_growth_ << " with residual above "
+                    << options_.divergence_factor << " x initial)";
+          }
+          if (diverged_by_growth_ > 0) {
+            message << " (" << diverged_by_growth_ << " with residual rising at each of "
+                    << options_.stagnation_window << " iterations)";
+          }
           break;
         case TerminationType::kFailure:
           message << " (the map or energy returned false)";
@@ -435,7 +452,11 @@ void FixedPointSolver::JudgeSamples(const std::vector<int64_t>& samples) {
       initial_abs_[b] = abs_r;
       stagnation_reference_[b] = monitored;
       stagnation_since_[b] = 0;
+      consecutive_rises_[b] = 0;
+    } else {
+      consecutive_rises_[b] = monitored > previous_monitored_[b] ? consecutive_rises_[b] + 1 : 0;
     }
+    previous_monitored_[b] = monitored;
     const bool converged = MeetsTolerance(abs_r, rel_r);
     if (converged || monitored < best_monitored_[b]) {
       improved_.push_back(b);
@@ -462,7 +483,16 @@ void FixedPointSolver::JudgeSamples(const std::vector<int64_t>& samples) {
           stagnation_reference_[b] = monitored;
           stagnation_since_[b] = sample_iterations_[b];
         } else if (sample_iterations_[b] - stagnation_since_[b] >= options_.stagnation_window) {
-          EndSample(b, TerminationType::kStagnated);
+          // No progress within the window. A residual that rose at every
+          // iterate of it is running away (an expansive map under Picard
+          // grows by its spectral radius per step), long before it would
+          // reach divergence_factor x the initial one: that is DIVERGED.
+          if (consecutive_rises_[b] >= options_.stagnation_window) {
+            ++diverged_by_growth_;
+            EndSample(b, TerminationType::kDiverged);
+          } else {
+            EndSample(b, TerminationType::kStagnated);
+          }
           continue;
         }
       }

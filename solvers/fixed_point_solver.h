@@ -190,6 +190,10 @@ class FixedPointSolver {
   void AddEnergyEvaluations(int64_t rows) { energy_evaluations_ += rows; }
   void AddOptionUsage(OptionUsage usage) { solver_option_usage_.push_back(std::move(usage)); }
   void AppendMessage(const std::string& text);
+  // Why this solver's STAGNATED samples stopped, when it is not the base's
+  // stagnation window (e.g. Ceres ending a solve by its own rules): the
+  // summary message names this instead of the window.
+  void SetStagnationNote(const std::string& note) { stagnation_note_ = note; }
   int64_t function_evaluations() const { return function_evaluations_; }
   double ElapsedSeconds() const;
   // Whether residuals meet the tolerance of the stop mode (never in a
@@ -246,6 +250,11 @@ class FixedPointSolver {
   std::vector<double> initial_abs_;
   std::vector<double> stagnation_reference_;
   std::vector<int> stagnation_since_;
+  // The monitored residual of the previous judged iterate, and how many
+  // judged iterates in a row it has risen (for kDiverged by growth).
+  std::vector<double> previous_monitored_;
+  std::vector<int> consecutive_rises_;
+  int64_t diverged_by_growth_ = 0;
   std::vector<int> sample_iterations_;
   std::vector<TerminationType> termination_;
   std::vector<TerminationType> pending_termination_;  // set by TerminateSample
@@ -261,6 +270,7 @@ class FixedPointSolver {
   int64_t history_bytes_ = 0;
   std::vector<OptionUsage> solver_option_usage_;
   std::string solver_message_;
+  std::string stagnation_note_;
 
   friend class FixedPointSolverTestPeer;
 };

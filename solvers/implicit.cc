@@ -123,12 +123,12 @@ void ReportInexact(BackwardMode mode,
                    AdjointSummary* summary) {
   *summary = AdjointSummary();
   summary->mode = mode;
-  summary->termination_type = TerminationType::kConverged;
+  summary->termination_type = TerminationType::kInexact;
   summary->message = message;
   summary->batch_size = batch;
   summary->state_size = n;
   summary->sample_iterations.assign(batch, steps);
-  summary->sample_termination.assign(batch, TerminationType::kConverged);
+  summary->sample_termination.assign(batch, TerminationType::kInexact);
   summary->iterations = steps;
 }
 

@@ -67,6 +67,8 @@ const char* ToString(TerminationType type) {
   switch (type) {
     case TerminationType::kConverged:
       return "CONVERGED";
+    case TerminationType::kInexact:
+      return "INEXACT";
     case TerminationType::kUserStop:
       return "USER_STOP";
     case TerminationType::kMaxIterations:
@@ -87,7 +89,8 @@ const char* ToString(TerminationType type) {
 
 bool StringToTerminationType(const std::string& text, TerminationType* type) {
   return ParseEnum(text,
-                   {TerminationType::kConverged, TerminationType::kUserStop,
+                   {TerminationType::kConverged, TerminationType::kInexact,
+                    TerminationType::kUserStop,
                     TerminationType::kMaxIterations, TerminationType::kStagnated,
                     TerminationType::kDiverged, TerminationType::kLinearAlgebraFailure,
                     TerminationType::kNonFinite, TerminationType::kFailure},
@@ -231,6 +234,8 @@ bool ForwardSolverOptions::IsValid(std::string* error) const {
           "anderson_safeguard_factor", anderson_safeguard_factor, ">= 1, or 0 to disable");
   v.Check(broyden_memory >= 1 && broyden_memory <= 256, "broyden_memory", broyden_memory,
           "in [1, 256]");
+  v.Check(Finite(broyden_initial_scale) && broyden_initial_scale >= 0, "broyden_initial_scale",
+          broyden_initial_scale, "finite and >= 0 (0: automatic)");
   v.Check(armijo_c > 0 && armijo_c < 0.5, "armijo_c", armijo_c, "in (0, 0.5)");
   v.Check(line_search_max_backtracks >= 0 && line_search_max_backtracks <= 60,
           "line_search_max_backtracks", line_search_max_backtracks, "in [0, 60]");
@@ -279,6 +284,7 @@ std::string ForwardSolverOptions::ToString() const {
       << "anderson_type: " << stillpoint::ToString(anderson_type) << "\n"
       << "anderson_safeguard_factor: " << anderson_safeguard_factor << "\n"
       << "broyden_memory: " << broyden_memory << "\n"
+      << "broyden_initial_scale: " << broyden_initial_scale << "\n"
       << "broyden_variant: " << stillpoint::ToString(broyden_variant) << "\n"
       << "broyden_line_search: " << (broyden_line_search ? "true" : "false") << "\n"
       << "armijo_c: " << armijo_c << "\n"

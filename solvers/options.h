@@ -45,9 +45,15 @@ bool StringToStopMode(const std::string& text, StopMode* mode);
 
 // Why a sample (or a whole solve) ended. Declared from best to worst: the
 // termination of a batch is the worst over its samples (kConverged only when
-// every sample converged). Spelled "CONVERGED", "MAX_ITERATIONS", ...
+// every sample converged). Spelled "CONVERGED", "INEXACT", "MAX_ITERATIONS", ...
 enum class TerminationType {
   kConverged,             // met the tolerance
+  // A backward pass that is an approximation by design and had no tolerance
+  // to meet: the inexact modes (jfb, phantom, unrolled; they compute no
+  // residual) and an iterative adjoint solve with tolerance 0 (a fixed
+  // budget, e.g. a truncated Neumann series; its residual is reported).
+  // Never set by the forward solvers.
+  kInexact,
   kUserStop,              // an iteration callback asked to stop
   kMaxIterations,         // ran out of iterations above the tolerance
   kStagnated,             // no progress within stagnation_window iterations
@@ -162,8 +168,16 @@ struct ForwardSolverOptions {
   // Non-finite steps are always rejected this way. 0 disables the factor test.
   double anderson_safeguard_factor = 10.0;
 
-  // -- Broyden (limited memory, on F(z) = f(z) - z with H_0 = -I) --
+  // -- Broyden (limited memory, on F(z) = f(z) - z with H_0 = -alpha I) --
   int broyden_memory = 10;  // rank-one updates kept; the oldest is dropped when full
+  // alpha of the initial inverse Jacobian H_0 = -alpha I (state units per
+  // residual unit): the first step is z + alpha F(z). 1 makes it a plain
+  // fixed-point step. 0 chooses per sample from z0:
+  // alpha = min(1, 0.5 max(||z0||, 1) / ||F(z0)||), so the first step moves
+  // at most half of max(||z0||, 1). A stiff map (J_F with eigenvalues far
+  // below -1) needs alpha near the inverse of their size, or the first
+  // steps overshoot (and a line search cannot shorten them enough).
+  double broyden_initial_scale = 1.0;
   BroydenVariant broyden_variant = BroydenVariant::kGood;
   // Armijo backtracking on ||F||^2 along the Broyden direction (extra
   // evaluations per rejected trial). Also used by Newton-Krylov.

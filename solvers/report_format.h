@@ -29,10 +29,15 @@ inline std::string FormatBytes(int64_t bytes) {
 }
 
 // Every termination type, in the order reports list them.
-inline constexpr TerminationType kAllTerminations[] = {
-    TerminationType::kConverged, TerminationType::kUserStop, TerminationType::kMaxIterations,
-    TerminationType::kStagnated, TerminationType::kDiverged, TerminationType::kLinearAlgebraFailure,
-    TerminationType::kNonFinite, TerminationType::kFailure};
+inline constexpr TerminationType kAllTerminations[] = {TerminationType::kConverged,
+                                                       TerminationType::kInexact,
+                                                       TerminationType::kUserStop,
+                                                       TerminationType::kMaxIterations,
+                                                       TerminationType::kStagnated,
+                                                       TerminationType::kDiverged,
+                                                       TerminationType::kLinearAlgebraFailure,
+                                                       TerminationType::kNonFinite,
+                                                       TerminationType::kFailure};
 
 // The lines every FullReport starts with: the brief report, the message, the
 // problem size and the sample count per termination type. Summary is a

@@ -21,14 +21,15 @@ const std::vector<std::string>& AttentionColumns() {
 std::map<std::string, double> AttentionSolverColumns(const SequenceModel& model) {
   std::map<std::string, double> row;
   const SolverStats forward = AttentionForwardStats(model);
-  if (forward.converged + forward.not_converged == 0) return row;
+  if (forward.converged + forward.not_converged + forward.inexact == 0) return row;
   const SolverStats backward = AttentionBackwardStats(model);
   row["attn_iters"] = forward.iterations_mean;
   row["attn_residual"] = forward.residual_max;
   row["attn_unconverged"] = static_cast<double>(forward.not_converged);
-  if (backward.converged + backward.not_converged > 0) {
+  if (backward.converged + backward.not_converged + backward.inexact > 0) {
     row["attn_bwd_iters"] = backward.iterations_mean;
-    row["attn_bwd_residual"] = backward.residual_max;
+    // Inexact backward modes measure no residual: the column stays empty.
+    if (backward.HasResidual()) row["attn_bwd_residual"] = backward.residual_max;
   }
   return row;
 }

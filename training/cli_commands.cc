@@ -8,6 +8,7 @@
 #include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
+#include "training/gradient_check.h"
 #include "framework/parallel.h"
 #include "training/metrics.h"
 #include "training/retrieve.h"
@@ -94,6 +95,13 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
         const EvalResult result = Evaluate(*experiment.model, *experiment.test,
                                            experiment.config.GetInt("eval.batch_size"),
                                            experiment.dtype);
+        GradientCheck check;
+        if (args.gradient_check) {
+          const int64_t size = experiment.config.GetInt("eval.gradient_check_batch_size");
+          check = CheckGradient(
+              *experiment.model,
+              GradientProbeBatch(*experiment.train, size > 0 ? size : 8, experiment.dtype));
+        }
         if (args.json) {
           out << "{\"loss\": " << JsonNumber(result.loss)
               << ", \"accuracy\": " << JsonNumber(result.accuracy)
@@ -102,7 +110,21 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
               << ", \"forward_iterations_mean\": " << JsonNumber(result.forward.iterations_mean)
               << ", \"forward_iterations_max\": " << JsonNumber(result.forward.iterations_max)
               << ", \"forward_residual_max\": " << JsonNumber(result.forward.residual_max)
-              << ", \"unconverged_samples\": " << result.forward.not_converged << "}\n";
+              << ", \"unconverged_samples\": " << result.forward.not_converged;
+          if (args.gradient_check) {
+            out << ", \"gradient_check\": ";
+            if (check.ran) {
+              out << "{\"cosine\": " << JsonNumber(check.cosine)
+                  << ", \"relative_error\": " << JsonNumber(check.relative_error)
+                  << ", \"reference_residual\": " << JsonNumber(check.reference_residual)
+                  << ", \"reference_status\": " << JsonString(check.reference_status)
+                  << ", \"spectral_radius\": " << JsonNumber(check.spectral_radius)
+                  << ", \"used\": " << JsonString(check.used_brief) << "}";
+            } else {
+              out << "null";
+            }
+          }
+          out << "}\n";
         } else {
           out << std::fixed << std::setprecision(4) << checkpoint_path << " (step " << state.step
               << "): test loss " << result.loss << ", test accuracy " << std::setprecision(2)
@@ -114,6 +136,12 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
                 << result.forward.not_converged << " samples unconverged";
           }
           out << "\n";
+          if (args.gradient_check) {
+            out << check.Line() << "\n";
+            if (!check.used_brief.empty()) {
+              out << "  the gradient used: " << check.used_brief << "\n";
+            }
+          }
         }
         return kOk;
       });

@@ -27,6 +27,9 @@ struct EvalArgs {
   int64_t iterations = 0;  // 0: as trained
   int64_t length = 0;      // 0: as trained
   bool json = false;
+  // Also run the gradient check (training/gradient_check.h) on a probe batch
+  // of eval.gradient_check_batch_size training examples (8 if that is 0).
+  bool gradient_check = false;
 };
 int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err);
 

@@ -23,12 +23,13 @@
 // The report (RUN_DIR/report.md and report.html with the plots inline, plus
 // one run directory per variant) holds, per variant: parameters, final
 // train/test loss and accuracy, median wall time per step, peak tensor
-// memory, forward and backward solver iterations and residuals (the energy
-// block's solve for energy variants), and for
-// inexact backward modes the cosine between their gradient and the ift
-// gradient on a probe batch; and the plots: loss and accuracy curves of all
-// variants, test accuracy against test-time solver iterations (implicit and
-// energy) and
+// memory, forward and backward solver iterations, residuals beside their
+// tolerance and status counts (the energy block's solve for energy
+// variants), and for every variant with an implicit layer the cosine and
+// relative error between its gradient and the reference gradient on a probe
+// batch; and the plots: loss and accuracy curves of all variants, gradient
+// quality at every evaluation (variants with an implicit layer), test
+// accuracy against test-time solver iterations (implicit and energy) and
 // unroll depth (tied; explicit at its depth), and test accuracy against
 // sequence length beyond the training length (eval.lengths).
 #pragma once
@@ -49,9 +50,12 @@ struct VariantResult {
   std::vector<std::string> overrides;  // applied to the base config
   std::string run_dir;
   TrainSummary train;
-  // Cosine between this variant's gradient and the ift gradient of the same
-  // trained model on a probe batch (NaN where it does not apply).
+  // Cosine and relative error between the gradient this variant trains with
+  // and the reference gradient (ift, GMRES to a relative adjoint residual of
+  // 1e-10; training/gradient_check.h) of the trained model on a probe batch
+  // (NaN for variants without an implicit layer).
   double gradient_cosine_vs_ift = 0;
+  double gradient_relative_error_vs_ift = 0;
   std::vector<std::pair<double, double>> accuracy_vs_depth;   // (iterations or depth, acc)
   std::vector<std::pair<double, double>> accuracy_vs_length;  // (length, acc)
   // The first evaluated step whose held-out accuracy reached

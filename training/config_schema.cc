@@ -48,7 +48,9 @@ void AddSolverKeys(ConfigSchema& s, const std::string& prefix, const ImplicitOpt
               "Stop when ||f(z) - z|| / (||f(z)|| + eps) <= this (relative or either)", 0.0,
               kInf)
       .Int(fw + "stagnation_window", f.stagnation_window,
-           "Iterations without enough improvement before STAGNATED", 1, 1 << 20)
+           "Iterations without enough improvement before STAGNATED (DIVERGED when the residual "
+           "rose at each of them)",
+           1, 1 << 20)
       .Double(fw + "picard_damping", f.picard_damping, "picard: z <- (1 - tau) z + tau f(z)",
               1e-6, 1.0)
       .Int(fw + "anderson_memory", f.anderson_memory, "anderson: history size m", 1, 1024)
@@ -61,6 +63,11 @@ void AddSolverKeys(ConfigSchema& s, const std::string& prefix, const ImplicitOpt
               "anderson: reject a step raising the residual by this factor and restart", 1.0,
               kInf)
       .Int(fw + "broyden_memory", f.broyden_memory, "broyden: rank-one updates kept", 1, 1024)
+      .Double(fw + "broyden_initial_scale", f.broyden_initial_scale,
+              "broyden: alpha of the initial inverse Jacobian -alpha I (1: the first step is a "
+              "plain fixed-point step; 0: automatic, a first step of at most half of "
+              "max(|z0|, 1))",
+              0.0, kInf)
       .Enum(fw + "broyden_variant", ToString(f.broyden_variant), {"good", "bad"},
             "broyden: which update")
       .Bool(fw + "broyden_line_search", f.broyden_line_search, "broyden: Armijo line search")
@@ -280,10 +287,22 @@ ConfigSchema BuildSchema() {
             "A non-finite loss or gradient: skip the step (parameters unchanged) or stop the "
             "run; either way it is reported with the solver summary")
       .Int("train.max_skipped_steps", 20, "skip: stop after this many consecutive skipped steps",
-           1, kBig);
+           1, kBig)
+      .Enum("train.on_unconverged", "warn", {"ignore", "warn", "stop"},
+            "An implicit model's adjoint (backward) solve that leaves samples above its "
+            "tolerance: ignore; warn (print the fraction of samples, the residual, the "
+            "tolerance and the solver the first time, then once per evaluation); stop (end the "
+            "run before the update, exit 1, with the report). INEXACT backward modes (jfb, "
+            "phantom, unrolled, tolerance 0) never count");
 
   // ---- eval
   s.Int("eval.batch_size", 256, "Examples per evaluation batch", 1, 1 << 20)
+      .Int("eval.gradient_check_batch_size", 8,
+           "Models with an implicit layer: at every evaluation, the gradient the trainer uses is "
+           "compared with a reference (ift, GMRES to 1e-10) on a fixed probe batch of this many "
+           "training examples (cosine and relative error in the metrics, the progress output "
+           "and summary.json; 0: off)",
+           0, 1 << 20)
       .Int("eval.max_iterations", 0,
            "Test-time forward solver budget (0: the training budget)", 0, 1 << 20)
       .DoubleList("eval.iterations_sweep", {},
@@ -314,8 +333,9 @@ ConfigSchema BuildSchema() {
                   "The kinds of the grid: explicit, tied, implicit, implicit_<backward mode>, "
                   "energy")
       .Int("compare.probe_batch_size", 32,
-           "Batch used to measure each inexact backward mode's gradient cosine with ift", 1,
-           1 << 20);
+           "Probe batch of the gradient check after training: every variant with an implicit "
+           "layer, its gradient against the reference (ift, GMRES to 1e-10)",
+           1, 1 << 20);
   return s;
 }
 
@@ -358,6 +378,7 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c, const std::string& pr
   f.anderson_type = ParseEnum<AndersonType>(c, fw + "anderson_type", StringToAndersonType);
   f.anderson_safeguard_factor = c.GetDouble(fw + "anderson_safeguard_factor");
   f.broyden_memory = static_cast<int>(c.GetInt(fw + "broyden_memory"));
+  f.broyden_initial_scale = c.GetDouble(fw + "broyden_initial_scale");
   f.broyden_variant =
       ParseEnum<BroydenVariant>(c, fw + "broyden_variant", StringToBroydenVariant);
   f.broyden_line_search = c.GetBool(fw + "broyden_line_search");

@@ -1,8 +1,10 @@
 #include "training/experiment.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 
 #include "framework/ops.h"
 #include "training/config_schema.h"
@@ -19,6 +21,43 @@ std::string ResolvePath(const std::string& path, const std::string& config_path)
     return path;
   }
   return (std::filesystem::path(config_path).parent_path() / path).string();
+}
+
+// The key that names `type` as a forward solver: the primary type, else the
+// fallback chain, else "" (not used).
+std::string KeyUsing(const ImplicitOptions& options, ForwardSolverType type) {
+  if (options.forward.type == type) return "model.solver.forward.type";
+  for (ForwardSolverType t : options.forward.fallback_chain) {
+    if (t == type) return "model.solver.forward.fallback_chain";
+  }
+  return "";
+}
+
+// Forward solvers that cannot run on this model are refused here, while the
+// config is validated (exit 2), not at the first step after the run
+// directory exists. `length`: the longest sequence, so a sample's state is
+// at most length x dim values.
+void ValidateForwardSolvers(const Config& config, const ModelOptions& model, int64_t length) {
+  if (model.kind != ModelKind::kImplicit && model.kind != ModelKind::kEnergy) return;
+  const std::string lbfgs = KeyUsing(model.implicit, ForwardSolverType::kCeresLbfgs);
+  if (!lbfgs.empty() && model.kind != ModelKind::kEnergy) {
+    throw ConfigError(config.Origin(lbfgs) + ": " + lbfgs +
+                      " names ceres_lbfgs, which minimises the layer's energy, but model.kind " +
+                      config.GetString("model.kind") +
+                      " has no energy (only model.kind energy does); choose another forward "
+                      "solver");
+  }
+  const std::string trust = KeyUsing(model.implicit, ForwardSolverType::kCeresTrustRegion);
+  const int64_t state_size = length * model.dim;
+  const int64_t limit = model.implicit.forward.ceres_max_state_size;
+  if (!trust.empty() && state_size > limit) {
+    throw ConfigError(config.Origin(trust) + ": " + trust +
+                      " names ceres_trust_region, which assembles a dense n x n Jacobian per "
+                      "sample, but a sample's state here has n = " +
+                      std::to_string(length) + " tokens x model.dim " + std::to_string(model.dim) +
+                      " = " + std::to_string(state_size) + " values, above its limit of " +
+                      std::to_string(limit) + "; choose another forward solver");
+  }
 }
 
 }  // namespace
@@ -95,6 +134,7 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
                       std::to_string(options.max_length) + ") is shorter than the sequences (" +
                       std::to_string(longest) + " tokens)");
   }
+  ValidateForwardSolvers(config, options, longest);
   options.vocab_size = std::max<int64_t>(vocab, 1);
   options.feature_dim = feature_dim;
   options.num_classes = classes;
@@ -142,9 +182,15 @@ std::pair<int64_t, int64_t> CountCorrect(const Tensor& logits, const Batch& batc
 
 namespace {
 
+// The tolerance of the relative residual the statistics report: known when
+// the solve was judged by it alone (stop mode relative), else 0.
+double RelativeTolerance(const ForwardSolverOptions& forward) {
+  return forward.stop_mode == StopMode::kRelative ? forward.relative_tolerance : 0.0;
+}
+
 template <typename Summary>
 SolverStats StatsOf(const Summary& summary, const std::vector<int>& iterations,
-                    const std::vector<TerminationType>& terminations) {
+                    const std::vector<TerminationType>& terminations, double tolerance) {
   SolverStats stats;
   if (iterations.empty()) return stats;
   double total = 0;
@@ -153,9 +199,20 @@ SolverStats StatsOf(const Summary& summary, const std::vector<int>& iterations,
     stats.iterations_max = std::max<double>(stats.iterations_max, it);
   }
   stats.iterations_mean = total / static_cast<double>(iterations.size());
-  stats.residual_max = summary.MaxRelResidual();
+  // No residual measured (an inexact backward mode) is NaN, never 0.
+  stats.residual_max = summary.sample_rel_residual.empty()
+                           ? std::numeric_limits<double>::quiet_NaN()
+                           : summary.MaxRelResidual();
+  stats.tolerance = tolerance;
   for (TerminationType t : terminations) {
-    (t == TerminationType::kConverged ? stats.converged : stats.not_converged)++;
+    if (t == TerminationType::kConverged) {
+      ++stats.converged;
+    } else if (t == TerminationType::kInexact) {
+      ++stats.inexact;
+    } else {
+      ++stats.not_converged;
+    }
+    ++stats.status_counts[ToString(t)];
   }
   stats.brief = summary.BriefReport();
   return stats;
@@ -163,36 +220,97 @@ SolverStats StatsOf(const Summary& summary, const std::vector<int>& iterations,
 
 }  // namespace
 
+void SolverStats::Merge(const SolverStats& other) {
+  const int64_t mine = converged + not_converged + inexact;
+  const int64_t theirs = other.converged + other.not_converged + other.inexact;
+  if (theirs == 0) return;
+  if (mine == 0) {
+    const std::string own_brief = brief;
+    *this = other;
+    if (!own_brief.empty()) brief = own_brief;
+    return;
+  }
+  iterations_mean = (iterations_mean * static_cast<double>(mine) +
+                     other.iterations_mean * static_cast<double>(theirs)) /
+                    static_cast<double>(mine + theirs);
+  iterations_max = std::max(iterations_max, other.iterations_max);
+  if (other.HasResidual()) {
+    residual_max = HasResidual() ? std::max(residual_max, other.residual_max) : other.residual_max;
+  }
+  tolerance = std::max(tolerance, other.tolerance);
+  converged += other.converged;
+  not_converged += other.not_converged;
+  inexact += other.inexact;
+  for (const auto& [status, count] : other.status_counts) status_counts[status] += count;
+  if (brief.empty()) brief = other.brief;
+}
+
 SolverStats ForwardStats(const SequenceModel& model) {
   const Implicit* layer = model.implicit();
   if (!layer || model.depth_override() > 0) return {};
   const SolverSummary& s = layer->forward_summary();
-  return StatsOf(s, s.sample_iterations, s.sample_termination);
+  return StatsOf(s, s.sample_iterations, s.sample_termination,
+                 RelativeTolerance(layer->options().forward));
 }
 
 SolverStats BackwardStats(const SequenceModel& model) {
   const Implicit* layer = model.implicit();
   if (!layer || model.depth_override() > 0 || !layer->backward_summary()) return {};
   const AdjointSummary& s = *layer->backward_summary();
-  return StatsOf(s, s.sample_iterations, s.sample_termination);
+  return StatsOf(s, s.sample_iterations, s.sample_termination, s.tolerance);
+}
+
+std::string ResidualCell(const SolverStats& stats) {
+  if (stats.converged + stats.not_converged + stats.inexact == 0) return "-";
+  if (!stats.HasResidual()) return "n/a";
+  char buffer[96];
+  if (stats.tolerance <= 0) {
+    std::snprintf(buffer, sizeof(buffer), "%.2e", stats.residual_max);
+  } else if (stats.ToleranceMissed()) {
+    std::snprintf(buffer, sizeof(buffer), "%.2e > %.0e NOT MET", stats.residual_max,
+                  stats.tolerance);
+  } else {
+    std::snprintf(buffer, sizeof(buffer), "%.2e <= %.0e", stats.residual_max, stats.tolerance);
+  }
+  return buffer;
+}
+
+std::string StatusCell(const SolverStats& stats) {
+  if (stats.status_counts.empty()) return "-";
+  // In the order of TerminationType (best first), not alphabetically.
+  std::string out;
+  for (int t = 0; t <= static_cast<int>(TerminationType::kFailure); ++t) {
+    const auto it = stats.status_counts.find(ToString(static_cast<TerminationType>(t)));
+    if (it == stats.status_counts.end()) continue;
+    if (!out.empty()) out += ", ";
+    out += it->first + " " + std::to_string(it->second);
+  }
+  return out;
 }
 
 namespace {
 
 // The solver statistics of several solves as one: mean of the means, worst
-// maxima and residuals, counts added, the briefs of the worst.
+// maxima and residuals (NaN when no part measured one), counts added, the
+// brief of the worst.
 SolverStats Combine(const std::vector<SolverStats>& parts) {
   SolverStats all;
   if (parts.empty()) return all;
+  all.residual_max = std::numeric_limits<double>::quiet_NaN();
   for (const SolverStats& p : parts) {
     all.iterations_mean += p.iterations_mean / static_cast<double>(parts.size());
     all.iterations_max = std::max(all.iterations_max, p.iterations_max);
-    if (p.residual_max >= all.residual_max) {
+    if (p.HasResidual() && (!all.HasResidual() || p.residual_max >= all.residual_max)) {
       all.residual_max = p.residual_max;
       all.brief = p.brief;
+    } else if (all.brief.empty()) {
+      all.brief = p.brief;
     }
+    all.tolerance = std::max(all.tolerance, p.tolerance);
     all.converged += p.converged;
     all.not_converged += p.not_converged;
+    all.inexact += p.inexact;
+    for (const auto& [status, count] : p.status_counts) all.status_counts[status] += count;
   }
   return all;
 }
@@ -204,7 +322,8 @@ SolverStats AttentionForwardStats(const SequenceModel& model) {
   for (const auto& [name, attention] : FindEnergyAttentions(model)) {
     const SolverSummary& s = attention->implicit().forward_summary();
     if (!s.sample_iterations.empty()) {
-      parts.push_back(StatsOf(s, s.sample_iterations, s.sample_termination));
+      parts.push_back(StatsOf(s, s.sample_iterations, s.sample_termination,
+                              RelativeTolerance(attention->implicit().options().forward)));
     }
   }
   return Combine(parts);
@@ -215,7 +334,7 @@ SolverStats AttentionBackwardStats(const SequenceModel& model) {
   for (const auto& [name, attention] : FindEnergyAttentions(model)) {
     const auto s = attention->implicit().backward_summary();
     if (s && !s->sample_iterations.empty()) {
-      parts.push_back(StatsOf(*s, s->sample_iterations, s->sample_termination));
+      parts.push_back(StatsOf(*s, s->sample_iterations, s->sample_termination, s->tolerance));
     }
   }
   return Combine(parts);

@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
                        "Test-time forward solver budget (implicit) or unroll depth (tied)");
   eval_cmd->add_option("--length", eval.length, "Evaluate on sequences of this length");
   eval_cmd->add_flag("--json", eval.json, "Print the result as JSON");
+  eval_cmd->add_flag("--gradient-check", eval.gradient_check,
+                     "Also compare the gradient the model trains with against a reference "
+                     "(ift, GMRES to 1e-10) on a fixed probe batch of training examples");
 
   CompareArgs compare;
   CLI::App* compare_cmd = app.add_subcommand(

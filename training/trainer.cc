@@ -15,11 +15,13 @@
 #include "framework/buffer_pool.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
+#include "layers/energy_attention.h"
 #include "solvers/regularizers.h"
 #include "training/attention_report.h"
 #include "training/checkpoint.h"
 #include "training/config_schema.h"
 #include "training/data_parallel.h"
+#include "training/gradient_check.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"
 #include "training/progress.h"
@@ -35,7 +37,8 @@ const std::vector<std::string> kColumns = {
     "step",           "lr",           "loss",          "accuracy",      "grad_norm",
     "fwd_iters_mean", "fwd_iters_max", "fwd_residual", "fwd_unconverged", "bwd_iters_mean",
     "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
-    "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean"};
+    "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean",
+    "grad_cos",       "grad_rel_err"};
 
 // Held-out examples the energy attentions' collapse diagnostics are taken
 // on at every eval (one extra traced solve per attention).
@@ -70,26 +73,35 @@ Var JacobianPenalty(SequenceModel& model, const Batch& batch, int probes, Rng& r
   return JacobianFrobeniusPenalty(f, model.implicit()->last_result().z_star.value(), probes, rng);
 }
 
+// A term a shard adds to its loss after its forward pass (the Jacobian
+// penalty), from its replica, its rows and its index.
+using ShardPenalty = std::function<Var(SequenceModel& replica, const Batch& rows, int64_t shard)>;
+
 // One step's forward and backward passes as data-parallel shards: the
 // loss (each shard's mean over its counted targets, weighted by its share
-// of the batch's counted targets) and, through *correct_counted, the
-// batch's correct predictions and counted targets.
+// of the batch's counted targets, plus `penalty` when given) and, through
+// *correct_counted, the batch's correct predictions and counted targets.
 double ShardedBackward(DataParallel& data_parallel,
                        const Batch& batch,
-                       std::pair<int64_t, int64_t>* correct_counted) {
+                       std::pair<int64_t, int64_t>* correct_counted,
+                       const ShardPenalty& penalty = nullptr) {
   int64_t counted = 0;
   for (int64_t target : batch.targets) counted += target != kIgnoreTarget;
   std::vector<std::pair<int64_t, int64_t>> per_shard(data_parallel.shards());
   const double loss =
       data_parallel.Backward(batch.batch_size, [&](Module& replica, ShardRange rows) {
         const Batch part = SliceBatch(batch, rows.begin, rows.end);
-        const Var logits = ForwardBatch(static_cast<SequenceModel&>(replica), part);
+        SequenceModel& model = static_cast<SequenceModel&>(replica);
+        const Var logits = ForwardBatch(model, part);
         per_shard[rows.shard] = CountCorrect(logits.value(), part);
         const int64_t shard_counted = per_shard[rows.shard].second;
-        // A shard whose targets are all ignored adds nothing.
-        if (shard_counted == 0) return mul_scalar(sum(logits), 0.0);
-        return mul_scalar(BatchLoss(logits, part),
-                          static_cast<double>(shard_counted) / static_cast<double>(counted));
+        // A shard whose targets are all ignored adds nothing to the task loss.
+        Var loss = shard_counted == 0
+                       ? mul_scalar(sum(logits), 0.0)
+                       : mul_scalar(BatchLoss(logits, part), static_cast<double>(shard_counted) /
+                                                                 static_cast<double>(counted));
+        if (penalty) loss = add(loss, penalty(model, part, rows.shard));
+        return loss;
       });
   *correct_counted = {0, 0};
   for (const auto& [c, n] : per_shard) {
@@ -104,20 +116,9 @@ double ShardedBackward(DataParallel& data_parallel,
 SolverStats ShardedStats(const DataParallel& data_parallel,
                          SolverStats (*stats_of)(const SequenceModel&)) {
   SolverStats total;
-  double iterations = 0;
-  int64_t samples = 0;
   for (int64_t shard = 0; shard < data_parallel.shards(); ++shard) {
-    const SolverStats s = stats_of(static_cast<const SequenceModel&>(data_parallel.replica(shard)));
-    const int64_t n = s.converged + s.not_converged;
-    iterations += s.iterations_mean * static_cast<double>(n);
-    samples += n;
-    total.iterations_max = std::max(total.iterations_max, s.iterations_max);
-    total.residual_max = std::max(total.residual_max, s.residual_max);
-    total.converged += s.converged;
-    total.not_converged += s.not_converged;
-    if (shard == 0) total.brief = s.brief;
+    total.Merge(stats_of(static_cast<const SequenceModel&>(data_parallel.replica(shard))));
   }
-  total.iterations_mean = samples > 0 ? iterations / static_cast<double>(samples) : 0.0;
   return total;
 }
 
@@ -145,6 +146,34 @@ void WritePlots(const std::string& run_dir) {
                             solver));
 }
 
+// {"CONVERGED": 30, "MAX_ITERATIONS": 2}
+std::string StatusJson(const SolverStats& stats) {
+  std::string out = "{";
+  for (const auto& [status, count] : stats.status_counts) {
+    if (out.size() > 1) out += ", ";
+    out += JsonString(status) + ": " + std::to_string(count);
+  }
+  return out + "}";
+}
+
+// true / false, or null when there was no tolerance or no measured residual.
+std::string ToleranceMetJson(const SolverStats& stats) {
+  if (stats.tolerance <= 0 || !stats.HasResidual()) return "null";
+  return stats.ToleranceMissed() ? "false" : "true";
+}
+
+// What train.on_unconverged reports about a step's adjoint solve.
+std::string UnconvergedReport(int64_t step, const SolverStats& backward) {
+  const int64_t samples = backward.converged + backward.not_converged + backward.inexact;
+  std::ostringstream out;
+  out << "step " << step << ": the adjoint (backward) solve left " << backward.not_converged
+      << "/" << samples << " samples (" << std::fixed << std::setprecision(0)
+      << 100.0 * static_cast<double>(backward.not_converged) / static_cast<double>(samples)
+      << "%) above its tolerance: max rel residual " << ResidualCell(backward) << " ["
+      << StatusCell(backward) << "]; " << backward.brief;
+  return out.str();
+}
+
 std::string SummaryJson(const TrainSummary& s) {
   std::ostringstream out;
   out << "{\n  \"steps\": " << s.steps << ",\n  \"skipped_steps\": " << s.skipped_steps
@@ -170,7 +199,27 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"attention_backward_iterations_mean\": "
       << JsonNumber(s.attention_backward.iterations_mean)
       << ",\n  \"attention_backward_residual_max\": "
-      << JsonNumber(s.attention_backward.residual_max) << "\n}\n";
+      << JsonNumber(s.attention_backward.residual_max)
+      << ",\n  \"forward_tolerance\": " << JsonNumber(s.forward.tolerance)
+      << ",\n  \"forward_tolerance_met\": " << ToleranceMetJson(s.forward)
+      << ",\n  \"forward_status\": " << StatusJson(s.forward)
+      << ",\n  \"backward_tolerance\": " << JsonNumber(s.backward.tolerance)
+      << ",\n  \"backward_tolerance_met\": " << ToleranceMetJson(s.backward)
+      << ",\n  \"backward_status\": " << StatusJson(s.backward)
+      << ",\n  \"backward_unconverged_steps\": " << s.unconverged_backward_steps
+      << ",\n  \"gradient_check\": ";
+  if (s.gradient_check.ran) {
+    const GradientCheck& g = s.gradient_check;
+    out << "{\"step\": " << s.gradient_check_step << ", \"cosine\": " << JsonNumber(g.cosine)
+        << ", \"relative_error\": " << JsonNumber(g.relative_error)
+        << ", \"reference\": \"ift/gmres, tolerance 1e-10\", \"reference_residual\": "
+        << JsonNumber(g.reference_residual)
+        << ", \"reference_status\": " << JsonString(g.reference_status)
+        << ", \"spectral_radius\": " << JsonNumber(g.spectral_radius) << "}";
+  } else {
+    out << "null";
+  }
+  out << "\n}\n";
   return out.str();
 }
 
@@ -226,12 +275,6 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     throw ConfigError(c.Origin("train.shards") + ": train.shards (" + std::to_string(shards) +
                       ") is more than train.batch_size (" +
                       std::to_string(c.GetInt("train.batch_size")) + ")");
-  }
-  if (shards > 1 && c.GetDouble("model.regularization.jacobian_weight") > 0) {
-    throw ConfigError(c.Origin("train.shards") +
-                      ": train.shards > 1 does not combine with "
-                      "model.regularization.jacobian_weight > 0 (the penalty's probes are drawn "
-                      "from one generator for the whole batch)");
   }
   SequenceModel& model = *e.model;
   TrainSummary summary;
@@ -290,6 +333,10 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   const double clip_norm = c.GetDouble("train.clip_norm");
   const bool stop_on_nonfinite = c.GetString("train.on_nonfinite") == "stop";
   const int64_t max_skipped = c.GetInt("train.max_skipped_steps");
+  const std::string on_unconverged = c.GetString("train.on_unconverged");
+  bool unconverged_reported = false;
+  int64_t unconverged_since_report = 0;
+  std::string last_unconverged;
   const double jacobian_weight = c.GetDouble("model.regularization.jacobian_weight");
   std::unique_ptr<DataParallel> data_parallel;
   if (shards > 1) {
@@ -301,6 +348,12 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
   const int64_t eval_batch = c.GetInt("eval.batch_size");
   const bool implicit = model.implicit() != nullptr;
+  // The gradient check runs for every model with an implicit layer: its own,
+  // or an energy attention inside its cells.
+  const bool checked = implicit || !FindEnergyAttentions(model).empty();
+  const int64_t check_size = checked ? c.GetInt("eval.gradient_check_batch_size") : 0;
+  const Batch check_batch =
+      check_size > 0 ? GradientProbeBatch(*e.train, check_size, e.dtype) : Batch();
 
   Progress progress(options.progress, c.GetString("log.progress"), total_steps, step);
   std::set<std::string> collapse_warned;  // energy attentions already warned about
@@ -348,7 +401,23 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
       backward_stats = BackwardStats(model);
     } else {
       optimizer->ZeroGrad();
-      loss_value = ShardedBackward(*data_parallel, batch, &correct_counted);
+      // The Jacobian penalty per shard: each shard's estimate is the mean over
+      // its samples, weighted by its share of the batch, with probes from a
+      // generator of its own seeded from the step's draw (so the result does
+      // not depend on which thread runs which shard).
+      ShardPenalty penalty;
+      if (implicit && jacobian_weight > 0 && step >= pretrain_steps &&
+          rng.Uniform() < jacobian_frequency) {
+        const uint64_t probe_seed = rng.NextU64();
+        penalty = [&, probe_seed](SequenceModel& replica, const Batch& part, int64_t shard) {
+          Rng shard_rng(probe_seed + static_cast<uint64_t>(shard));
+          const double share =
+              static_cast<double>(part.batch_size) / static_cast<double>(batch.batch_size);
+          return mul_scalar(JacobianPenalty(replica, part, jacobian_probes, shard_rng),
+                            jacobian_weight * share);
+        };
+      }
+      loss_value = ShardedBackward(*data_parallel, batch, &correct_counted, penalty);
       forward = ShardedStats(*data_parallel, ForwardStats);
       backward_stats = ShardedStats(*data_parallel, BackwardStats);
       if (!std::isfinite(loss_value)) failure = "non-finite loss";
@@ -381,6 +450,27 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
       continue;
     }
     consecutive_skips = 0;
+    if (backward_stats.not_converged > 0) {
+      ++summary.unconverged_backward_steps;
+      last_unconverged = UnconvergedReport(step, backward_stats);
+      if (on_unconverged == "stop") {
+        progress.Message(last_unconverged + "; stopping before the update (train.on_unconverged: "
+                                            "stop)");
+        summary.stopped_early = true;
+        summary.stop_reason = last_unconverged;
+        // The summaries describe the solves that stopped the run.
+        last_forward = forward;
+        last_backward = backward_stats;
+        break;
+      }
+      if (on_unconverged == "warn" && !unconverged_reported) {
+        progress.Message(last_unconverged +
+                         " (train.on_unconverged: warn; reported again once per evaluation)");
+        unconverged_reported = true;
+      } else {
+        ++unconverged_since_report;
+      }
+    }
     if (clip_norm > 0) ClipGradNorm(parameter_list, clip_norm);
     optimizer->Step();
     step_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
@@ -416,7 +506,8 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         row["fwd_unconverged"] = double(forward.not_converged);
         row["bwd_iters_mean"] = backward_stats.iterations_mean;
         row["bwd_iters_max"] = backward_stats.iterations_max;
-        row["bwd_residual"] = backward_stats.residual_max;
+        // Inexact modes measure no residual: the column stays empty.
+        if (backward_stats.HasResidual()) row["bwd_residual"] = backward_stats.residual_max;
         row["bwd_unconverged"] = double(backward_stats.not_converged);
       }
       for (const auto& [column, value] : AttentionSolverColumns(model)) row[column] = value;
@@ -435,6 +526,20 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         if (implicit) row["test_fwd_iters_mean"] = eval.forward.iterations_mean;
         summary.final_eval = eval;
         progress.Eval(step, eval.loss, eval.accuracy);
+        if (check_size > 0) {
+          summary.gradient_check = CheckGradient(model, check_batch);
+          summary.gradient_check_step = step;
+          row["grad_cos"] = summary.gradient_check.cosine;
+          row["grad_rel_err"] = summary.gradient_check.relative_error;
+          progress.Message("step " + std::to_string(step) + ": " + summary.gradient_check.Line());
+        }
+        if (on_unconverged == "warn" && unconverged_since_report > 0) {
+          progress.Message(std::to_string(unconverged_since_report) +
+                           " more step(s) with unconverged adjoint samples since the last "
+                           "report; the latest: " +
+                           last_unconverged);
+          unconverged_since_report = 0;
+        }
       }
       metrics.Write(row);
       progress.Update(step, row["loss"], row["accuracy"], forward.iterations_mean, implicit);
@@ -460,8 +565,18 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   std::ostringstream md;
   md << "# Run summary\n\n" << summary.BriefReport() << "\n\nModel: " << model.Name() << ", "
      << summary.num_parameters << " parameters.\n";
-  if (!last_forward.brief.empty()) md << "\nLast forward solve: " << last_forward.brief << "\n";
-  if (!last_backward.brief.empty()) md << "\nLast backward solve: " << last_backward.brief << "\n";
+  if (!last_forward.brief.empty()) {
+    md << "\nLast forward solve: " << last_forward.brief << "\n\nForward residual "
+       << ResidualCell(last_forward) << "; samples: " << StatusCell(last_forward) << "\n";
+  }
+  if (!last_backward.brief.empty()) {
+    md << "\nLast backward solve: " << last_backward.brief << "\n\nBackward residual "
+       << ResidualCell(last_backward) << "; samples: " << StatusCell(last_backward) << "\n";
+  }
+  if (summary.gradient_check.ran) {
+    md << "\nAt step " << summary.gradient_check_step << ", " << summary.gradient_check.Line()
+       << "\n";
+  }
   if (!summary.attention_forward.brief.empty()) {
     md << "\nEnergy attention, last inner solve (worst of the model's attentions): "
        << summary.attention_forward.brief << "\n";

@@ -16,8 +16,11 @@
 // Numerical failure (a non-finite loss or gradient, or a forward solve that
 // ends NON_FINITE/DIVERGED) is reported with the step and the solver summary;
 // train.on_nonfinite decides whether the step is skipped (parameters
-// unchanged) or the run stops. A checkpoint is only written from finite
-// parameters, so the last good one is never replaced by a diverged state.
+// unchanged) or the run stops. An adjoint solve that leaves samples above
+// its tolerance is reported (train.on_unconverged: warn, the first time and
+// then once per evaluation) or stops the run before the update (stop). A
+// checkpoint is only written from finite parameters, so the last good one is
+// never replaced by a diverged state.
 #pragma once
 
 #include <functional>
@@ -25,6 +28,7 @@
 #include <string>
 
 #include "training/experiment.h"
+#include "training/gradient_check.h"
 
 namespace stillpoint {
 
@@ -46,6 +50,13 @@ struct TrainSummary {
   // (empty without them; experiment.h AttentionForwardStats).
   SolverStats attention_forward;
   SolverStats attention_backward;
+  // Steps whose adjoint (backward) solve left some sample above its
+  // tolerance (train.on_unconverged).
+  int64_t unconverged_backward_steps = 0;
+  // The last evaluation's gradient check (eval.gradient_check_batch_size)
+  // and its step.
+  GradientCheck gradient_check;
+  int64_t gradient_check_step = 0;
   int64_t num_parameters = 0;
   int64_t checkpoints_written = 0;  // by this call (cadence and the final one)
 

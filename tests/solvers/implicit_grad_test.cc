@@ -173,6 +173,79 @@ TEST(ImplicitGrad, AffineMatchesClosedForm) {
   for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(analytic[2].at(i), expected(i), 1e-9) << i;
 }
 
+// On f(z) = W z + c_b (c_b = U x_b + b) every backward mode has a closed
+// form for the injection's gradient, with p_b = dL/dz*_b:
+//   ift             dL/dc_b = (I - W)^{-T} p_b
+//   jfb             dL/dc_b = p_b                      (w = g: J taken as 0)
+//   phantom(k, tau) dL/dc_b = tau sum_{j<k} (M^T)^j p_b, M = (1 - tau) I + tau W
+//                   (k damped steps z <- (1 - tau) z + tau f(z) from z*)
+// and dL/db = sum_b dL/dc_b, dL/dx_b = U^T dL/dc_b. These are the gradients
+// the modes are defined to give, checked exactly, not only their direction.
+TEST(ImplicitGrad, JfbAndPhantomMatchTheirClosedFormsOnAnAffineMap) {
+  const int64_t batch = 3, n = 5, d = 2;
+  ImplicitProblem p = AffineProblem(batch, n, d, false, 25);
+  const Tensor probe = Probe(p);
+  const Tensor& w = p.params[0].value();
+  const Tensor& u = p.params[1].value();
+  Eigen::MatrixXd wm(n, n), um(n, d);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < n; ++j) wm(i, j) = w.at(i * n + j);
+    for (int64_t j = 0; j < d; ++j) um(i, j) = u.at(i * d + j);
+  }
+  // dL/dc_b for every sample from a per-sample linear map of p_b.
+  auto expected = [&](const Eigen::MatrixXd& map, std::vector<double>* db,
+                      std::vector<double>* dx) {
+    db->assign(n, 0.0);
+    dx->assign(batch * d, 0.0);
+    for (int64_t b = 0; b < batch; ++b) {
+      Eigen::VectorXd pb(n);
+      for (int64_t i = 0; i < n; ++i) pb(i) = probe.at(b * n + i);
+      const Eigen::VectorXd dc = map * pb;
+      const Eigen::VectorXd dxb = um.transpose() * dc;
+      for (int64_t i = 0; i < n; ++i) (*db)[i] += dc(i);
+      for (int64_t j = 0; j < d; ++j) (*dx)[b * d + j] = dxb(j);
+    }
+  };
+  auto check = [&](const BackwardOptions& backward, const Eigen::MatrixXd& map,
+                   const std::string& what) {
+    ImplicitOptions options;
+    options.forward = TightForward(ForwardSolverType::kAnderson);
+    options.backward = backward;
+    const std::vector<Tensor> analytic = AnalyticGradients(p, p.cell, options, probe);
+    std::vector<double> db, dx;
+    expected(map, &db, &dx);
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(analytic[2].at(i), db[i], 1e-10 * (1.0 + std::abs(db[i]))) << what << " db " << i;
+    }
+    for (int64_t i = 0; i < batch * d; ++i) {
+      EXPECT_NEAR(analytic[3].at(i), dx[i], 1e-10 * (1.0 + std::abs(dx[i]))) << what << " dx " << i;
+    }
+  };
+  const Eigen::MatrixXd identity = Eigen::MatrixXd::Identity(n, n);
+  check(Ift(AdjointSolverType::kDense), (identity - wm).transpose().partialPivLu().inverse(),
+        "ift");
+  BackwardOptions jfb;
+  jfb.mode = BackwardMode::kJfb;
+  check(jfb, identity, "jfb");
+  for (double tau : {0.5, 1.0}) {
+    for (int steps : {1, 3, 7}) {
+      BackwardOptions phantom;
+      phantom.mode = BackwardMode::kPhantom;
+      phantom.phantom_steps = steps;
+      phantom.phantom_tau = tau;
+      const Eigen::MatrixXd m = (1.0 - tau) * identity + tau * wm;
+      Eigen::MatrixXd series = Eigen::MatrixXd::Zero(n, n);
+      Eigen::MatrixXd power = identity;
+      for (int j = 0; j < steps; ++j) {
+        series += power;
+        power = power * m.transpose();
+      }
+      check(phantom, tau * series,
+            "phantom k " + std::to_string(steps) + " tau " + std::to_string(tau));
+    }
+  }
+}
+
 TEST(ImplicitGrad, IftMatchesUnrolledAsStepsGrow) {
   ImplicitProblem p = TanhProblem(2, 6, 3, 31, 0.9);
   const Tensor probe = Probe(p);
@@ -472,6 +545,60 @@ TEST(ImplicitGrad, UnrolledReportsItsSteps) {
   backward(ProbeLoss(result.z_star, Probe(p)));
   EXPECT_EQ(result.backward->mode, BackwardMode::kUnrolled);
   EXPECT_EQ(result.backward->iterations, 3);
+}
+
+// jfb, phantom and unrolled solve no adjoint equation: they end INEXACT,
+// never CONVERGED, and the residual they never measured prints as n/a, not 0.
+TEST(ImplicitGrad, InexactModesReportInexactAndNoResidual) {
+  ImplicitProblem p = TanhProblem(2, 4, 3, 93);
+  for (BackwardMode mode : {BackwardMode::kJfb, BackwardMode::kPhantom, BackwardMode::kUnrolled}) {
+    ImplicitOptions options;
+    options.forward = TightForward(ForwardSolverType::kAnderson);
+    options.backward.mode = mode;
+    ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+    backward(ProbeLoss(result.z_star, Probe(p)));
+    ASSERT_NE(result.backward, nullptr) << ToString(mode);
+    const AdjointSummary& s = *result.backward;
+    EXPECT_EQ(s.termination_type, TerminationType::kInexact) << s.FullReport();
+    EXPECT_EQ(s.CountSamples(TerminationType::kInexact), 2) << s.FullReport();
+    EXPECT_EQ(s.CountSamples(TerminationType::kConverged), 0) << s.FullReport();
+    EXPECT_FALSE(s.IsUsable());
+    EXPECT_FALSE(s.HasResiduals());
+    const std::string brief = s.BriefReport();
+    EXPECT_NE(brief.find(std::string(ToString(mode)) + ": INEXACT, 0/2 converged"),
+              std::string::npos)
+        << brief;
+    EXPECT_NE(brief.find("max rel residual n/a"), std::string::npos) << brief;
+    const std::string full = s.FullReport();
+    EXPECT_NE(full.find("sample 1: INEXACT"), std::string::npos) << full;
+    EXPECT_NE(full.find("abs n/a, rel n/a"), std::string::npos) << full;
+    EXPECT_EQ(full.find("e+00"), std::string::npos) << full;  // no residual printed as 0
+    EXPECT_NE(full.find("samples by termination: INEXACT 2"), std::string::npos) << full;
+  }
+}
+
+// An ift backward that misses its tolerance says so in its brief report; one
+// that meets it shows the tolerance beside the residual.
+TEST(ImplicitGrad, BriefReportShowsTheToleranceAndWhetherItWasMet) {
+  ImplicitProblem p = TanhProblem(2, 6, 3, 94, 0.9);
+  ImplicitOptions options;
+  options.forward = TightForward(ForwardSolverType::kAnderson);
+  options.backward = Ift(AdjointSolverType::kFixedPoint);
+  options.backward.tolerance = 1e-8;
+  options.backward.max_iterations = 2;
+  ImplicitResult starved = SolveImplicit(p.cell, p.z0, options);
+  backward(ProbeLoss(starved.z_star, Probe(p)));
+  EXPECT_EQ(starved.backward->tolerance, 1e-8);
+  EXPECT_EQ(starved.backward->termination_type, TerminationType::kMaxIterations);
+  EXPECT_NE(starved.backward->BriefReport().find("(tolerance 1e-08 NOT MET)"), std::string::npos)
+      << starved.backward->BriefReport();
+  options.backward.max_iterations = 400;
+  ImplicitResult solved = SolveImplicit(p.cell, p.z0, options);
+  backward(ProbeLoss(solved.z_star, Probe(p)));
+  EXPECT_EQ(solved.backward->termination_type, TerminationType::kConverged)
+      << solved.backward->FullReport();
+  EXPECT_NE(solved.backward->BriefReport().find("(tolerance 1e-08),"), std::string::npos)
+      << solved.backward->BriefReport();
 }
 
 TEST(ImplicitGrad, SampledIteratesAreKept) {

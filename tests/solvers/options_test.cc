@@ -162,11 +162,12 @@ void CheckRoundTrip(const std::vector<Enum>& values, bool (*parse)(const std::st
 TEST(SolverEnums, RoundTrip) {
   CheckRoundTrip(AllForwardSolverTypes(), &StringToForwardSolverType);
   CheckRoundTrip({StopMode::kAbsolute, StopMode::kRelative, StopMode::kEither}, &StringToStopMode);
-  CheckRoundTrip({TerminationType::kConverged, TerminationType::kUserStop,
-                  TerminationType::kMaxIterations, TerminationType::kStagnated,
-                  TerminationType::kDiverged, TerminationType::kLinearAlgebraFailure,
-                  TerminationType::kNonFinite, TerminationType::kFailure},
-                 &StringToTerminationType);
+  CheckRoundTrip(
+      {TerminationType::kConverged, TerminationType::kInexact, TerminationType::kUserStop,
+       TerminationType::kMaxIterations, TerminationType::kStagnated, TerminationType::kDiverged,
+       TerminationType::kLinearAlgebraFailure, TerminationType::kNonFinite,
+       TerminationType::kFailure},
+      &StringToTerminationType);
   CheckRoundTrip({AndersonType::kTypeII, AndersonType::kTypeI}, &StringToAndersonType);
   CheckRoundTrip({BroydenVariant::kGood, BroydenVariant::kBad}, &StringToBroydenVariant);
   CheckRoundTrip({ForcingTermType::kConstant, ForcingTermType::kEisenstatWalker},
@@ -187,7 +188,8 @@ TEST(SolverEnums, SpellingsMatchTheDocumentation) {
 }
 
 TEST(SolverEnums, TerminationTypesAreOrderedBestToWorst) {
-  EXPECT_LT(TerminationType::kConverged, TerminationType::kUserStop);
+  EXPECT_LT(TerminationType::kConverged, TerminationType::kInexact);
+  EXPECT_LT(TerminationType::kInexact, TerminationType::kUserStop);
   EXPECT_LT(TerminationType::kUserStop, TerminationType::kMaxIterations);
   EXPECT_LT(TerminationType::kMaxIterations, TerminationType::kStagnated);
   EXPECT_LT(TerminationType::kStagnated, TerminationType::kDiverged);

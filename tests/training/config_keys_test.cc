@@ -97,7 +97,10 @@ class ConfigKeysTest : public ::testing::Test {
            "    backward: {max_iterations: 12}\n"
            "train:\n  steps: 4\n  batch_size: 8\n  eval_every: 2\n  log_every: 1\n"
            "  checkpoint_every: 2\n  optimizer: {lr: 0.01}\n  schedule: {warmup_steps: 1}\n"
-           "eval: {batch_size: 16}\n"
+           // The gradient check (one per evaluation) is off in the base runs,
+           // which keeps this test's hundreds of runs short; its key's probe
+           // turns it on.
+           "eval: {batch_size: 16, gradient_check_batch_size: 0}\n"
            "log: {dir: " +
            Path("run") +
            ", progress: lines}\n"
@@ -203,6 +206,7 @@ std::map<std::string, KeyProbe> SolverProbes(const std::string& prefix,
       {fw + "anderson_safeguard_factor",
        {in({fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}), "1"}},
       {fw + "broyden_memory", {in({fw + "type=broyden"}), "2"}},
+      {fw + "broyden_initial_scale", {in({fw + "type=broyden"}), "0"}},
       {fw + "broyden_variant", {in({fw + "type=broyden"}), "bad"}},
       {fw + "broyden_line_search",
        {in({fw + "type=broyden", fw + "relative_tolerance=1e-12", fw + "max_iterations=40"}), "true"}},
@@ -302,6 +306,11 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"train.checkpoint_every", {{}, "1"}},
       {"train.log_every", {{}, "2"}},
       {"train.on_nonfinite", {nonfinite, "stop"}},
+      // An adjoint tolerance below float32 precision is never met: stop ends
+      // the run at the first step, warn (the default) reports and goes on.
+      {"train.on_unconverged",
+       {{"model.solver.backward.tolerance=1e-12", "model.solver.backward.max_iterations=2"},
+        "stop"}},
       {"train.max_skipped_steps", {nonfinite, "1"}},
       {"eval.batch_size", {{}, "4"}},
       {"eval.max_iterations", {{}, "1"}},

@@ -1,0 +1,132 @@
+#include "training/gradient_check.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "framework/ops.h"
+#include "layers/energy_attention.h"
+#include "solvers/regularizers.h"
+#include "training/experiment.h"
+
+namespace stillpoint {
+
+std::string GradientCheck::Line() const {
+  if (!ran) return "gradient check: no implicit layer";
+  char buffer[256];
+  std::snprintf(buffer, sizeof(buffer),
+                "gradient check: cos %.6f, rel err %.2e against ift/gmres to 1e-10 (reached "
+                "%.1e, %s)",
+                cosine, relative_error, reference_residual, reference_status.c_str());
+  std::string line = buffer;
+  if (!std::isnan(spectral_radius)) {
+    std::snprintf(buffer, sizeof(buffer), "; spectral radius of J_f %.3g", spectral_radius);
+    line += buffer;
+  }
+  return line;
+}
+
+BackwardOptions ReferenceBackwardOptions() {
+  BackwardOptions options;
+  options.mode = BackwardMode::kIft;
+  options.solver = AdjointSolverType::kGmres;
+  options.tolerance = 1e-10;
+  options.max_iterations = 100;
+  options.gmres_restart = 50;
+  return options;
+}
+
+std::vector<double> ParameterGradient(SequenceModel& model, const Batch& batch) {
+  model.ZeroGrad();
+  Var loss = BatchLoss(ForwardBatch(model, batch), batch);
+  backward(loss);
+  std::vector<double> flat;
+  for (const Var& p : model.parameters()) {
+    if (p.has_grad()) {
+      const std::vector<double> g = p.grad().value().ToVector();
+      flat.insert(flat.end(), g.begin(), g.end());
+    } else {
+      flat.insert(flat.end(), p.numel(), 0.0);
+    }
+  }
+  model.ZeroGrad();
+  return flat;
+}
+
+Batch GradientProbeBatch(const Dataset& dataset, int64_t size, DType dtype) {
+  Batcher probe(dataset, size, 12345, dtype);
+  return probe.Next();
+}
+
+namespace {
+
+// Power iteration on J_f^T at the fixed point of the model's last forward
+// (kind implicit: the cell with the batch's injection).
+double CellSpectralRadius(SequenceModel& model, const Batch& batch) {
+  const Var u = batch.features.defined()
+                    ? model.EmbedFeatures(constant(batch.features))
+                    : model.Embed(batch.tokens, Shape{batch.batch_size, batch.length});
+  const std::shared_ptr<Cell> cell = model.cell(0);
+  const int64_t rows = u.dim(0);
+  const CellFn f = [&](const Var& z, const std::vector<int64_t>& ids) {
+    const bool all = static_cast<int64_t>(ids.size()) == rows;
+    return cell->Forward(z, all ? u : gather(u, 0, ids), ids);
+  };
+  return EstimateSpectralRadius(f, model.implicit()->last_result().z_star.value()).max_radius;
+}
+
+}  // namespace
+
+GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
+  GradientCheck check;
+  // Every implicit layer: the model's own (implicit and energy kinds) and
+  // the energy attentions inside its cells (model.attention), so that the
+  // reference is exact for nested solves too.
+  std::vector<Implicit*> layers;
+  if (Implicit* layer = model.mutable_implicit()) layers.push_back(layer);
+  for (const auto& [name, attention] : FindEnergyAttentions(model)) {
+    layers.push_back(&attention->implicit());
+  }
+  if (layers.empty()) return check;
+  const bool was_training = model.is_training();
+  const int64_t depth = model.depth_override();
+  std::vector<ImplicitOptions> saved;
+  for (Implicit* layer : layers) saved.push_back(layer->options());
+  model.Eval();
+  model.SetDepthOverride(0);
+  for (Implicit* layer : layers) layer->mutable_options().backward.warm_start = false;
+  const std::vector<double> used = ParameterGradient(model, batch);
+  if (layers[0]->backward_summary()) check.used_brief = layers[0]->backward_summary()->BriefReport();
+  if (model.options().kind == ModelKind::kImplicit && model.mutable_implicit() != nullptr) {
+    check.spectral_radius = CellSpectralRadius(model, batch);
+  }
+  for (Implicit* layer : layers) layer->mutable_options().backward = ReferenceBackwardOptions();
+  const std::vector<double> reference = ParameterGradient(model, batch);
+  // The reference's worst residual and status over the layers.
+  TerminationType worst = TerminationType::kConverged;
+  for (Implicit* layer : layers) {
+    const auto summary = layer->backward_summary();
+    if (!summary) continue;
+    worst = std::max(worst, summary->termination_type);
+    if (summary->HasResiduals() && !(summary->MaxRelResidual() <= check.reference_residual)) {
+      check.reference_residual = summary->MaxRelResidual();
+    }
+  }
+  check.reference_status = ToString(worst);
+  for (std::size_t i = 0; i < layers.size(); ++i) layers[i]->mutable_options() = saved[i];
+  model.SetDepthOverride(depth);
+  model.Train(was_training);
+
+  double dot = 0, used_sq = 0, reference_sq = 0, diff_sq = 0;
+  for (std::size_t i = 0; i < used.size(); ++i) {
+    dot += used[i] * reference[i];
+    used_sq += used[i] * used[i];
+    reference_sq += reference[i] * reference[i];
+    diff_sq += (used[i] - reference[i]) * (used[i] - reference[i]);
+  }
+  check.ran = true;
+  if (used_sq > 0 && reference_sq > 0) check.cosine = dot / std::sqrt(used_sq * reference_sq);
+  if (reference_sq > 0) check.relative_error = std::sqrt(diff_sq / reference_sq);
+  return check;
+}
+
+}  // namespace stillpoint
