@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cfloat>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -124,6 +127,12 @@ std::string CheckItem(const ConfigKey& key, const std::string& text, bool list_i
     case ConfigType::kDouble: {
       double v;
       if (!ParseDouble(text, &v)) return "expected a finite number, got '" + text + "'";
+      // Models train in float32: a value finite in double but infinite there
+      // would turn every product it enters into inf or NaN.
+      if (std::fabs(v) > FLT_MAX) {
+        return "value " + text + " does not fit in float32 (largest magnitude " +
+               FormatNumber(FLT_MAX) + ")";
+      }
       if (!InRange(key, v)) return "value " + text + " is out of range " + RangeText(key);
       return "";
     }
@@ -342,10 +351,22 @@ class ConfigBuilder {
 
   void Walk(const YAML::Node& node, const std::string& prefix) {
     const ConfigSchema& schema = *config_->schema_;
+    // yaml-cpp keeps every pair of a mapping, repeated keys too; the last
+    // would silently win.
+    std::map<std::string, std::string> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
+      if (!it->first.IsScalar()) {
+        throw ConfigError(Where(source_, it->first.Mark()) + ": a key must be a plain name" +
+                          (prefix.empty() ? "" : " (in section '" + prefix + "')"));
+      }
       const std::string name = it->first.as<std::string>();
       const std::string path = prefix.empty() ? name : prefix + "." + name;
       const std::string where = Where(source_, it->first.Mark());
+      const auto [first, inserted] = seen.emplace(name, where);
+      if (!inserted) {
+        throw ConfigError(where + ": duplicate key '" + path + "' (first given at " +
+                          first->second + ")");
+      }
       if (const ConfigKey* key = schema.Find(path)) {
         SetValue(*key, it->second, where);
         continue;
@@ -418,9 +439,19 @@ Config Config::FromYaml(const ConfigSchema& schema, const std::string& yaml_text
   }
   YAML::Node root;
   try {
-    root = YAML::Load(yaml_text);
+    const std::vector<YAML::Node> documents = YAML::LoadAll(yaml_text);
+    if (documents.size() > 1) {
+      throw ConfigError(Where(source, documents[1].Mark()) +
+                        ": a second YAML document (after '---'); a config is one document");
+    }
+    if (!documents.empty()) root = documents[0];
   } catch (const YAML::Exception& e) {
-    throw ConfigError(Where(source, e.mark) + ": malformed YAML: " + e.msg);
+    // yaml-cpp's depth guard says only "bad file" (with no position).
+    const bool too_deep = e.msg.find("depth") != std::string::npos || e.msg == "bad file";
+    throw ConfigError(Where(source, e.mark) + ": malformed YAML: " +
+                      (too_deep ? "nested too deeply (a config is sections of keys, at most a "
+                                  "few levels deep)"
+                                : e.msg));
   }
   if (root.IsDefined() && !root.IsNull()) {
     if (!root.IsMap()) {
@@ -439,11 +470,25 @@ Config Config::FromYaml(const ConfigSchema& schema, const std::string& yaml_text
 
 Config Config::FromFile(const ConfigSchema& schema, const std::string& path,
                         const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
+  std::error_code error;
+  // A directory opens as an empty stream on Linux, which would read as an
+  // empty config and train the defaults.
+  if (std::filesystem::is_directory(path, error)) {
+    throw ConfigError(path + ": is a directory, not a config file");
+  }
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path + ": cannot open the config file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return FromYaml(schema, text.str(), path, overrides);
+  // Read at most one byte past the cap, so an endless source (/dev/zero, a
+  // pipe) is refused instead of filling memory.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw ConfigError(path + ": cannot read the config file");
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    throw ConfigError(path + ": larger than " + std::to_string(kMaxConfigBytes >> 20) +
+                      " MiB; not a config file");
+  }
+  return FromYaml(schema, text, path, overrides);
 }
 
 void Config::Set(const std::string& override_text) {
@@ -501,6 +546,18 @@ std::vector<double> Config::GetDoubleList(const std::string& path) const {
 std::string Config::Origin(const std::string& path) const {
   auto it = values_.find(path);
   return it == values_.end() ? "" : it->second.origin;
+}
+
+std::string Config::ValueText(const std::string& path) const {
+  auto it = values_.find(path);
+  if (it == values_.end()) return "";
+  const ConfigKey* key = schema_->Find(path);
+  if (key == nullptr || !IsList(key->type)) return it->second.items[0];
+  std::string text = "[";
+  for (std::size_t i = 0; i < it->second.items.size(); ++i) {
+    text += (i ? ", " : "") + it->second.items[i];
+  }
+  return text + "]";
 }
 
 std::string Config::ToYaml() const {

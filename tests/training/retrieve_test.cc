@@ -157,5 +157,25 @@ TEST_F(RetrieveCliTest, BadCsvIsAnInputErrorNamingFileAndLine) {
   EXPECT_FALSE(fs::exists(dir_ / "out" / "stats.json"));
 }
 
+TEST_F(RetrieveCliTest, TrailingEmptyCellAndFloat32OverflowAreInputErrors) {
+  RetrieveArgs args;
+  args.patterns_path = Write("trailing.csv", "1,0\n0,1,\n");
+  args.queries_path = Write("q.csv", "1,0\n");
+  args.out_dir = (dir_ / "out").string();
+  std::ostringstream out, err;
+  EXPECT_EQ(RunRetrieve(args, out, err), 2);
+  EXPECT_NE(err.str().find("trailing.csv:2: column 3"), std::string::npos) << err.str();
+
+  args.patterns_path = Write("big.csv", "1,0\n0,1e39\n");
+  err.str("");
+  EXPECT_EQ(RunRetrieve(args, out, err), 2);
+  EXPECT_NE(err.str().find("big.csv:2: column 2 ('1e39') does not fit in float32"),
+            std::string::npos)
+      << err.str();
+  args.dtype = "float64";
+  err.str("");
+  EXPECT_EQ(RunRetrieve(args, out, err), 0) << err.str();
+}
+
 }  // namespace
 }  // namespace stillpoint
