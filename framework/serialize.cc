@@ -369,8 +369,15 @@ void DeserializeModule(const std::string& bytes,
 
 // ---------------------------------------------------------------- files
 
+std::string TemporaryPathFor(const std::string& path) {
+  return detail::StrCat(path, ".tmp.", static_cast<long>(::getpid()));
+}
+
 void WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string temporary = path + ".tmp";
+  // The writer's pid in the name: two processes saving the same file (two
+  // runs pointed at one directory) never write into, rename or remove each
+  // other's temporary.
+  const std::string temporary = TemporaryPathFor(path);
   const std::string context = detail::StrCat("cannot write '", path, "'");
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) ThrowSystemError(detail::StrCat(context, ": cannot create '", temporary, "'"), errno);
