@@ -13,6 +13,7 @@
 #include "training/config_schema.h"
 #include "training/experiment.h"
 #include "training/metrics.h"
+#include "training/run_directory.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {
@@ -133,10 +134,17 @@ std::vector<std::string> VariantOverrides(const std::string& variant) {
   return {};
 }
 
-void ValidateCompareVariants(const Config& config) {
+void ValidateCompareVariants(const Config& config, const std::string& config_path) {
   const std::vector<std::string> variants = config.GetStringList("compare.variants");
   if (variants.empty()) {
     throw ConfigError(config.Origin("compare.variants") + ": compare.variants is empty");
+  }
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    if (std::find(variants.begin(), variants.begin() + i, variants[i]) != variants.begin() + i) {
+      // Both would train into one run directory.
+      throw ConfigError(config.Origin("compare.variants") + ": variant '" + variants[i] +
+                        "' appears twice in compare.variants");
+    }
   }
   for (const std::string& v : variants) {
     if (VariantOverrides(v).empty()) {
@@ -148,13 +156,32 @@ void ValidateCompareVariants(const Config& config) {
                         "' in compare.variants (known: " + known + ")");
     }
   }
+  // Each variant's own settings, so a bad one is found before the first
+  // variant spends its training time.
+  for (const std::string& v : variants) {
+    Config variant = config;
+    for (const std::string& o : VariantOverrides(v)) variant.Set(o);
+    try {
+      BuildExperiment(variant, config_path);
+      CheckTrainingConfig(variant);
+    } catch (const ConfigError& e) {
+      throw ConfigError("variant '" + v + "' of compare.variants: " + e.what());
+    } catch (const Error& e) {
+      throw ConfigError("variant '" + v + "' of compare.variants: " + e.what());
+    }
+  }
 }
 
 CompareReport RunComparison(const Config& base, const std::string& config_path,
-                            std::ostream* progress) {
-  ValidateCompareVariants(base);
+                            std::ostream* progress, bool overwrite) {
+  ValidateCompareVariants(base, config_path);
   const std::string root = RunDirectory(base, config_path);
-  std::filesystem::create_directories(root);
+  const RunDirectoryLock lock(root);
+  if (overwrite) {
+    RemoveRunFiles(root);
+  } else {
+    RefuseNonEmptyRunDirectory(root);
+  }
   CompareReport report;
   const std::vector<double> lengths = base.GetDoubleList("eval.lengths");
   const int64_t eval_batch = base.GetInt("eval.batch_size");
@@ -171,8 +198,14 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     Experiment e = BuildExperiment(config, config_path);
     TrainOptions options;
     options.progress = progress;
+    options.overwrite = overwrite;
     v.train = Train(e, options);
     if (progress) *progress << v.train.BriefReport() << "\n";
+    if (v.train.stop_signal != 0) {
+      report.stop_signal = v.train.stop_signal;
+      report.variants.push_back(std::move(v));
+      return report;
+    }
     SequenceModel& model = *e.model;
 
     // Gradient quality of inexact backward modes against ift, same weights.
