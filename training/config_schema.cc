@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "layers/energy_block.h"
+#include "layers/registry.h"
 #include "training/dataset.h"
 
 namespace stillpoint {
@@ -350,6 +351,14 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   m.dim = c.GetInt("model.dim");
   m.max_length = c.GetInt("model.max_length");
   m.cell = c.GetString("model.cell");
+  if (!CellRegistry().Has(m.cell)) {
+    std::string known;
+    for (const std::string& name : CellRegistry().Names()) {
+      known += (known.empty() ? "" : ", ") + name;
+    }
+    throw ConfigError(c.Origin("model.cell") + ": unknown cell '" + m.cell +
+                      "' in model.cell (known: " + known + ")");
+  }
   m.cell_options.dim = m.dim;
   m.cell_options.heads = c.GetInt("model.heads");
   m.cell_options.hidden = c.GetInt("model.hidden");

@@ -160,6 +160,15 @@ TEST(ConfigTest, NumbersBeyondFloat32AreRefused) {
   EXPECT_NE(o.find("does not fit in float32"), std::string::npos) << o;
 }
 
+TEST(ConfigTest, UnknownCellNamesTheKeyAndWhereItWasSet) {
+  const std::string m = ErrorOf([] {
+    ModelOptionsFromConfig(Config::FromYaml(
+        StillpointSchema(), "task: {kind: reverse}\nmodel:\n  cell: nope\n", "cell.yaml"));
+  });
+  EXPECT_NE(m.find("cell.yaml:3:3: unknown cell 'nope' in model.cell (known: "), std::string::npos)
+      << m;
+}
+
 TEST(ConfigTest, OverridesReplaceValuesAndAreCheckedLikeTheFile) {
   Config c = Config::FromYaml(TestSchema(), "task: {kind: reverse}\n", "g.yaml",
                               {"train.lr=0.01", "compare.variants=[tied]", "model.kind=tied"});

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <sstream>
 
 #include "framework/parallel.h"
@@ -175,6 +177,36 @@ TEST_F(RetrieveCliTest, TrailingEmptyCellAndFloat32OverflowAreInputErrors) {
   args.dtype = "float64";
   err.str("");
   EXPECT_EQ(RunRetrieve(args, out, err), 0) << err.str();
+}
+
+// Each used to pass the checks: inf as beta, an empty --out (both exit 1
+// later), a budget that wrapped to 2 in an int, and any thread count.
+TEST_F(RetrieveCliTest, OutOfRangeOptionsAreInputErrors) {
+  RetrieveArgs base;
+  base.patterns_path = Write("p.csv", "1,0\n0,1\n");
+  base.queries_path = Write("q.csv", "1,0\n");
+  base.out_dir = (dir_ / "out").string();
+  struct Case {
+    std::function<void(RetrieveArgs*)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](RetrieveArgs* a) { a->beta = std::numeric_limits<double>::infinity(); },
+       "--beta must be a positive finite number"},
+      {[](RetrieveArgs* a) { a->beta = 1e39; }, "--beta 1e+39 does not fit in float32"},
+      {[](RetrieveArgs* a) { a->out_dir = ""; }, "--out must name a directory"},
+      {[](RetrieveArgs* a) { a->max_iterations = 4294967298; }, "--max-iter must be in [1, "},
+      {[](RetrieveArgs* a) { a->threads = 100000; }, "--threads must be in [1, 256]"},
+      {[](RetrieveArgs* a) { a->threads = 0; }, "--threads must be in [1, 256]"},
+  };
+  for (const Case& c : cases) {
+    RetrieveArgs args = base;
+    c.change(&args);
+    std::ostringstream out, err;
+    EXPECT_EQ(RunRetrieve(args, out, err), 2) << c.message;
+    EXPECT_NE(err.str().find(c.message), std::string::npos) << err.str();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
 }
 
 }  // namespace
