@@ -237,7 +237,9 @@ ConfigSchema BuildSchema() {
                   1 << 20);
 
   // ---- log
-  s.String("log.dir", "", "Run directory (default runs/<config file name>)")
+  s.String("log.dir", "",
+           "Run directory (default: runs/<config file name>, or runs/<config file name>-N when "
+           "that holds a run)")
       .StringList("log.formats", {"csv", "jsonl"}, {"csv", "jsonl"}, "Metrics file formats")
       .Enum("log.progress", "auto", {"auto", "bar", "lines", "none"},
             "auto: a progress bar on a terminal, periodic lines otherwise")

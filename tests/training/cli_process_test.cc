@@ -152,8 +152,11 @@ TEST_F(CliProcessTest, SigintFinishesTheStepCheckpointsAndExits130) {
   EXPECT_EQ(LoadCheckpoint((dir_ / "run" / "checkpoint.ckpt").string()).step, state.step + 2);
 }
 
+// With checkpoints off, the stop's checkpoint is the only one.
 TEST_F(CliProcessTest, SigtermStopsTheSameWayWithExitCode143) {
-  Start(LongRun());
+  std::vector<std::string> args = LongRun();
+  args.push_back("train.checkpoint_every=0");
+  Start(args);
   ASSERT_TRUE(WaitFor([&] { return MetricsRows() >= 2; })) << Text("stderr");
   ASSERT_EQ(::kill(pid_, SIGTERM), 0);
   const int status = Wait();
