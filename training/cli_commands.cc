@@ -12,6 +12,7 @@
 #include "training/config_schema.h"
 #include "training/experiment.h"
 #include "framework/parallel.h"
+#include "training/memory_estimate.h"
 #include "training/metrics.h"
 #include "training/retrieve.h"
 #include "training/run_directory.h"
@@ -106,6 +107,7 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err) {
                  "--resume and --overwrite exclude each other (continue the run, or replace it)");
         Config config = Config::FromFile(StillpointSchema(), args.config_path, args.overrides);
         ChooseRunDirectory(&config, args.config_path, args.resume || args.overwrite);
+        CheckMemoryFits(config, /*training=*/true);
         experiment = BuildExperiment(config, args.config_path);
       },
       [&] {
@@ -161,6 +163,7 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
         if (args.iterations > 0) {
           config.Set("eval.max_iterations=" + std::to_string(args.iterations));
         }
+        CheckMemoryFits(config, /*training=*/false);
         experiment = BuildExperiment(config, "", args.length);
         experiment.model->LoadParameters(state.model);
       },

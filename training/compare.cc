@@ -12,6 +12,7 @@
 #include "layers/energy_block.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
+#include "training/memory_estimate.h"
 #include "training/metrics.h"
 #include "training/run_directory.h"
 #include "training/svg_plot.h"
@@ -162,6 +163,7 @@ void ValidateCompareVariants(const Config& config, const std::string& config_pat
     Config variant = config;
     for (const std::string& o : VariantOverrides(v)) variant.Set(o);
     try {
+      CheckMemoryFits(variant, /*training=*/true);
       BuildExperiment(variant, config_path);
       CheckTrainingConfig(variant);
     } catch (const ConfigError& e) {
