@@ -17,9 +17,9 @@ std::shared_ptr<AdjointWarmStart> WarmStartOf(const SequenceModel& model) {
 }  // namespace
 
 bool MayChangeOnResume(const std::string& key) {
-  static const char* const kKeys[] = {"train.steps",    "train.eval_every", "train.log_every",
-                                      "train.checkpoint_every", "log.dir", "log.progress",
-                                      "log.plots"};
+  static const char* const kKeys[] = {
+      "train.steps", "train.eval_every", "train.log_every", "train.checkpoint_every",
+      "log.dir",     "log.progress",     "log.plots"};
   for (const char* k : kKeys) {
     if (key == k) return true;
   }
@@ -66,11 +66,13 @@ CheckpointState LoadCheckpointForResume(const std::string& path,
     if (forced) forced->insert(forced->end(), differences.begin(), differences.end());
     return state;
   }
-  std::string message = path + ": the checkpoint was trained with another config; resuming "
-                               "would not continue that run. Differences:";
+  std::string message = path +
+                        ": the checkpoint was trained with another config; resuming "
+                        "would not continue that run. Differences:";
   for (const std::string& d : differences) message += "\n  " + d;
-  message += "\nOnly train.steps, the eval/log/checkpoint cadence, eval.* and log.* may change "
-             "on --resume; --force resumes anyway.";
+  message +=
+      "\nOnly train.steps, the eval/log/checkpoint cadence, eval.* and log.* may change "
+      "on --resume; --force resumes anyway.";
   throw ConfigError(message);
 }
 

@@ -104,10 +104,19 @@ std::string NextFreeRunDirectory(const std::string& base) {
 }
 
 void RemoveRunFiles(const std::string& directory) {
-  static const char* const kRunFiles[] = {
-      "config.yaml",  "metrics.csv",  "metrics.jsonl", "checkpoint.ckpt", "summary.md",
-      "summary.json", "loss.svg",     "accuracy.svg",  "solver.svg",      "report.md",
-      "report.html",  "accuracy_vs_depth.svg",         "accuracy_vs_length.svg"};
+  static const char* const kRunFiles[] = {"config.yaml",
+                                          "metrics.csv",
+                                          "metrics.jsonl",
+                                          "checkpoint.ckpt",
+                                          "summary.md",
+                                          "summary.json",
+                                          "loss.svg",
+                                          "accuracy.svg",
+                                          "solver.svg",
+                                          "report.md",
+                                          "report.html",
+                                          "accuracy_vs_depth.svg",
+                                          "accuracy_vs_length.svg"};
   for (const char* name : kRunFiles) {
     const fs::path path = fs::path(directory) / name;
     std::error_code error;

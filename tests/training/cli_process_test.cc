@@ -176,8 +176,8 @@ TEST_F(CliProcessTest, ASecondSigintStopsAtOnceAndKeepsTheLastCheckpoint) {
       WaitFor([&] { return Text("stderr").find("SIGINT: finishing") != std::string::npos; }));
   ASSERT_EQ(::kill(pid_, SIGINT), 0);
   const int status = Wait();
-  ASSERT_TRUE(WIFSIGNALED(status)) << "exited with " << WEXITSTATUS(status)
-                                   << " before the second signal arrived";
+  ASSERT_TRUE(WIFSIGNALED(status))
+      << "exited with " << WEXITSTATUS(status) << " before the second signal arrived";
   EXPECT_EQ(WTERMSIG(status), SIGINT);
   // Either the last cadence checkpoint or, if the kill came after it, the
   // one of the step reached: complete and loadable in both cases.

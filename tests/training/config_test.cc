@@ -138,8 +138,9 @@ TEST(ConfigTest, SecondYamlDocumentIsRefused) {
 }
 
 TEST(ConfigTest, DeepNestingSaysWhatIsWrong) {
-  const std::string m = ErrorOf(
-      [] { Config::FromYaml(TestSchema(), "task: " + std::string(5000, '[') + "\n", "deep.yaml"); });
+  const std::string m = ErrorOf([] {
+    Config::FromYaml(TestSchema(), "task: " + std::string(5000, '[') + "\n", "deep.yaml");
+  });
   EXPECT_NE(m.find("deep.yaml"), std::string::npos) << m;
   EXPECT_NE(m.find("nested too deeply"), std::string::npos) << m;
 }

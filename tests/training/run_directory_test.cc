@@ -37,7 +37,8 @@ class RunDirectoryTest : public ::testing::Test {
   }
 
   // A tiny reverse task; log.dir only when `with_dir`.
-  std::string WriteConfig(const std::string& name, bool with_dir = true,
+  std::string WriteConfig(const std::string& name,
+                          bool with_dir = true,
                           const std::string& extra = "") {
     const std::string path = (dir_ / (name + ".yaml")).string();
     std::ofstream out(path);
@@ -58,8 +59,11 @@ class RunDirectoryTest : public ::testing::Test {
   }
   fs::path RunPath(const std::string& name) const { return dir_ / ("run_" + name); }
 
-  int Train(const std::string& config, std::vector<std::string> overrides = {},
-            bool resume = false, bool overwrite = false, int64_t stop_after = 0,
+  int Train(const std::string& config,
+            std::vector<std::string> overrides = {},
+            bool resume = false,
+            bool overwrite = false,
+            int64_t stop_after = 0,
             bool force = false) {
     TrainArgs args;
     args.config_path = config;
@@ -92,8 +96,7 @@ TEST_F(RunDirectoryTest, ASecondWriterIsRefusedNamingTheHolder) {
       FAIL() << "a second lock on one directory was granted";
     } catch (const ConfigError& error) {
       const std::string message = error.what();
-      EXPECT_NE(message.find("is in use by pid " + std::to_string(::getpid())),
-                std::string::npos)
+      EXPECT_NE(message.find("is in use by pid " + std::to_string(::getpid())), std::string::npos)
           << message;
       EXPECT_NE(message.find(run), std::string::npos) << message;
     }
@@ -182,8 +185,7 @@ TEST_F(RunDirectoryTest, CompareChecksEveryVariantBeforeTrainingTheFirst) {
   args.overrides = {"compare.variants=[explicit, tied, explicit]"};
   std::ostringstream err2;
   EXPECT_EQ(RunCompare(args, out, err2), 2);
-  EXPECT_NE(err2.str().find("variant 'explicit' appears twice"), std::string::npos)
-      << err2.str();
+  EXPECT_NE(err2.str().find("variant 'explicit' appears twice"), std::string::npos) << err2.str();
 }
 
 // A crash after step 8 with the last checkpoint at step 4: the resumed run
@@ -260,10 +262,10 @@ TEST_F(RunDirectoryTest, ResumeIsBitwiseWithAdjointWarmStarts) {
   for (const int shards : {1, 2}) {
     SCOPED_TRACE(shards);
     const std::string config = WriteConfig("warm" + std::to_string(shards));
-    const std::vector<std::string> common = {
-        "model.kind=implicit", "model.solver.backward.warm_start=true",
-        "model.solver.backward.max_iterations=3", "threads=2",
-        "train.shards=" + std::to_string(shards)};
+    const std::vector<std::string> common = {"model.kind=implicit",
+                                             "model.solver.backward.warm_start=true",
+                                             "model.solver.backward.max_iterations=3", "threads=2",
+                                             "train.shards=" + std::to_string(shards)};
     auto run = [&](const std::string& name, const std::vector<int64_t>& chunks) {
       std::vector<std::string> overrides = common;
       overrides.push_back("log.dir=" + (dir_ / name).string());
