@@ -9,9 +9,11 @@
 //   RUN_DIR/metrics.csv        one row per logged step (and per evaluation)
 //   RUN_DIR/metrics.jsonl      the same rows as JSON objects
 //   RUN_DIR/checkpoint.ckpt    the latest good state (model, optimizer, data
-//                              position, RNG) — resume continues it exactly
+//                              position, RNG, solver warm starts) — resume
+//                              continues it exactly (not yet with dropout)
 //   RUN_DIR/loss.svg, accuracy.svg, solver.svg
 //   RUN_DIR/summary.md, summary.json
+//   RUN_DIR/.lock              the writer's advisory lock (run_directory.h)
 //
 // Numerical failure (a non-finite loss or gradient, or a forward solve that
 // ends NON_FINITE/DIVERGED) is reported with the step and the solver summary;

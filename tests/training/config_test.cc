@@ -129,6 +129,15 @@ TEST(ConfigTest, DuplicateKeysAreRefusedNamingBothPlaces) {
   EXPECT_NE(m.find("d.yaml:3:1: duplicate key 'task'"), std::string::npos) << m;
 }
 
+// yaml-cpp accepts a sequence or a mapping as a key; reading it as a name
+// threw a conversion error that named no place.
+TEST(ConfigTest, AKeyThatIsNotANameIsRefusedWithItsPlace) {
+  const std::string m = ErrorOf([] {
+    Config::FromYaml(TestSchema(), "task: {kind: reverse}\n[a, b]: 1\n", "key.yaml");
+  });
+  EXPECT_NE(m.find("key.yaml:2:1: a key must be a plain name"), std::string::npos) << m;
+}
+
 TEST(ConfigTest, SecondYamlDocumentIsRefused) {
   const std::string m = ErrorOf([] {
     Config::FromYaml(TestSchema(), "task: {kind: reverse}\n---\nseed: 5\n", "two.yaml");
