@@ -300,11 +300,14 @@ std::string SerializeTensors(const NamedTensors& tensors) {
     }
     const std::size_t offset = out.size();
     out.resize(offset + tensor.nbytes());
-    DispatchDType(tensor.dtype(), [&](auto zero) {
+    // A reference, not the binding itself, in the lambda: clang 14 (the fuzz
+    // build's compiler) does not capture structured bindings.
+    const Tensor& value = tensor;
+    DispatchDType(value.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      if (tensor.numel() == 0) return;  // an empty tensor may have no storage
-      CopyLittleEndian(out.data() + offset, tensor.data<T>(),
-                       static_cast<std::size_t>(tensor.numel()), sizeof(T));
+      if (value.numel() == 0) return;  // an empty tensor may have no storage
+      CopyLittleEndian(out.data() + offset, value.data<T>(),
+                       static_cast<std::size_t>(value.numel()), sizeof(T));
     });
   }
   AppendLittleEndian(&out, Fnv1a64(out.data(), out.size()), 8);

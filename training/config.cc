@@ -1,5 +1,6 @@
 #include "training/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -160,6 +161,35 @@ ConfigKey MakeKey(const std::string& path, ConfigType type, const std::string& d
   key.default_value = default_value;
   key.doc = doc;
   return key;
+}
+
+// Whether text holds a second YAML document, and where it starts. At most
+// two documents are read: yaml-cpp's LoadAll loops forever on some
+// malformed inputs, its parser reporting one empty document after another
+// (found by tests/fuzz/config_fuzz.cc).
+bool SecondDocument(const std::string& text, YAML::Mark* start) {
+  class DocumentStart : public YAML::EventHandler {
+   public:
+    void OnDocumentStart(const YAML::Mark& mark) override { start = mark; }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+    YAML::Mark start = YAML::Mark::null_mark();
+  };
+  std::stringstream stream(text);
+  YAML::Parser parser(stream);
+  DocumentStart first, second;
+  if (!parser.HandleNextDocument(first) || !parser.HandleNextDocument(second)) return false;
+  *start = second.start;
+  return true;
 }
 
 bool IsList(ConfigType type) {
@@ -439,12 +469,13 @@ Config Config::FromYaml(const ConfigSchema& schema, const std::string& yaml_text
   }
   YAML::Node root;
   try {
-    const std::vector<YAML::Node> documents = YAML::LoadAll(yaml_text);
-    if (documents.size() > 1) {
-      throw ConfigError(Where(source, documents[1].Mark()) +
-                        ": a second YAML document (after '---'); a config is one document");
+    root = YAML::Load(yaml_text);
+    YAML::Mark second;
+    if (SecondDocument(yaml_text, &second)) {
+      throw ConfigError(Where(source, second) +
+                        ": a second YAML document starts here (after '---', or where the "
+                        "first cannot go on); a config is one document");
     }
-    if (!documents.empty()) root = documents[0];
   } catch (const YAML::Exception& e) {
     // yaml-cpp's depth guard says only "bad file" (with no position).
     const bool too_deep = e.msg.find("depth") != std::string::npos || e.msg == "bad file";

@@ -146,6 +146,18 @@ TEST(ConfigTest, SecondYamlDocumentIsRefused) {
   EXPECT_NE(m.find("a second YAML document"), std::string::npos) << m;
 }
 
+// yaml-cpp's LoadAll never returned on this text (tests/fuzz/config_fuzz.cc
+// found it): its parser reports empty documents without end.
+TEST(ConfigTest, TextThatLoopedTheYamlParserIsAnError) {
+  const std::string m = ErrorOf([] {
+    Config::FromYaml(TestSchema(),
+                     "# All_steps: 2}\n, eval_every: 0, checkpoine_rtvey: 0, log_every: 2}\n"
+                     "log: {progress: auto, plots: false}\n",
+                     "loop.yaml");
+  });
+  EXPECT_NE(m.find("loop.yaml"), std::string::npos) << m;
+}
+
 TEST(ConfigTest, DeepNestingSaysWhatIsWrong) {
   const std::string m = ErrorOf([] {
     Config::FromYaml(TestSchema(), "task: " + std::string(5000, '[') + "\n", "deep.yaml");

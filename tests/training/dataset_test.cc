@@ -251,6 +251,17 @@ TEST_F(FileTest, TruncatedGzipIsAnErrorNotFewerRows) {
   EXPECT_NE(ErrorOf([&] { ReadFileMaybeGzip(path); }).find("truncated"), std::string::npos);
 }
 
+// 1e30 as a token id: converting it to an integer was undefined behaviour
+// (UBSan, through tests/fuzz/csv_fuzz.cc); now it is refused before.
+TEST_F(FileTest, CsvIdsBeyondTheIntegerRangeAreErrors) {
+  const std::string path = Write("csv_huge", "0,1e30,2,2,1,0\n");
+  CsvDatasetOptions options{path, 3, 0, 4, 4};
+  const std::string message = ErrorOf([&] { LoadCsvDataset(options); });
+  EXPECT_NE(message.find(":1: column 2 (token id) must be an integer, got 1e+30"),
+            std::string::npos)
+      << message;
+}
+
 TEST_F(FileTest, TrailingEmptyCsvCellIsAnError) {
   // Six cells and a trailing comma: the seventh (empty) cell used to vanish.
   const std::string path = Write("csv_trailing", "0,1,2,2,1,0,\n");
