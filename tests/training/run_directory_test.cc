@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -14,8 +15,10 @@
 #include "tests/scratch_path.h"
 #include "training/checkpoint.h"
 #include "training/cli_commands.h"
+#include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/metrics.h"
+#include "training/signals.h"
 #include "training/trainer.h"
 
 namespace stillpoint {
@@ -285,6 +288,27 @@ TEST_F(RunDirectoryTest, ResumeIsBitwiseWithAdjointWarmStarts) {
           << straight.model[i].first;
     }
   }
+}
+
+// A stop request (as SIGINT's handler records it) ends a comparison after
+// the current variant's step: no further variant trains, no report is
+// written, and the variant's run directory holds its checkpoint.
+TEST_F(RunDirectoryTest, AStopRequestEndsACompareWithoutAReport) {
+  const std::string config =
+      WriteConfig("cmpstop", true, "compare: {variants: [explicit, tied]}\n");
+  SetStopRequested(SIGINT);
+  const CompareReport report = RunComparison(
+      Config::FromFile(StillpointSchema(), config), config, /*progress=*/nullptr);
+  SetStopRequested(0);
+  EXPECT_EQ(report.stop_signal, SIGINT);
+  ASSERT_EQ(report.variants.size(), 1u);
+  EXPECT_EQ(report.variants[0].name, "explicit");
+  EXPECT_NE(report.variants[0].train.stop_reason.find("stopped by SIGINT at step 0 of 12"),
+            std::string::npos)
+      << report.variants[0].train.stop_reason;
+  EXPECT_TRUE(fs::exists(RunPath("cmpstop") / "explicit" / "checkpoint.ckpt"));
+  EXPECT_FALSE(fs::exists(RunPath("cmpstop") / "tied"));
+  EXPECT_FALSE(fs::exists(RunPath("cmpstop") / "report.md"));
 }
 
 TEST_F(RunDirectoryTest, NegativeStopAfterAndConflictingFlagsAreBadInput) {
