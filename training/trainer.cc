@@ -255,7 +255,6 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   } else {
     RefuseNonEmptyRunDirectory(summary.run_dir);
   }
-  WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
 
   const NamedVars parameters = model.named_parameters();
   VarList parameter_list;
@@ -271,8 +270,14 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   int64_t step = 0;
   if (resumed) {
     const CheckpointState& state = resume_state;
-    model.LoadParameters(state.model);
-    optimizer->LoadState(state.optimizer);
+    try {
+      model.LoadParameters(state.model);
+      optimizer->LoadState(state.optimizer);
+    } catch (const Error& error) {
+      // Reached with --force past a config difference: the checkpoint is
+      // bad input for this model, not a runtime failure.
+      throw ConfigError(checkpoint_path + ": does not fit this model: " + error.what());
+    }
     batcher.Restore({state.data_epoch, state.data_offset});
     SP_CHECK(rng.LoadState(state.rng_state), checkpoint_path, ": unreadable RNG state");
     step = state.step;
@@ -328,6 +333,8 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (resumed) {
     RestoreWarmStartState(resume_state.solver_state, warm_start_models(), checkpoint_path);
   }
+  // Written once the checkpoint (if any) has loaded into this model.
+  WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
   const int jacobian_probes = static_cast<int>(c.GetInt("model.regularization.jacobian_probes"));
   const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
   const int64_t eval_batch = c.GetInt("eval.batch_size");

@@ -245,6 +245,21 @@ TEST_F(RunDirectoryTest, ResumeRefusesAnotherConfigUnlessForced) {
   EXPECT_EQ(LoadCheckpoint((RunPath("other") / "checkpoint.ckpt").string()).step, 8);
 }
 
+// --force past a change of model size: the parameters cannot load, which
+// is bad input (exit 2), not a runtime failure.
+TEST_F(RunDirectoryTest, ForcedResumeIntoAnotherModelSizeIsBadInput) {
+  const std::string config = WriteConfig("resize");
+  ASSERT_EQ(Train(config, {}, false, false, 4), 0) << err_.str();
+  EXPECT_EQ(Train(config, {"model.dim=12"}, true, false, 0, /*force=*/true), 2);
+  EXPECT_NE(err_.str().find("checkpoint.ckpt: does not fit this model"), std::string::npos)
+      << err_.str();
+  EXPECT_EQ(LoadCheckpoint((RunPath("resize") / "checkpoint.ckpt").string()).step, 4);
+  // The run's config.yaml still describes its checkpoint.
+  EXPECT_EQ(Config::FromFile(StillpointSchema(), (RunPath("resize") / "config.yaml").string())
+                .GetInt("model.dim"),
+            8);
+}
+
 // eval exits 2 on a corrupt checkpoint; train --resume used to exit 1.
 TEST_F(RunDirectoryTest, CorruptCheckpointUnderResumeIsBadInput) {
   const std::string config = WriteConfig("corrupt");
