@@ -300,11 +300,14 @@ std::string SerializeTensors(const NamedTensors& tensors) {
     }
     const std::size_t offset = out.size();
     out.resize(offset + tensor.nbytes());
-    DispatchDType(tensor.dtype(), [&](auto zero) {
+    // A reference, not the binding itself, in the lambda: clang 14 (the fuzz
+    // build's compiler) does not capture structured bindings.
+    const Tensor& value = tensor;
+    DispatchDType(value.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      if (tensor.numel() == 0) return;  // an empty tensor may have no storage
-      CopyLittleEndian(out.data() + offset, tensor.data<T>(),
-                       static_cast<std::size_t>(tensor.numel()), sizeof(T));
+      if (value.numel() == 0) return;  // an empty tensor may have no storage
+      CopyLittleEndian(out.data() + offset, value.data<T>(),
+                       static_cast<std::size_t>(value.numel()), sizeof(T));
     });
   }
   AppendLittleEndian(&out, Fnv1a64(out.data(), out.size()), 8);
@@ -369,8 +372,15 @@ void DeserializeModule(const std::string& bytes,
 
 // ---------------------------------------------------------------- files
 
+std::string TemporaryPathFor(const std::string& path) {
+  return detail::StrCat(path, ".tmp.", static_cast<long>(::getpid()));
+}
+
 void WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  const std::string temporary = path + ".tmp";
+  // The writer's pid in the name: two processes saving the same file (two
+  // runs pointed at one directory) never write into, rename or remove each
+  // other's temporary.
+  const std::string temporary = TemporaryPathFor(path);
   const std::string context = detail::StrCat("cannot write '", path, "'");
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) ThrowSystemError(detail::StrCat(context, ": cannot create '", temporary, "'"), errno);

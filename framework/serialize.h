@@ -85,11 +85,14 @@ void DeserializeModule(const std::string& bytes,
 
 // ---- helpers shared with checkpoint writers
 
-// Writes bytes to path + ".tmp", flushes it to disk (fsync) and renames it
-// over path. On failure removes the temporary it created and throws an Error
-// naming path and the system's reason; an existing file at path is left
-// untouched.
+// Writes bytes to TemporaryPathFor(path), flushes it to disk (fsync) and
+// renames it over path. On failure removes the temporary it created and
+// throws an Error naming path and the system's reason; an existing file at
+// path is left untouched.
 void WriteFileAtomically(const std::string& path, const std::string& bytes);
+// The temporary WriteFileAtomically writes first: path + ".tmp.<pid>",
+// unique to the writing process.
+std::string TemporaryPathFor(const std::string& path);
 // The whole content of a file; throws an Error naming path if it cannot be
 // opened or read.
 std::string ReadFileBytes(const std::string& path);

@@ -7,12 +7,13 @@
 #   bash scripts/setup.sh --with-peer  # also PyTorch + OpenBLAS, for the
 #                                      # side-by-side benchmarks (bench/)
 #   bash scripts/setup.sh --with-profiling  # also perf and valgrind
+#   bash scripts/setup.sh --with-fuzz  # also clang and libFuzzer (scripts/fuzz.sh)
 #
 # Runs apt-get directly as root, through sudo otherwise.
 set -euo pipefail
 
 usage() {
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 packages=(
@@ -28,11 +29,14 @@ peer_packages=(python3-torch libopenblas0-openmp)
 # Profilers: perf (sampling; `perf record -g`, `perf report`) and valgrind
 # (callgrind instruction counts, steadier than timings on a shared machine).
 profiling_packages=(linux-perf valgrind)
+# The fuzz targets (scripts/fuzz.sh) build with clang and its libFuzzer runtime.
+fuzz_packages=(clang libclang-rt-14-dev)
 
 for arg in "$@"; do
   case "$arg" in
     --with-peer) packages+=("${peer_packages[@]}") ;;
     --with-profiling) packages+=("${profiling_packages[@]}") ;;
+    --with-fuzz) packages+=("${fuzz_packages[@]}") ;;
     -h | --help) usage; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
   esac

@@ -39,8 +39,9 @@ std::string SerializeCheckpoint(const CheckpointState& state) {
   const std::string meta_text = meta.c_str();
   const std::string model = SerializeTensors(state.model);
   const std::string optimizer = SerializeTensors(state.optimizer);
-  const uint64_t total =
-      kHeaderSize + meta_text.size() + model.size() + optimizer.size() + kChecksumSize;
+  const std::string solver_state = SerializeTensors(state.solver_state);
+  const uint64_t total = kHeaderSize + meta_text.size() + model.size() + optimizer.size() +
+                         solver_state.size() + kChecksumSize;
   std::string bytes(kMagic, sizeof(kMagic));
   Append(&bytes, kCheckpointFormatVersion, 4);
   Append(&bytes, total, 8);
@@ -48,6 +49,7 @@ std::string SerializeCheckpoint(const CheckpointState& state) {
   bytes += meta_text;
   bytes += model;
   bytes += optimizer;
+  bytes += solver_state;
   Append(&bytes, Fnv1a64(bytes.data(), bytes.size()), 8);
   return bytes;
 }
@@ -61,7 +63,7 @@ CheckpointState DeserializeCheckpoint(const std::string& bytes, const std::strin
   }
   if (bytes.size() < kHeaderSize + kChecksumSize) fail("truncated (header incomplete)");
   const uint64_t version = Read(bytes, 8, 4);
-  if (version != kCheckpointFormatVersion) {
+  if (version != 1 && version != kCheckpointFormatVersion) {
     fail("unsupported format version " + std::to_string(version) + " (this build reads " +
          std::to_string(kCheckpointFormatVersion) + ")");
   }
@@ -92,6 +94,7 @@ CheckpointState DeserializeCheckpoint(const std::string& bytes, const std::strin
                                           total - kChecksumSize - kHeaderSize - meta_length));
   state.model = ReadTensors(records, source + " (model)");
   state.optimizer = ReadTensors(records, source + " (optimizer)");
+  if (version >= 2) state.solver_state = ReadTensors(records, source + " (solver state)");
   return state;
 }
 

@@ -4,12 +4,15 @@
 // the data position, the RNG state and the resolved config. It is one file:
 //
 //   "STILLCKP"  magic (8 bytes)
-//   uint32      format version (= 1)
+//   uint32      format version (= 2; version 1 files, without the solver
+//               state record, are still read)
 //   uint64      total length of the file in bytes
 //   uint32      metadata length M, then M bytes of YAML (step, data position,
 //               rng state, config)
 //   record      model parameters (framework/serialize.h tensor record)
 //   record      optimizer state (same format)
+//   record      solver state (version 2): warm-start tensors, e.g. the
+//               previous adjoint solution of backward.warm_start
 //   uint64      FNV-1a checksum over every byte before it
 //
 // Files are written atomically (temporary file, fsync, rename), so a crash or
@@ -25,7 +28,7 @@
 
 namespace stillpoint {
 
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
 
 struct CheckpointState {
   int64_t step = 0;
@@ -35,6 +38,7 @@ struct CheckpointState {
   std::string config_yaml;  // the resolved config of the run
   NamedTensors model;
   NamedTensors optimizer;
+  NamedTensors solver_state;  // empty in version 1 files
 };
 
 std::string SerializeCheckpoint(const CheckpointState& state);

@@ -1,5 +1,8 @@
 #include "training/cli_commands.h"
 
+#include <cfloat>
+#include <climits>
+#include <cmath>
 #include <filesystem>
 #include <iomanip>
 #include <ostream>
@@ -10,8 +13,11 @@
 #include "training/experiment.h"
 #include "training/gradient_check.h"
 #include "framework/parallel.h"
+#include "training/memory_estimate.h"
 #include "training/metrics.h"
 #include "training/retrieve.h"
+#include "training/run_directory.h"
+#include "training/signals.h"
 #include "training/trainer.h"
 
 namespace stillpoint {
@@ -41,6 +47,47 @@ int Guarded(std::ostream& err, Setup setup, Work work) {
   }
 }
 
+// Exit code of a run stopped by a signal, as a shell reports one killed by it.
+int SignalExitCode(int signal_number) { return 128 + signal_number; }
+
+// With no log.dir, a plain run (no --resume, no --overwrite) goes to the
+// first free runs/<config name>[-N], so repeating a command keeps the last
+// result; the choice is recorded in the config (and so in config.yaml).
+void ChooseRunDirectory(Config* config, const std::string& config_path, bool keep_default) {
+  if (!config->GetString("log.dir").empty() || keep_default) return;
+  std::string dir = NextFreeRunDirectory(RunDirectory(*config, config_path));
+  std::string quoted;  // a YAML single-quoted scalar: ' doubled
+  for (char ch : dir) quoted += ch == '\'' ? std::string("''") : std::string(1, ch);
+  config->Set("log.dir='" + quoted + "'");
+}
+
+std::string ShellQuoted(const std::string& word) {
+  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                              "0123456789_-./=:,+@%") == std::string::npos) {
+    return word;
+  }
+  std::string quoted = "'";
+  for (char ch : word) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return quoted + "'";
+}
+
+// The command that continues a run: the same config and overrides, the run
+// directory named explicitly (it may have been chosen as runs/<name>-N).
+std::string ResumeCommand(const TrainArgs& args, const std::string& run_dir) {
+  std::string command = "stillpoint train " + ShellQuoted(args.config_path);
+  bool has_dir = false;
+  for (const std::string& o : args.overrides) {
+    if (o.rfind("log.dir=", 0) == 0) {
+      has_dir = true;
+      command += " " + ShellQuoted("log.dir=" + run_dir);
+    } else {
+      command += " " + ShellQuoted(o);
+    }
+  }
+  if (!has_dir) command += " " + ShellQuoted("log.dir=" + run_dir);
+  return command + " --resume";
+}
+
 }  // namespace
 
 // The build sets STILLPOINT_VERSION from project(... VERSION).
@@ -54,20 +101,46 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err) {
   return Guarded(
       err,
       [&] {
-        const Config config = Config::FromFile(StillpointSchema(), args.config_path, args.overrides);
+        SP_CHECK(args.stop_after_steps >= 0, "--stop-after must be >= 0 (0: no limit), got ",
+                 args.stop_after_steps);
+        SP_CHECK(!args.force || args.resume, "--force applies to --resume only");
+        SP_CHECK(!(args.resume && args.overwrite),
+                 "--resume and --overwrite exclude each other (continue the run, or replace it)");
+        Config config = Config::FromFile(StillpointSchema(), args.config_path, args.overrides);
+        ChooseRunDirectory(&config, args.config_path, args.resume || args.overwrite);
+        CheckMemoryFits(config, /*training=*/true);
         experiment = BuildExperiment(config, args.config_path);
       },
       [&] {
         TrainOptions options;
         options.resume = args.resume;
+        options.force = args.force;
+        options.overwrite = args.overwrite;
         options.stop_after_steps = args.stop_after_steps;
         options.progress = &out;
+        const std::string run_dir = RunDirectory(experiment.config, experiment.config_path);
         out << "training " << experiment.model->Name() << " (" << experiment.model->NumParameters()
             << " parameters) on " << experiment.config.GetString("task.kind") << "; run directory "
-            << RunDirectory(experiment.config, experiment.config_path) << "\n";
+            << run_dir << "\n";
+        const StopOnSignals stop_on_signals;
         const TrainSummary summary = Train(experiment, options);
+        if (summary.already_complete) {
+          out << run_dir << " is complete (step " << summary.steps << " of train.steps "
+              << experiment.config.GetInt("train.steps")
+              << "): nothing to train; its checkpoint, metrics and summary are unchanged\n";
+          return kOk;
+        }
         out << summary.BriefReport() << "\n";
-        return summary.stopped_early ? kRuntimeFailure : kOk;
+        if (summary.stop_signal != 0) {
+          err << summary.stop_reason << "; wrote " << run_dir << "/checkpoint.ckpt and the "
+              << "summary. Resume with:\n  " << ResumeCommand(args, run_dir) << "\n";
+          return SignalExitCode(summary.stop_signal);
+        }
+        if (summary.stopped_early) {
+          err << "error: training stopped early: " << summary.stop_reason << "\n";
+          return kRuntimeFailure;
+        }
+        return kOk;
       });
 }
 
@@ -78,6 +151,10 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
   return Guarded(
       err,
       [&] {
+        SP_CHECK(args.iterations >= 0, "--iters must be >= 1 (0: as trained), got ",
+                 args.iterations);
+        SP_CHECK(args.iterations <= INT_MAX, "--iters ", args.iterations, " is too large");
+        SP_CHECK(args.length >= 0, "--length must be >= 1 (0: as trained), got ", args.length);
         checkpoint_path = std::filesystem::is_directory(args.run)
                               ? (std::filesystem::path(args.run) / "checkpoint.ckpt").string()
                               : args.run;
@@ -87,6 +164,7 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
         if (args.iterations > 0) {
           config.Set("eval.max_iterations=" + std::to_string(args.iterations));
         }
+        CheckMemoryFits(config, /*training=*/false);
         experiment = BuildExperiment(config, "", args.length);
         experiment.model->LoadParameters(state.model);
       },
@@ -153,10 +231,21 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err) {
       err,
       [&] {
         config = Config::FromFile(StillpointSchema(), args.config_path, args.overrides);
-        ValidateCompareVariants(config);
+        ChooseRunDirectory(&config, args.config_path, args.overwrite);
+        ValidateCompareVariants(config, args.config_path);
+        const std::string root = RunDirectory(config, args.config_path);
+        if (!args.overwrite) RefuseNonEmptyRunDirectory(root);
+        out << "comparison in " << root << "\n";
       },
       [&] {
-        const CompareReport report = RunComparison(config, args.config_path, &out);
+        const StopOnSignals stop_on_signals;
+        const CompareReport report = RunComparison(config, args.config_path, &out, args.overwrite);
+        if (report.stop_signal != 0) {
+          const VariantResult& last = report.variants.back();
+          err << last.train.stop_reason << " of variant " << last.name << " (checkpoint in "
+              << last.run_dir << "); the comparison stopped there and wrote no report\n";
+          return SignalExitCode(report.stop_signal);
+        }
         out << "\n" << report.table << "\nreport: " << report.markdown_path << " and "
             << report.html_path << "\n";
         return kOk;
@@ -174,8 +263,18 @@ int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err) 
                  "' is not float32 or float64");
         SP_CHECK(StringToForwardSolverType(args.solver, &options.type), "--solver: unknown solver '",
                  args.solver, "'");
-        SP_CHECK(args.beta > 0, "--beta must be positive, got ", args.beta);
-        SP_CHECK(args.threads >= 1, "--threads must be >= 1");
+        SP_CHECK(std::isfinite(args.beta) && args.beta > 0, "--beta must be a positive finite "
+                 "number, got ", args.beta);
+        SP_CHECK(dtype != DType::kFloat32 || args.beta <= FLT_MAX, "--beta ", args.beta,
+                 " does not fit in float32 (--dtype float64 holds it)");
+        SP_CHECK(args.threads >= 1 && args.threads <= 256, "--threads must be in [1, 256], got ",
+                 args.threads);
+        SP_CHECK(args.max_iterations >= 1 && args.max_iterations <= INT_MAX,
+                 "--max-iter must be in [1, ", INT_MAX, "], got ", args.max_iterations);
+        SP_CHECK(!args.out_dir.empty(), "--out must name a directory, got ''");
+        SP_CHECK(!std::filesystem::exists(args.out_dir) ||
+                     std::filesystem::is_directory(args.out_dir),
+                 "--out '", args.out_dir, "' is a file, not a directory");
         options.relative_tolerance = args.tolerance;
         options.max_iterations = static_cast<int>(args.max_iterations);
         std::string error;

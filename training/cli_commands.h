@@ -13,10 +13,18 @@ namespace stillpoint {
 
 const char* StillpointVersion();
 
+// With no log.dir in the config (and neither --resume nor --overwrite),
+// train and compare write into the first free directory of runs/<config
+// name>, runs/<config name>-2, ... and print it; a log.dir that holds a run
+// is refused unless --resume or --overwrite (training/run_directory.h).
+// SIGINT and SIGTERM stop them after the step in flight with a checkpoint
+// and exit code 130 / 143 (training/signals.h).
 struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;
   bool resume = false;
+  bool force = false;      // resume despite config differences
+  bool overwrite = false;  // replace the run in log.dir
   int64_t stop_after_steps = 0;
 };
 int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err);
@@ -36,6 +44,7 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err);
 struct CompareArgs {
   std::string config_path;
   std::vector<std::string> overrides;
+  bool overwrite = false;  // replace the comparison in log.dir
 };
 int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err);
 

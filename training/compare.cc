@@ -15,7 +15,9 @@
 #include "training/config_schema.h"
 #include "training/experiment.h"
 #include "training/gradient_check.h"
+#include "training/memory_estimate.h"
 #include "training/metrics.h"
+#include "training/run_directory.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {
@@ -189,7 +191,7 @@ std::vector<std::string> CompareVariants(const Config& config) {
   return variants;
 }
 
-void ValidateCompareVariants(const Config& config) {
+void ValidateCompareVariants(const Config& config, const std::string& config_path) {
   const std::vector<std::string> attentions = config.GetStringList("compare.attention");
   const std::vector<std::string> known_attentions = AttentionNames();
   for (const std::string& attention : attentions) {
@@ -210,11 +212,10 @@ void ValidateCompareVariants(const Config& config) {
     throw ConfigError(config.Origin(key) + ": " + key + " is empty");
   }
   for (std::size_t i = 0; i < variants.size(); ++i) {
-    for (std::size_t j = 0; j < i; ++j) {
-      if (variants[i] == variants[j]) {
-        throw ConfigError(config.Origin(key) + ": variant '" + variants[i] +
-                          "' is listed twice in " + key);
-      }
+    if (std::find(variants.begin(), variants.begin() + i, variants[i]) != variants.begin() + i) {
+      // Both would train into one run directory.
+      throw ConfigError(config.Origin(key) + ": variant '" + variants[i] + "' appears twice in " +
+                        key);
     }
   }
   for (const std::string& v : variants) {
@@ -232,13 +233,33 @@ void ValidateCompareVariants(const Config& config) {
                         "' in compare.variants (known: " + known + ")");
     }
   }
+  // Each variant's own settings, so a bad one is found before the first
+  // variant spends its training time.
+  for (const std::string& v : variants) {
+    Config variant = config;
+    for (const std::string& o : VariantOverrides(v)) variant.Set(o);
+    try {
+      CheckMemoryFits(variant, /*training=*/true);
+      BuildExperiment(variant, config_path);
+      CheckTrainingConfig(variant);
+    } catch (const ConfigError& e) {
+      throw ConfigError("variant '" + v + "' of " + key + ": " + e.what());
+    } catch (const Error& e) {
+      throw ConfigError("variant '" + v + "' of " + key + ": " + e.what());
+    }
+  }
 }
 
 CompareReport RunComparison(const Config& base, const std::string& config_path,
-                            std::ostream* progress) {
-  ValidateCompareVariants(base);
+                            std::ostream* progress, bool overwrite) {
+  ValidateCompareVariants(base, config_path);
   const std::string root = RunDirectory(base, config_path);
-  std::filesystem::create_directories(root);
+  const RunDirectoryLock lock(root);
+  if (overwrite) {
+    RemoveRunFiles(root);
+  } else {
+    RefuseNonEmptyRunDirectory(root);
+  }
   CompareReport report;
   const std::vector<double> lengths = base.GetDoubleList("eval.lengths");
   const int64_t eval_batch = base.GetInt("eval.batch_size");
@@ -255,8 +276,14 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     Experiment e = BuildExperiment(config, config_path);
     TrainOptions options;
     options.progress = progress;
+    options.overwrite = overwrite;
     v.train = Train(e, options);
     if (progress) *progress << v.train.BriefReport() << "\n";
+    if (v.train.stop_signal != 0) {
+      report.stop_signal = v.train.stop_signal;
+      report.variants.push_back(std::move(v));
+      return report;
+    }
     SequenceModel& model = *e.model;
 
     // Gradient quality of every variant with an implicit layer: the

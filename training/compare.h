@@ -80,20 +80,30 @@ struct CompareReport {
   std::string grid;
   std::string markdown_path;
   std::string html_path;
+  // SIGINT or SIGTERM stopped the comparison during the last variant in
+  // `variants` (its run directory holds a checkpoint of the step reached);
+  // no report was written. 0 otherwise.
+  int stop_signal = 0;
 };
 
 // The variants to train: the attention x kind grid (ATTENTION/KIND) when
 // compare.attention is set, else compare.variants.
 std::vector<std::string> CompareVariants(const Config& config);
 
-// Throws ConfigError naming the key when a variant is unknown or listed
-// twice (before any training).
-void ValidateCompareVariants(const Config& config);
+// Throws ConfigError naming the key when the variants are empty, hold an
+// unknown variant or one twice, or when a variant's config does not build
+// (BuildExperiment) or train (CheckTrainingConfig): every variant is checked
+// before the first one trains. config_path resolves relative data paths as
+// BuildExperiment does.
+void ValidateCompareVariants(const Config& config, const std::string& config_path = "");
 
 // The overrides that turn the base config into the named variant.
 std::vector<std::string> VariantOverrides(const std::string& variant);
 
+// The report directory (log.dir, or runs/<config name>) is locked for the
+// comparison and must be empty unless `overwrite` (which also overwrites
+// each variant's run directory in it).
 CompareReport RunComparison(const Config& base, const std::string& config_path,
-                            std::ostream* progress);
+                            std::ostream* progress, bool overwrite = false);
 
 }  // namespace stillpoint

@@ -1,12 +1,16 @@
 #include "training/config.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cfloat>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -124,6 +128,12 @@ std::string CheckItem(const ConfigKey& key, const std::string& text, bool list_i
     case ConfigType::kDouble: {
       double v;
       if (!ParseDouble(text, &v)) return "expected a finite number, got '" + text + "'";
+      // Models train in float32: a value finite in double but infinite there
+      // would turn every product it enters into inf or NaN.
+      if (std::fabs(v) > FLT_MAX) {
+        return "value " + text + " does not fit in float32 (largest magnitude " +
+               FormatNumber(FLT_MAX) + ")";
+      }
       if (!InRange(key, v)) return "value " + text + " is out of range " + RangeText(key);
       return "";
     }
@@ -151,6 +161,35 @@ ConfigKey MakeKey(const std::string& path, ConfigType type, const std::string& d
   key.default_value = default_value;
   key.doc = doc;
   return key;
+}
+
+// Whether text holds a second YAML document, and where it starts. At most
+// two documents are read: yaml-cpp's LoadAll loops forever on some
+// malformed inputs, its parser reporting one empty document after another
+// (found by tests/fuzz/config_fuzz.cc).
+bool SecondDocument(const std::string& text, YAML::Mark* start) {
+  class DocumentStart : public YAML::EventHandler {
+   public:
+    void OnDocumentStart(const YAML::Mark& mark) override { start = mark; }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+    YAML::Mark start = YAML::Mark::null_mark();
+  };
+  std::stringstream stream(text);
+  YAML::Parser parser(stream);
+  DocumentStart first, second;
+  if (!parser.HandleNextDocument(first) || !parser.HandleNextDocument(second)) return false;
+  *start = second.start;
+  return true;
 }
 
 bool IsList(ConfigType type) {
@@ -356,10 +395,22 @@ class ConfigBuilder {
 
   void Walk(const YAML::Node& node, const std::string& prefix) {
     const ConfigSchema& schema = *config_->schema_;
+    // yaml-cpp keeps every pair of a mapping, repeated keys too; the last
+    // would silently win.
+    std::map<std::string, std::string> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
+      if (!it->first.IsScalar()) {
+        throw ConfigError(Where(source_, it->first.Mark()) + ": a key must be a plain name" +
+                          (prefix.empty() ? "" : " (in section '" + prefix + "')"));
+      }
       const std::string name = it->first.as<std::string>();
       const std::string path = prefix.empty() ? name : prefix + "." + name;
       const std::string where = Where(source_, it->first.Mark());
+      const auto [first, inserted] = seen.emplace(name, where);
+      if (!inserted) {
+        throw ConfigError(where + ": duplicate key '" + path + "' (first given at " +
+                          first->second + ")");
+      }
       if (const ConfigKey* key = schema.Find(path)) {
         SetValue(*key, it->second, where);
         continue;
@@ -433,8 +484,19 @@ Config Config::FromYaml(const ConfigSchema& schema, const std::string& yaml_text
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
+    YAML::Mark second;
+    if (SecondDocument(yaml_text, &second)) {
+      throw ConfigError(Where(source, second) +
+                        ": a second YAML document starts here (after '---', or where the "
+                        "first cannot go on); a config is one document");
+    }
   } catch (const YAML::Exception& e) {
-    throw ConfigError(Where(source, e.mark) + ": malformed YAML: " + e.msg);
+    // yaml-cpp's depth guard says only "bad file" (with no position).
+    const bool too_deep = e.msg.find("depth") != std::string::npos || e.msg == "bad file";
+    throw ConfigError(Where(source, e.mark) + ": malformed YAML: " +
+                      (too_deep ? "nested too deeply (a config is sections of keys, at most a "
+                                  "few levels deep)"
+                                : e.msg));
   }
   if (root.IsDefined() && !root.IsNull()) {
     if (!root.IsMap()) {
@@ -453,11 +515,25 @@ Config Config::FromYaml(const ConfigSchema& schema, const std::string& yaml_text
 
 Config Config::FromFile(const ConfigSchema& schema, const std::string& path,
                         const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
+  std::error_code error;
+  // A directory opens as an empty stream on Linux, which would read as an
+  // empty config and train the defaults.
+  if (std::filesystem::is_directory(path, error)) {
+    throw ConfigError(path + ": is a directory, not a config file");
+  }
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path + ": cannot open the config file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return FromYaml(schema, text.str(), path, overrides);
+  // Read at most one byte past the cap, so an endless source (/dev/zero, a
+  // pipe) is refused instead of filling memory.
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw ConfigError(path + ": cannot read the config file");
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    throw ConfigError(path + ": larger than " + std::to_string(kMaxConfigBytes >> 20) +
+                      " MiB; not a config file");
+  }
+  return FromYaml(schema, text, path, overrides);
 }
 
 void Config::Set(const std::string& override_text) {
@@ -515,6 +591,18 @@ std::vector<double> Config::GetDoubleList(const std::string& path) const {
 std::string Config::Origin(const std::string& path) const {
   auto it = values_.find(path);
   return it == values_.end() ? "" : it->second.origin;
+}
+
+std::string Config::ValueText(const std::string& path) const {
+  auto it = values_.find(path);
+  if (it == values_.end()) return "";
+  const ConfigKey* key = schema_->Find(path);
+  if (key == nullptr || !IsList(key->type)) return it->second.items[0];
+  std::string text = "[";
+  for (std::size_t i = 0; i < it->second.items.size(); ++i) {
+    text += (i ? ", " : "") + it->second.items[i];
+  }
+  return text + "]";
 }
 
 std::string Config::ToYaml() const {

@@ -4,7 +4,8 @@
 // default, allowed range or choices, and a one-line doc. Loading a file
 // checks it against the schema before any work starts; an unknown key (with
 // a suggestion for a misspelling), a wrong type, an out-of-range value, a
-// missing required key or malformed YAML is a ConfigError whose message names
+// missing required key, a key given twice in one mapping, a second YAML
+// document or malformed YAML is a ConfigError whose message names
 // the file, line, column and key path. Overrides "key.path=value" (from the
 // command line) are checked the same way and name the override.
 //
@@ -86,7 +87,9 @@ class Config {
   // Parses and validates YAML text. source names it in errors (the file).
   static Config FromYaml(const ConfigSchema& schema, const std::string& yaml_text,
                          const std::string& source, const std::vector<std::string>& overrides = {});
-  // Reads a file (missing/unreadable file: ConfigError naming it).
+  // Reads a file (missing/unreadable file, a directory, or more than
+  // kMaxConfigBytes: ConfigError naming it).
+  static constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;
   static Config FromFile(const ConfigSchema& schema, const std::string& path,
                          const std::vector<std::string>& overrides = {});
 
@@ -105,6 +108,9 @@ class Config {
 
   // The resolved config as nested YAML, every key present, schema order.
   std::string ToYaml() const;
+  // A key's value as text ("0.001", "[csv, jsonl]"); "" for a key without one.
+  std::string ValueText(const std::string& path) const;
+  const ConfigSchema& schema() const { return *schema_; }
   const std::string& source() const { return source_; }
 
  private:

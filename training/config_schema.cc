@@ -5,6 +5,7 @@
 
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
+#include "layers/registry.h"
 #include "training/dataset.h"
 
 namespace stillpoint {
@@ -313,7 +314,9 @@ ConfigSchema BuildSchema() {
                   1 << 20);
 
   // ---- log
-  s.String("log.dir", "", "Run directory (default runs/<config file name>)")
+  s.String("log.dir", "",
+           "Run directory (default: runs/<config file name>, or runs/<config file name>-N when "
+           "that holds a run)")
       .StringList("log.formats", {"csv", "jsonl"}, {"csv", "jsonl"}, "Metrics file formats")
       .Enum("log.progress", "auto", {"auto", "bar", "lines", "none"},
             "auto: a progress bar on a terminal, periodic lines otherwise")
@@ -462,11 +465,16 @@ EnergyBlockOptions EnergyBlockOptionsFromConfig(const Config& c) {
 // or model.energy.layer for the energy kind) and every one a comparison
 // trains (compare.attention, energy_<block> in compare.variants), so a key
 // set for one variant of a comparison is not an error in another.
-std::vector<std::string> EnergyBlocksInUse(const Config& c) {
+std::vector<std::string> EnergyBlocksInUse(const Config& c, const Config& defaults) {
   std::vector<std::string> blocks;
   const std::string attention = c.GetString("model.attention");
   if (attention != "softmax") blocks.push_back(attention);
-  if (c.GetString("model.kind") == "energy") blocks.push_back(c.GetString("model.energy.layer"));
+  // The energy kind's block, or a block the config names on purpose (its
+  // compare variants may be other kinds).
+  const std::string layer = c.GetString("model.energy.layer");
+  if (c.GetString("model.kind") == "energy" || layer != defaults.GetString("model.energy.layer")) {
+    blocks.push_back(layer);
+  }
   for (const std::string& a : c.GetStringList("compare.attention")) blocks.push_back(a);
   for (const std::string& v : c.GetStringList("compare.variants")) {
     if (v == "energy") blocks.push_back(c.GetString("model.energy.layer"));
@@ -475,9 +483,26 @@ std::vector<std::string> EnergyBlocksInUse(const Config& c) {
   return blocks;
 }
 
-// A model.energy.* key that only one block reads, set in a config whose
-// models never use that block, is an error naming the key and the block.
+// Whether c holds the default value of path.
+bool HasDefaultValue(const Config& c, const Config& defaults, const std::string& path) {
+  switch (StillpointSchema().Find(path)->type) {
+    case ConfigType::kBool:
+      return c.GetBool(path) == defaults.GetBool(path);
+    case ConfigType::kInt:
+      return c.GetInt(path) == defaults.GetInt(path);
+    case ConfigType::kDouble:
+      return c.GetDouble(path) == defaults.GetDouble(path);
+    default:
+      return c.GetString(path) == defaults.GetString(path);
+  }
+}
+
+// A model.energy.* key that only one block reads, set to another value than
+// its default in a config whose models never use that block, is an error
+// naming the key and the block. (Compared with the default rather than by
+// origin: a run's stored config spells out every key.)
 void CheckEnergyKeysAreRead(const Config& c) {
+  static const Config defaults = Config::FromYaml(StillpointSchema(), "", "defaults");
   static const std::vector<std::pair<std::string, std::string>> kOwners = {
       {"value_precision", "probabilistic"},
       {"key_adaptation.iterations", "probabilistic"},
@@ -493,10 +518,10 @@ void CheckEnergyKeysAreRead(const Config& c) {
       {"memory", "energy_transformer"},
       {"memories", "energy_transformer"},
       {"step", "energy_transformer"}};
-  const std::vector<std::string> blocks = EnergyBlocksInUse(c);
+  const std::vector<std::string> blocks = EnergyBlocksInUse(c, defaults);
   for (const auto& [key, owner] : kOwners) {
     const std::string path = "model.energy." + key;
-    if (c.Origin(path) == "default") continue;
+    if (HasDefaultValue(c, defaults, path)) continue;
     if (std::find(blocks.begin(), blocks.end(), owner) != blocks.end()) continue;
     std::string used;
     for (const std::string& b : blocks) used += (used.empty() ? "" : ", ") + b;
@@ -516,6 +541,14 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   m.dim = c.GetInt("model.dim");
   m.max_length = c.GetInt("model.max_length");
   m.cell = c.GetString("model.cell");
+  if (!CellRegistry().Has(m.cell)) {
+    std::string known;
+    for (const std::string& name : CellRegistry().Names()) {
+      known += (known.empty() ? "" : ", ") + name;
+    }
+    throw ConfigError(c.Origin("model.cell") + ": unknown cell '" + m.cell +
+                      "' in model.cell (known: " + known + ")");
+  }
   m.cell_options.dim = m.dim;
   m.cell_options.heads = c.GetInt("model.heads");
   m.cell_options.hidden = c.GetInt("model.hidden");

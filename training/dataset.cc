@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <sstream>
@@ -240,23 +242,33 @@ std::string ReadFileMaybeGzip(const std::string& path) {
       gzclose(file);
       SP_CHECK(false, "cannot read '", path, "': ", message);
     }
-    if (n == 0) break;
+    if (n == 0) {
+      // End of input. A gzip stream cut short also ends here, with the rows
+      // decoded so far; only gzerror says it was truncated.
+      int code = Z_OK;
+      const std::string message = gzerror(file, &code);
+      gzclose(file);
+      SP_CHECK(code == Z_OK || code == Z_STREAM_END, "cannot read '", path,
+               "': the compressed data ends early (", message, "); the file is truncated");
+      return content;
+    }
     content.append(buffer, n);
   }
-  gzclose(file);
-  return content;
 }
 
 namespace {
 
-// Splits a CSV line into numbers; errors name file, line and column.
+// Splits a CSV line into numbers; errors name file, line and column. A
+// trailing comma is an empty last cell (an error), not the end of the row.
 std::vector<double> ParseCsvNumbers(const std::string& line, const std::string& path,
                                     int64_t line_number) {
   std::vector<double> values;
-  std::stringstream stream(line);
-  std::string cell;
+  std::size_t begin = 0;
   int64_t column = 0;
-  while (std::getline(stream, cell, ',')) {
+  while (true) {
+    const std::size_t comma = line.find(',', begin);
+    const std::string cell =
+        line.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
     ++column;
     const auto first = cell.find_first_not_of(" \t\r");
     const auto last = cell.find_last_not_of(" \t\r");
@@ -267,16 +279,23 @@ std::vector<double> ParseCsvNumbers(const std::string& line, const std::string& 
     const double value = std::strtod(text.c_str(), &end);
     SP_CHECK(end == text.c_str() + text.size() && std::isfinite(value), path, ":", line_number,
              ": column ", column, " is not a finite number: '", text, "'");
+    // Features become float32 tensors, where this would be infinite.
+    SP_CHECK(std::fabs(value) <= FLT_MAX, path, ":", line_number, ": column ", column, " ('",
+             text, "') does not fit in float32");
     values.push_back(value);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
   }
   return values;
 }
 
 int64_t AsClass(double value, int64_t num_classes, bool allow_ignore, const std::string& path,
                 int64_t line_number, int64_t column, const char* what) {
+  // Checked before the conversion, which is undefined for a double beyond
+  // int64's range (found by tests/fuzz/csv_fuzz.cc).
+  SP_CHECK(value == std::trunc(value) && std::fabs(value) < 9.0e18, path, ":", line_number,
+           ": column ", column, " (", what, ") must be an integer, got ", value);
   const int64_t id = static_cast<int64_t>(value);
-  SP_CHECK(static_cast<double>(id) == value, path, ":", line_number, ": column ", column, " (",
-           what, ") must be an integer, got ", value);
   SP_CHECK((id >= 0 && id < num_classes) || (allow_ignore && id == kIgnoreTarget), path, ":",
            line_number, ": column ", column, " (", what, ") is ", id, ", outside [0, ",
            num_classes, ")");

@@ -1,21 +1,45 @@
 // `stillpoint`: train, evaluate and compare implicit and explicit models
 // from YAML configs. Exit codes: 0 success, 1 runtime failure, 2 bad input
-// (command line, config, data files), reported before any work starts.
+// (command line, config, data files), reported before any work starts; 130
+// and 143 after a graceful stop on SIGINT and SIGTERM (training/signals.h).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "training/bench_command.h"
 #include "training/cli_commands.h"
 #include "training/config.h"
+
+namespace {
+
+std::size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t substitution = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitution});
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace stillpoint;
   CLI::App app{
       "stillpoint: deep implicit layers. Attention as an energy, solved to its fixed point, "
       "differentiated implicitly; train, evaluate and compare from YAML configs.\n"
-      "Exit codes: 0 ok, 1 runtime failure, 2 bad input."};
+      "Exit codes: 0 ok, 1 runtime failure, 2 bad input, 130/143 stopped by SIGINT/SIGTERM "
+      "(with a checkpoint)."};
   app.set_version_flag("--version", std::string("stillpoint ") + StillpointVersion());
   app.require_subcommand(1);
 
@@ -25,7 +49,13 @@ int main(int argc, char** argv) {
   train_cmd->add_option("overrides", train.overrides,
                         "Dotted overrides, e.g. train.steps=100 model.kind=explicit");
   train_cmd->add_flag("--resume", train.resume,
-                      "Continue from the run directory's checkpoint when there is one");
+                      "Continue from the run directory's checkpoint when there is one (its "
+                      "config must match, except steps and eval/log/checkpoint cadence)");
+  train_cmd->add_flag("--force", train.force,
+                      "With --resume: continue even if the config differs from the checkpoint's");
+  train_cmd->add_flag("--overwrite", train.overwrite,
+                      "Replace the run in log.dir (without it a non-empty log.dir is refused; "
+                      "with no log.dir a new runs/<config name>-N is used)");
   train_cmd->add_option("--stop-after", train.stop_after_steps,
                         "Stop (with a checkpoint) after this many steps of this invocation");
 
@@ -47,6 +77,9 @@ int main(int argc, char** argv) {
       "compare", "Train the variants of compare.variants on one task and write a report");
   compare_cmd->add_option("config", compare.config_path, "YAML config file")->required();
   compare_cmd->add_option("overrides", compare.overrides, "Dotted overrides");
+  compare_cmd->add_flag("--overwrite", compare.overwrite,
+                        "Replace the comparison in log.dir (without it a non-empty log.dir is "
+                        "refused; with no log.dir a new runs/<config name>-N is used)");
 
   RetrieveArgs retrieve;
   CLI::App* retrieve_cmd = app.add_subcommand(
@@ -100,6 +133,33 @@ int main(int argc, char** argv) {
       app.add_subcommand("config", "Print the configuration reference (every key)");
   config_cmd->add_flag("--doc", doc, "Markdown, as in docs/config.md");
 
+  // A misspelt command would otherwise read as a stray argument, and CLI11
+  // says only "A subcommand is required".
+  if (argc >= 2 && argv[1][0] != '-') {
+    const std::string name = argv[1];
+    std::string known, closest;
+    std::size_t closest_distance = 3;  // suggest within two edits
+    for (const CLI::App* command : app.get_subcommands({})) {
+      const std::string candidate = command->get_name();
+      if (candidate == name) {
+        closest.clear();
+        known.clear();
+        break;
+      }
+      known += (known.empty() ? "" : ", ") + candidate;
+      const std::size_t d = EditDistance(name, candidate);
+      if (d < closest_distance) {
+        closest_distance = d;
+        closest = candidate;
+      }
+    }
+    if (!known.empty()) {
+      std::cerr << "error: unknown command '" << name << "'"
+                << (closest.empty() ? "" : " (did you mean '" + closest + "'?)")
+                << "; the commands are " << known << " (stillpoint --help)\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

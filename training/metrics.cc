@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <sstream>
 
 #include "framework/check.h"
+#include "framework/serialize.h"
 
 namespace stillpoint {
 namespace {
@@ -203,6 +205,66 @@ std::map<std::string, std::vector<double>> ReadMetricsJsonl(const std::string& p
     }
   }
   return columns;
+}
+
+namespace {
+
+// The complete lines of text (a last line without its newline was cut short).
+std::vector<std::string> CompleteLines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) break;
+    lines.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return lines;
+}
+
+// The step of a row, or -1 when it cannot be read (such rows are dropped).
+double RowStep(const std::string& cell) {
+  char* end = nullptr;
+  const double value = std::strtod(cell.c_str(), &end);
+  return end != cell.c_str() ? value : -1.0;
+}
+
+}  // namespace
+
+void DropMetricsAfterStep(const std::string& run_dir, int64_t step) {
+  const std::string csv = (std::filesystem::path(run_dir) / "metrics.csv").string();
+  if (std::filesystem::exists(csv)) {
+    const std::vector<std::string> lines = CompleteLines(ReadFileBytes(csv));
+    std::string kept;
+    std::size_t step_column = 0;
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      std::vector<std::string> cells;
+      std::stringstream stream(lines[i]);
+      std::string cell;
+      while (std::getline(stream, cell, ',')) cells.push_back(cell);
+      if (i == 0) {
+        step_column = std::find(cells.begin(), cells.end(), "step") - cells.begin();
+        kept += lines[i] + "\n";
+        continue;
+      }
+      if (step_column < cells.size()) {
+        const double row_step = RowStep(cells[step_column]);
+        if (row_step >= 0 && row_step <= static_cast<double>(step)) kept += lines[i] + "\n";
+      }
+    }
+    WriteFileAtomically(csv, kept);
+  }
+  const std::string jsonl = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
+  if (std::filesystem::exists(jsonl)) {
+    std::string kept;
+    for (const std::string& line : CompleteLines(ReadFileBytes(jsonl))) {
+      const std::size_t at = line.find("\"step\":");
+      if (at == std::string::npos) continue;
+      const double row_step = RowStep(line.substr(at + 7));
+      if (row_step >= 0 && row_step <= static_cast<double>(step)) kept += line + "\n";
+    }
+    WriteFileAtomically(jsonl, kept);
+  }
 }
 
 std::map<std::string, std::vector<double>> ReadRunMetrics(const std::string& run_dir) {

@@ -47,6 +47,12 @@ std::map<std::string, std::vector<double>> ReadMetricsJsonl(const std::string& p
 // The metrics of a run directory from whichever file it has (CSV first).
 std::map<std::string, std::vector<double>> ReadRunMetrics(const std::string& run_dir);
 
+// Drops the rows of RUN_DIR/metrics.csv and metrics.jsonl whose step is
+// after `step` (and a last line cut short by a crash), so a resumed run
+// continuing from a checkpoint at `step` does not repeat rows. Files are
+// rewritten atomically; missing files are skipped.
+void DropMetricsAfterStep(const std::string& run_dir, int64_t step);
+
 // A number as JSON text: shortest round-trip form, or null when not finite.
 std::string JsonNumber(double value);
 // A string as a JSON string literal (quoted, escaped).

@@ -3,6 +3,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <chrono>
+#include <cfloat>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -172,10 +173,13 @@ Tensor ReadCsvMatrix(const std::string& path, DType dtype) {
   while (std::getline(lines, line)) {
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    std::istringstream cells(line);
-    std::string cell;
     int64_t count = 0;
-    while (std::getline(cells, cell, ',')) {
+    // Cells split by hand: getline would drop an empty last cell ("1,2,").
+    std::size_t begin = 0;
+    while (true) {
+      const std::size_t comma = line.find(',', begin);
+      const std::string cell =
+          line.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
       ++count;
       char* end = nullptr;
       const double value = std::strtod(cell.c_str(), &end);
@@ -184,7 +188,12 @@ Tensor ReadCsvMatrix(const std::string& path, DType dtype) {
           cell.find_first_not_of(" \t\r", end - cell.c_str()) == std::string::npos;
       SP_CHECK(rest_blank && std::isfinite(value), path, ":", line_number, ": column ", count,
                " is not a finite number: '", cell, "'");
+      SP_CHECK(dtype != DType::kFloat32 || std::fabs(value) <= FLT_MAX, path, ":", line_number,
+               ": column ", count, " ('", cell, "') does not fit in float32 (--dtype float64 "
+               "holds it)");
       values.push_back(value);
+      if (comma == std::string::npos) break;
+      begin = comma + 1;
     }
     SP_CHECK(columns < 0 || count == columns, path, ":", line_number, ": ", count,
              " columns, but earlier rows have ", columns);

@@ -25,7 +25,10 @@
 #include "training/metrics.h"
 #include "training/optimizer.h"
 #include "training/progress.h"
+#include "training/resume.h"
+#include "training/run_directory.h"
 #include "training/schedule.h"
+#include "training/signals.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {
@@ -237,6 +240,7 @@ std::string TrainSummary::BriefReport() const {
   }
   if (skipped_steps > 0) out << ", " << skipped_steps << " skipped steps";
   if (stopped_early) out << " [stopped: " << stop_reason << "]";
+  if (stop_signal != 0) out << " [" << stop_reason << "]";
   return out.str();
 }
 
@@ -262,26 +266,50 @@ std::string RunDirectory(const Config& config, const std::string& config_path) {
   return (std::filesystem::path("runs") / stem).string();
 }
 
-TrainSummary Train(Experiment& e, const TrainOptions& options) {
-  const Config& c = e.config;
-  SetNumThreads(static_cast<int>(c.GetInt("threads")));
+void CheckTrainingConfig(const Config& c) {
   if (c.GetStringList("log.formats").empty()) {
     throw ConfigError(c.Origin("log.formats") +
                       ": log.formats must name at least one of csv, jsonl");
   }
-  // Checked before the run directory is touched.
   const int64_t shards = c.GetInt("train.shards");
   if (shards > c.GetInt("train.batch_size")) {
     throw ConfigError(c.Origin("train.shards") + ": train.shards (" + std::to_string(shards) +
                       ") is more than train.batch_size (" +
                       std::to_string(c.GetInt("train.batch_size")) + ")");
   }
+}
+
+TrainSummary Train(Experiment& e, const TrainOptions& options) {
+  const Config& c = e.config;
+  SetNumThreads(static_cast<int>(c.GetInt("threads")));
+  // Checked before the run directory is touched.
+  CheckTrainingConfig(c);
+  const int64_t shards = c.GetInt("train.shards");
   SequenceModel& model = *e.model;
   TrainSummary summary;
   summary.run_dir = RunDirectory(c, e.config_path);
-  std::filesystem::create_directories(summary.run_dir);
-  WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
+  // Held until Train returns: one writer per run directory.
+  const RunDirectoryLock lock(summary.run_dir);
   const std::string checkpoint_path = summary.run_dir + "/checkpoint.ckpt";
+  const bool resumed = options.resume && std::filesystem::exists(checkpoint_path);
+  CheckpointState resume_state;
+  if (resumed) {
+    std::vector<std::string> forced;
+    resume_state = LoadCheckpointForResume(checkpoint_path, c, options.force, &forced);
+    for (const std::string& line : forced) {
+      if (options.progress) *options.progress << "warning: --force: " << line << "\n";
+    }
+    if (resume_state.step >= c.GetInt("train.steps")) {
+      summary.already_complete = true;
+      summary.steps = resume_state.step;
+      summary.num_parameters = model.NumParameters();
+      return summary;
+    }
+  } else if (options.overwrite || options.resume) {
+    RemoveRunFiles(summary.run_dir);
+  } else {
+    RefuseNonEmptyRunDirectory(summary.run_dir);
+  }
 
   const NamedVars parameters = model.named_parameters();
   VarList parameter_list;
@@ -295,19 +323,38 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   Rng rng(seed + 7919);
 
   int64_t step = 0;
-  bool resumed = false;
-  if (options.resume && std::filesystem::exists(checkpoint_path)) {
-    const CheckpointState state = LoadCheckpoint(checkpoint_path);
-    model.LoadParameters(state.model);
-    optimizer->LoadState(state.optimizer);
+  if (resumed) {
+    const CheckpointState& state = resume_state;
+    try {
+      model.LoadParameters(state.model);
+      optimizer->LoadState(state.optimizer);
+    } catch (const Error& error) {
+      // Reached with --force past a config difference: the checkpoint is
+      // bad input for this model, not a runtime failure.
+      throw ConfigError(checkpoint_path + ": does not fit this model: " + error.what());
+    }
     batcher.Restore({state.data_epoch, state.data_offset});
     SP_CHECK(rng.LoadState(state.rng_state), checkpoint_path, ": unreadable RNG state");
     step = state.step;
-    resumed = true;
+    // Rows written after the checkpoint (before a crash) are written again.
+    DropMetricsAfterStep(summary.run_dir, step);
+    if (c.GetDouble("model.dropout") > 0 && options.progress) {
+      *options.progress << "warning: the dropout masks after this resume differ from those of an "
+                           "uninterrupted run (the dropout streams are not in the checkpoint)\n";
+    }
   }
   std::vector<std::string> columns = kColumns;
   columns.insert(columns.end(), AttentionColumns().begin(), AttentionColumns().end());
   MetricsWriter metrics(summary.run_dir, columns, resumed, c.GetStringList("log.formats"));
+  std::unique_ptr<DataParallel> data_parallel;
+  // The model and its data-parallel replicas, whose solvers keep warm starts.
+  auto warm_start_models = [&] {
+    std::vector<SequenceModel*> models = {&model};
+    for (int64_t shard = 1; data_parallel && shard < shards; ++shard) {
+      models.push_back(&static_cast<SequenceModel&>(data_parallel->replica(shard)));
+    }
+    return models;
+  };
   auto save_checkpoint = [&] {
     if (!AllFinite(parameters)) return false;  // never replace a good one with NaNs
     CheckpointState state;
@@ -319,6 +366,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     state.config_yaml = c.ToYaml();
     state.model = model.NamedValues();
     state.optimizer = optimizer->SaveState();
+    state.solver_state = WarmStartState(warm_start_models());
     SaveCheckpoint(checkpoint_path, state);
     ++summary.checkpoints_written;
     return true;
@@ -338,12 +386,16 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   int64_t unconverged_since_report = 0;
   std::string last_unconverged;
   const double jacobian_weight = c.GetDouble("model.regularization.jacobian_weight");
-  std::unique_ptr<DataParallel> data_parallel;
   if (shards > 1) {
     SP_CHECK(e.make_replica != nullptr, "Train: the experiment cannot build model replicas");
     data_parallel = std::make_unique<DataParallel>(
         e.model, shards, [&e, next = int64_t{1}]() mutable { return e.make_replica(next++); });
   }
+  if (resumed) {
+    RestoreWarmStartState(resume_state.solver_state, warm_start_models(), checkpoint_path);
+  }
+  // Written once the checkpoint (if any) has loaded into this model.
+  WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
   const int jacobian_probes = static_cast<int>(c.GetInt("model.regularization.jacobian_probes"));
   const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
   const int64_t eval_batch = c.GetInt("eval.batch_size");
@@ -365,7 +417,8 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   SolverStats last_forward, last_backward;
 
   while (step < total_steps &&
-         (options.stop_after_steps == 0 || steps_this_call < options.stop_after_steps)) {
+         (options.stop_after_steps == 0 || steps_this_call < options.stop_after_steps) &&
+         StopRequested() == 0) {
     const auto start = Clock::now();
     optimizer->set_learning_rate(LearningRateAt(schedule, optimizer_options.learning_rate, step));
     if (implicit) {
@@ -550,6 +603,12 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (implicit) model.SetDepthOverride(0);
   progress.Finish();
   save_checkpoint();
+  if (StopRequested() != 0 && step < total_steps) {
+    summary.stop_signal = StopRequested();
+    summary.stop_reason = std::string("stopped by ") + SignalName(summary.stop_signal) +
+                          " at step " + std::to_string(step) + " of " +
+                          std::to_string(total_steps);
+  }
 
   summary.steps = step;
   summary.seconds_per_step = Median(step_seconds);

@@ -9,9 +9,11 @@
 //   RUN_DIR/metrics.csv        one row per logged step (and per evaluation)
 //   RUN_DIR/metrics.jsonl      the same rows as JSON objects
 //   RUN_DIR/checkpoint.ckpt    the latest good state (model, optimizer, data
-//                              position, RNG) — resume continues it exactly
+//                              position, RNG, solver warm starts) — resume
+//                              continues it exactly (not yet with dropout)
 //   RUN_DIR/loss.svg, accuracy.svg, solver.svg
 //   RUN_DIR/summary.md, summary.json
+//   RUN_DIR/.lock              the writer's advisory lock (run_directory.h)
 //
 // Numerical failure (a non-finite loss or gradient, or a forward solve that
 // ends NON_FINITE/DIVERGED) is reported with the step and the solver summary;
@@ -59,13 +61,26 @@ struct TrainSummary {
   int64_t gradient_check_step = 0;
   int64_t num_parameters = 0;
   int64_t checkpoints_written = 0;  // by this call (cadence and the final one)
+  // --resume of a run that had already reached train.steps: nothing was
+  // trained or written (its checkpoint, metrics and summary are unchanged).
+  bool already_complete = false;
+  // SIGINT or SIGTERM stopped the run after a step (training/signals.h); the
+  // checkpoint and summary of the step reached were written. 0 otherwise.
+  int stop_signal = 0;
 
   std::string BriefReport() const;
 };
 
 struct TrainOptions {
-  // Continue from RUN_DIR/checkpoint.ckpt when it exists.
+  // Continue from RUN_DIR/checkpoint.ckpt when it exists. Its stored config
+  // must match the run's except in the keys MayChangeOnResume accepts
+  // (training/resume.h), unless `force`.
   bool resume = false;
+  bool force = false;
+  // Replace the earlier run in a non-empty run directory (its checkpoint,
+  // metrics, config, summary and plots are removed first). Without it, or
+  // resume, a run directory holding files is refused (training/run_directory.h).
+  bool overwrite = false;
   // Stop after this many steps even if train.steps is larger (0: no limit);
   // the state is checkpointed, so a later resume continues. For tests and
   // for splitting long runs.
@@ -75,9 +90,18 @@ struct TrainOptions {
 };
 
 // Trains the experiment's model. The run directory is log.dir, or
-// runs/<config file stem> (created). Throws ConfigError for bad input and
-// Error for runtime failures (e.g. an unwritable run directory).
+// runs/<config file stem> (created), locked for the run (a second writer is
+// a ConfigError naming the holder). Throws ConfigError for bad input (also a
+// non-empty run directory without resume or overwrite, and an unreadable or
+// mismatched checkpoint on resume) and Error for runtime failures (e.g. an
+// unwritable run directory). Stops after the step in flight when
+// StopRequested() (training/signals.h) becomes non-zero.
 TrainSummary Train(Experiment& experiment, const TrainOptions& options = {});
+
+// The settings Train refuses (ConfigError naming the key) before it
+// touches the run directory: checked by `stillpoint compare` for every
+// variant before the first one trains.
+void CheckTrainingConfig(const Config& config);
 
 // The run directory a config resolves to.
 std::string RunDirectory(const Config& config, const std::string& config_path);

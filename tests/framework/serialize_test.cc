@@ -1,6 +1,8 @@
 #include "framework/serialize.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -105,7 +107,7 @@ TEST_F(SerializeTest, FileRoundTripKeepsEverythingBitwise) {
   const std::string path = Path("tensors.sp");
   SaveTensors(path, tensors);
   ExpectSameTensors(tensors, LoadTensors(path));
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(fs::exists(TemporaryPathFor(path)));
 }
 
 TEST_F(SerializeTest, BytesRoundTripAndEmptyList) {
@@ -291,7 +293,7 @@ TEST_F(SerializeTest, SaveIntoMissingDirectoryLeavesNothing) {
   });
   EXPECT_CONTAINS(message, path);
   EXPECT_FALSE(fs::exists(path));
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(fs::exists(TemporaryPathFor(path)));
   EXPECT_TRUE(fs::is_empty(dir_));
 }
 
@@ -302,13 +304,13 @@ TEST_F(SerializeTest, FailedSaveNeverDamagesTheExistingFile) {
   const std::string before = ReadFileBytes(path);
 
   // The temporary cannot be created (a directory is in the way).
-  fs::create_directory(path + ".tmp");
+  fs::create_directory(TemporaryPathFor(path));
   EXPECT_CONTAINS(ErrorMessage([&] {
                     SaveTensors(path, {{"x", Tensor::Zeros({2}, DType::kFloat32)}});
                   }),
-                  path + ".tmp");
+                  TemporaryPathFor(path));
   EXPECT_EQ(ReadFileBytes(path), before);
-  fs::remove(path + ".tmp");
+  fs::remove(TemporaryPathFor(path));
 
   // Invalid input fails before anything is written.
   EXPECT_CONTAINS(ErrorMessage([&] {
@@ -317,7 +319,7 @@ TEST_F(SerializeTest, FailedSaveNeverDamagesTheExistingFile) {
                   }),
                   "appears twice");
   EXPECT_EQ(ReadFileBytes(path), before);
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(fs::exists(TemporaryPathFor(path)));
 }
 
 TEST_F(SerializeTest, FailedRenameRemovesTheTemporary) {
@@ -330,8 +332,45 @@ TEST_F(SerializeTest, FailedRenameRemovesTheTemporary) {
   });
   EXPECT_CONTAINS(message, path);
   EXPECT_CONTAINS(message, "renaming");
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(fs::exists(TemporaryPathFor(path)));
   EXPECT_TRUE(fs::is_directory(fs::path(path) / "inside"));
+}
+
+// Two processes saving one file (two runs in one directory): with a shared
+// temporary name, one renamed or truncated the other's temporary and died
+// with "renaming ... failed" at random. Each writer now has its own.
+TEST_F(SerializeTest, TwoProcessesSavingOneFileBothSucceed) {
+  const std::string path = Path("shared.sp");
+  const std::string payload(1 << 16, 'x');
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int failures = 0;
+    for (int i = 0; i < 100; ++i) {
+      try {
+        WriteFileAtomically(path, payload + "child");
+      } catch (const Error&) {
+        ++failures;
+      }
+    }
+    ::_exit(failures == 0 ? 0 : 1);
+  }
+  int failures = 0;
+  for (int i = 0; i < 100; ++i) {
+    try {
+      WriteFileAtomically(path, payload + "parent");
+    } catch (const Error&) {
+      ++failures;
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_EQ(failures, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's saves failed";
+  const std::string content = ReadFileBytes(path);
+  EXPECT_TRUE(content == payload + "child" || content == payload + "parent");
+  EXPECT_NE(TemporaryPathFor(path), path + ".tmp");
 }
 
 TEST_F(SerializeTest, SaveReplacesAnExistingFile) {
@@ -340,7 +379,7 @@ TEST_F(SerializeTest, SaveReplacesAnExistingFile) {
   const NamedTensors second = {{"y", Tensor::Full({3}, 4.0, DType::kFloat64)}};
   SaveTensors(path, second);
   ExpectSameTensors(second, LoadTensors(path));
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_FALSE(fs::exists(TemporaryPathFor(path)));
 }
 
 TEST_F(SerializeTest, RejectsInvalidEntries) {

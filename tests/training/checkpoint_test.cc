@@ -21,6 +21,8 @@ CheckpointState SampleState() {
   state.model = {{"w", Tensor::FromVector(Shape{2, 2}, {1, 2, 3, 4}, DType::kFloat32)},
                  {"b", Tensor::FromVector(Shape{2}, {0.5, -0.5}, DType::kFloat64)}};
   state.optimizer = {{"step", Tensor::Scalar(42, DType::kFloat64)}};
+  state.solver_state = {{"warm_start/replica0", Tensor::FromVector(Shape{1, 3}, {1, -2, 3},
+                                                                   DType::kFloat32)}};
   return state;
 }
 
@@ -56,7 +58,10 @@ TEST_F(CheckpointTest, RoundTripKeepsEverything) {
   EXPECT_EQ(loaded.model[0].first, "w");
   EXPECT_EQ(loaded.model[0].second.ToVector(), (std::vector<double>{1, 2, 3, 4}));
   EXPECT_EQ(loaded.model[1].second.dtype(), DType::kFloat64);
-  EXPECT_FALSE(std::filesystem::exists(path_ + ".tmp"));
+  ASSERT_EQ(loaded.solver_state.size(), 1u);
+  EXPECT_EQ(loaded.solver_state[0].first, "warm_start/replica0");
+  EXPECT_EQ(loaded.solver_state[0].second.ToVector(), (std::vector<double>{1, -2, 3}));
+  EXPECT_FALSE(std::filesystem::exists(TemporaryPathFor(path_)));
 }
 
 TEST_F(CheckpointTest, EveryCorruptedByteIsDetected) {
@@ -84,7 +89,7 @@ TEST_F(CheckpointTest, AFailedSaveLeavesThePreviousCheckpointIntact) {
   SaveCheckpoint(path_, SampleState());
   const std::string before = ReadFileBytes(path_);
   // Make the temporary file impossible to create: a directory in its place.
-  std::filesystem::create_directories(path_ + ".tmp");
+  std::filesystem::create_directories(TemporaryPathFor(path_));
   CheckpointState next = SampleState();
   next.step = 43;
   EXPECT_THROW(SaveCheckpoint(path_, next), Error);

@@ -2,12 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "training/compare.h"
 #include "training/config_schema.h"
+#include "tests/scratch_path.h"
 
 namespace stillpoint {
 namespace {
@@ -94,6 +97,98 @@ TEST(ConfigTest, MissingRequiredKeyAndMalformedYamlAreErrors) {
   EXPECT_NE(m.find("malformed YAML"), std::string::npos) << m;
   m = ErrorOf([] { Config::FromFile(TestSchema(), "/no/such/config.yaml"); });
   EXPECT_NE(m.find("/no/such/config.yaml"), std::string::npos) << m;
+}
+
+// A directory opens as an empty stream, which used to read as an empty
+// config (every default) and train.
+TEST(ConfigTest, DirectoryGivenAsTheConfigIsRefused) {
+  const std::filesystem::path dir = testing_support::ScratchPathForThisTest("config");
+  std::filesystem::create_directories(dir);
+  const std::string m = ErrorOf([&] { Config::FromFile(TestSchema(), dir.string()); });
+  EXPECT_NE(m.find(dir.string() + ": is a directory"), std::string::npos) << m;
+  std::filesystem::remove_all(dir);
+}
+
+// An endless source is cut at the cap instead of being read into memory.
+TEST(ConfigTest, ConfigLargerThanTheCapIsRefused) {
+  const std::string m = ErrorOf([] { Config::FromFile(TestSchema(), "/dev/zero"); });
+  EXPECT_NE(m.find("/dev/zero: larger than 1 MiB"), std::string::npos) << m;
+}
+
+TEST(ConfigTest, DuplicateKeysAreRefusedNamingBothPlaces) {
+  std::string m = ErrorOf([] {
+    Config::FromYaml(TestSchema(), "task:\n  kind: reverse\n  kind: sort\n", "d.yaml");
+  });
+  EXPECT_NE(m.find("d.yaml:3:3: duplicate key 'task.kind' (first given at d.yaml:2:3)"),
+            std::string::npos)
+      << m;
+  m = ErrorOf([] {
+    Config::FromYaml(TestSchema(), "task: {kind: reverse}\nseed: 1\ntask: {length: 8}\n",
+                     "d.yaml");
+  });
+  EXPECT_NE(m.find("d.yaml:3:1: duplicate key 'task'"), std::string::npos) << m;
+}
+
+// yaml-cpp accepts a sequence or a mapping as a key; reading it as a name
+// threw a conversion error that named no place.
+TEST(ConfigTest, AKeyThatIsNotANameIsRefusedWithItsPlace) {
+  const std::string m = ErrorOf([] {
+    Config::FromYaml(TestSchema(), "task: {kind: reverse}\n[a, b]: 1\n", "key.yaml");
+  });
+  EXPECT_NE(m.find("key.yaml:2:1: a key must be a plain name"), std::string::npos) << m;
+}
+
+TEST(ConfigTest, SecondYamlDocumentIsRefused) {
+  const std::string m = ErrorOf([] {
+    Config::FromYaml(TestSchema(), "task: {kind: reverse}\n---\nseed: 5\n", "two.yaml");
+  });
+  EXPECT_NE(m.find("two.yaml:"), std::string::npos) << m;
+  EXPECT_NE(m.find("a second YAML document"), std::string::npos) << m;
+}
+
+// yaml-cpp's LoadAll never returned on this text (tests/fuzz/config_fuzz.cc
+// found it): its parser reports empty documents without end.
+TEST(ConfigTest, TextThatLoopedTheYamlParserIsAnError) {
+  const std::string m = ErrorOf([] {
+    Config::FromYaml(TestSchema(),
+                     "# All_steps: 2}\n, eval_every: 0, checkpoine_rtvey: 0, log_every: 2}\n"
+                     "log: {progress: auto, plots: false}\n",
+                     "loop.yaml");
+  });
+  EXPECT_NE(m.find("loop.yaml"), std::string::npos) << m;
+}
+
+TEST(ConfigTest, DeepNestingSaysWhatIsWrong) {
+  const std::string m = ErrorOf([] {
+    Config::FromYaml(TestSchema(), "task: " + std::string(5000, '[') + "\n", "deep.yaml");
+  });
+  EXPECT_NE(m.find("deep.yaml"), std::string::npos) << m;
+  EXPECT_NE(m.find("nested too deeply"), std::string::npos) << m;
+}
+
+// Models compute in float32: 1e39 is finite as a double and inf there.
+TEST(ConfigTest, NumbersBeyondFloat32AreRefused) {
+  const std::string m = ErrorOf([] {
+    Config::FromYaml(StillpointSchema(),
+                     "task: {kind: reverse}\nmodel:\n  energy: {beta: 1e39}\n", "big.yaml");
+  });
+  EXPECT_NE(m.find("big.yaml:3:"), std::string::npos) << m;
+  EXPECT_NE(m.find("model.energy.beta"), std::string::npos) << m;
+  EXPECT_NE(m.find("does not fit in float32"), std::string::npos) << m;
+  const std::string o = ErrorOf([] {
+    Config::FromYaml(StillpointSchema(), "task: {kind: reverse}\n", "big.yaml",
+                     {"train.optimizer.lr=-1e39"});
+  });
+  EXPECT_NE(o.find("does not fit in float32"), std::string::npos) << o;
+}
+
+TEST(ConfigTest, UnknownCellNamesTheKeyAndWhereItWasSet) {
+  const std::string m = ErrorOf([] {
+    ModelOptionsFromConfig(Config::FromYaml(
+        StillpointSchema(), "task: {kind: reverse}\nmodel:\n  cell: nope\n", "cell.yaml"));
+  });
+  EXPECT_NE(m.find("cell.yaml:3:3: unknown cell 'nope' in model.cell (known: "), std::string::npos)
+      << m;
 }
 
 TEST(ConfigTest, OverridesReplaceValuesAndAreCheckedLikeTheFile) {
@@ -195,7 +290,8 @@ TEST(AttentionConfigTest, TheGridCrossesAttentionsWithKindsAndIsCheckedBeforeTra
     ValidateCompareVariants(
         AttentionConfig("compare: {attention: [softmax], kinds: [explicit, explicit]}\n"));
   });
-  EXPECT_NE(error.find("'softmax/explicit' is listed twice"), std::string::npos) << error;
+  EXPECT_NE(error.find("'softmax/explicit' appears twice in compare.kinds"), std::string::npos)
+      << error;
   error = ErrorOf([] {
     ValidateCompareVariants(AttentionConfig("compare: {attention: [softmax], kinds: [sideways]}\n"));
   });

@@ -1,6 +1,7 @@
 #include "training/dataset.h"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -191,7 +192,8 @@ TEST_F(FileTest, DigitsAreShippedAndSplitIntoPatchTokens) {
 TEST_F(FileTest, MalformedDigitsNameFileAndLine) {
   std::string row;
   for (int i = 0; i < 64; ++i) row += "1,";
-  const std::string path = Write("digits", row + "3\n" + row + "\n");
+  // The second row has its 64 pixels and no label.
+  const std::string path = Write("digits", row + "3\n" + row.substr(0, row.size() - 1) + "\n");
   const std::string message = ErrorOf([&] { LoadDigits(path, 0.5, 0); });
   EXPECT_NE(message.find(path + ":2"), std::string::npos) << message;
   EXPECT_NE(message.find("65 columns"), std::string::npos) << message;
@@ -221,6 +223,59 @@ TEST_F(FileTest, CsvErrorsNameLineAndColumn) {
   options.path = range;
   message = ErrorOf([&] { LoadCsvDataset(options); });
   EXPECT_NE(message.find("column 3 (token id) is 9"), std::string::npos) << message;
+}
+
+// Writes text gzip-compressed to path and returns the compressed size.
+std::size_t WriteGzip(const std::string& path, const std::string& text) {
+  gzFile file = gzopen(path.c_str(), "wb");
+  EXPECT_NE(file, nullptr);
+  EXPECT_EQ(gzwrite(file, text.data(), static_cast<unsigned>(text.size())),
+            static_cast<int>(text.size()));
+  gzclose(file);
+  return std::filesystem::file_size(path);
+}
+
+// A gzip file cut short decodes to a prefix of its rows with no error from
+// gzread; it used to load as a smaller dataset.
+TEST_F(FileTest, TruncatedGzipIsAnErrorNotFewerRows) {
+  std::string text;
+  for (int i = 0; i < 4000; ++i) text += std::to_string(i % 4) + ",1,2,2,1,0\n";
+  const std::string path = Write("gz", "") + ".gz";
+  const std::size_t size = WriteGzip(path, text);
+  CsvDatasetOptions options{path, 3, 0, 4, 4};
+  EXPECT_EQ(LoadCsvDataset(options)->size(), 4000);
+  std::filesystem::resize_file(path, size - 12);
+  const std::string message = ErrorOf([&] { LoadCsvDataset(options); });
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_NE(message.find("truncated"), std::string::npos) << message;
+  EXPECT_NE(ErrorOf([&] { ReadFileMaybeGzip(path); }).find("truncated"), std::string::npos);
+}
+
+// 1e30 as a token id: converting it to an integer was undefined behaviour
+// (UBSan, through tests/fuzz/csv_fuzz.cc); now it is refused before.
+TEST_F(FileTest, CsvIdsBeyondTheIntegerRangeAreErrors) {
+  const std::string path = Write("csv_huge", "0,1e30,2,2,1,0\n");
+  CsvDatasetOptions options{path, 3, 0, 4, 4};
+  const std::string message = ErrorOf([&] { LoadCsvDataset(options); });
+  EXPECT_NE(message.find(":1: column 2 (token id) must be an integer, got 1e+30"),
+            std::string::npos)
+      << message;
+}
+
+TEST_F(FileTest, TrailingEmptyCsvCellIsAnError) {
+  // Six cells and a trailing comma: the seventh (empty) cell used to vanish.
+  const std::string path = Write("csv_trailing", "0,1,2,2,1,0,\n");
+  CsvDatasetOptions options{path, 3, 0, 4, 4};
+  const std::string message = ErrorOf([&] { LoadCsvDataset(options); });
+  EXPECT_NE(message.find(":1: column 7 is empty"), std::string::npos) << message;
+}
+
+TEST_F(FileTest, CsvFeatureBeyondFloat32IsAnError) {
+  const std::string path = Write("csv_big", "0.5,1e39,0.25,1\n");
+  CsvDatasetOptions options{path, 3, 1, 0, 2};
+  const std::string message = ErrorOf([&] { LoadCsvDataset(options); });
+  EXPECT_NE(message.find(":1: column 2 ('1e39') does not fit in float32"), std::string::npos)
+      << message;
 }
 
 }  // namespace

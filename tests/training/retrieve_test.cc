@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <sstream>
 
 #include "framework/parallel.h"
@@ -155,6 +157,56 @@ TEST_F(RetrieveCliTest, BadCsvIsAnInputErrorNamingFileAndLine) {
   EXPECT_EQ(RunRetrieve(args, out, err), 2);
   EXPECT_NE(err.str().find("q.csv"), std::string::npos) << err.str();
   EXPECT_FALSE(fs::exists(dir_ / "out" / "stats.json"));
+}
+
+TEST_F(RetrieveCliTest, TrailingEmptyCellAndFloat32OverflowAreInputErrors) {
+  RetrieveArgs args;
+  args.patterns_path = Write("trailing.csv", "1,0\n0,1,\n");
+  args.queries_path = Write("q.csv", "1,0\n");
+  args.out_dir = (dir_ / "out").string();
+  std::ostringstream out, err;
+  EXPECT_EQ(RunRetrieve(args, out, err), 2);
+  EXPECT_NE(err.str().find("trailing.csv:2: column 3"), std::string::npos) << err.str();
+
+  args.patterns_path = Write("big.csv", "1,0\n0,1e39\n");
+  err.str("");
+  EXPECT_EQ(RunRetrieve(args, out, err), 2);
+  EXPECT_NE(err.str().find("big.csv:2: column 2 ('1e39') does not fit in float32"),
+            std::string::npos)
+      << err.str();
+  args.dtype = "float64";
+  err.str("");
+  EXPECT_EQ(RunRetrieve(args, out, err), 0) << err.str();
+}
+
+// Each used to pass the checks: inf as beta, an empty --out (both exit 1
+// later), a budget that wrapped to 2 in an int, and any thread count.
+TEST_F(RetrieveCliTest, OutOfRangeOptionsAreInputErrors) {
+  RetrieveArgs base;
+  base.patterns_path = Write("p.csv", "1,0\n0,1\n");
+  base.queries_path = Write("q.csv", "1,0\n");
+  base.out_dir = (dir_ / "out").string();
+  struct Case {
+    std::function<void(RetrieveArgs*)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](RetrieveArgs* a) { a->beta = std::numeric_limits<double>::infinity(); },
+       "--beta must be a positive finite number"},
+      {[](RetrieveArgs* a) { a->beta = 1e39; }, "--beta 1e+39 does not fit in float32"},
+      {[](RetrieveArgs* a) { a->out_dir = ""; }, "--out must name a directory"},
+      {[](RetrieveArgs* a) { a->max_iterations = 4294967298; }, "--max-iter must be in [1, "},
+      {[](RetrieveArgs* a) { a->threads = 100000; }, "--threads must be in [1, 256]"},
+      {[](RetrieveArgs* a) { a->threads = 0; }, "--threads must be in [1, 256]"},
+  };
+  for (const Case& c : cases) {
+    RetrieveArgs args = base;
+    c.change(&args);
+    std::ostringstream out, err;
+    EXPECT_EQ(RunRetrieve(args, out, err), 2) << c.message;
+    EXPECT_NE(err.str().find(c.message), std::string::npos) << err.str();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
 }
 
 }  // namespace

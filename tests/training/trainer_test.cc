@@ -118,8 +118,9 @@ TEST_F(TrainerTest, NonFiniteLossStopsTheRunAndKeepsTheLastGoodCheckpoint) {
                     "train.optimizer.type=sgd"};
   const int code = RunTrain(args, out, err);
   EXPECT_EQ(code, 1);
-  const std::string text = out.str() + err.str();
-  EXPECT_NE(text.find("non-finite"), std::string::npos) << text;
+  // The reason goes to stderr (it used to reach stdout only).
+  EXPECT_NE(err.str().find("error: training stopped early: "), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("non-finite"), std::string::npos) << err.str();
   const CheckpointState last = LoadCheckpoint((dir_ / "run_nan" / "checkpoint.ckpt").string());
   for (const auto& [name, tensor] : last.model) {
     EXPECT_FALSE(HasNonFinite(tensor)) << name;
@@ -153,6 +154,15 @@ TEST_F(TrainerTest, CommandsReportBadInputWithExitCodeTwo) {
   eval.run = (dir_ / "nothing_here").string();
   err.str("");
   EXPECT_EQ(RunEval(eval, out, err), 2);
+  eval.iterations = -5;
+  err.str("");
+  EXPECT_EQ(RunEval(eval, out, err), 2);
+  EXPECT_NE(err.str().find("--iters must be >= 1"), std::string::npos) << err.str();
+  eval.iterations = 0;
+  eval.length = -1;
+  err.str("");
+  EXPECT_EQ(RunEval(eval, out, err), 2);
+  EXPECT_NE(err.str().find("--length must be >= 1"), std::string::npos) << err.str();
 }
 
 std::string ReadFile(const fs::path& path) {

@@ -1,0 +1,130 @@
+#include "training/run_directory.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "training/config.h"
+
+namespace stillpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kLockName = ".lock";
+
+std::string HostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "unknown host";
+  return name;
+}
+
+// The lock file's text ("pid 123 on host"), for the refusal message.
+std::string HolderOf(const std::string& lock_path) {
+  std::ifstream in(lock_path);
+  std::string holder;
+  std::getline(in, holder);
+  return holder.empty() ? "another process" : holder;
+}
+
+}  // namespace
+
+RunDirectoryLock::RunDirectoryLock(const std::string& directory) : directory_(directory) {
+  std::error_code error;
+  fs::create_directories(directory, error);
+  if (error) {
+    throw Error("cannot create the run directory '" + directory + "': " + error.message());
+  }
+  const std::string lock_path = (fs::path(directory) / kLockName).string();
+  fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw Error("cannot create the lock file '" + lock_path + "': " + std::strerror(errno));
+  }
+  int result;
+  do {
+    result = ::flock(fd_, LOCK_EX | LOCK_NB);
+  } while (result != 0 && errno == EINTR);
+  if (result != 0) {
+    const int error_number = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (error_number == EWOULDBLOCK) {
+      throw ConfigError("run directory '" + directory + "' is in use by " + HolderOf(lock_path) +
+                        " (lock " + lock_path +
+                        "); wait for that run to end or give another log.dir");
+    }
+    throw Error("cannot lock '" + lock_path + "': " + std::strerror(error_number));
+  }
+  // Only the holder writes the file, so its content is the holder's.
+  const std::string holder =
+      "pid " + std::to_string(static_cast<long>(::getpid())) + " on " + HostName() + "\n";
+  if (::ftruncate(fd_, 0) == 0) {
+    ssize_t written = ::pwrite(fd_, holder.data(), holder.size(), 0);
+    (void)written;  // the lock holds without the note; the message then says less
+  }
+}
+
+RunDirectoryLock::~RunDirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the lock
+}
+
+bool RunDirectoryIsEmpty(const std::string& directory) {
+  std::error_code error;
+  if (!fs::exists(directory, error)) return true;
+  if (!fs::is_directory(directory, error)) return false;
+  for (const fs::directory_entry& entry : fs::directory_iterator(directory, error)) {
+    if (entry.path().filename() != kLockName) return false;
+  }
+  return true;
+}
+
+void RefuseNonEmptyRunDirectory(const std::string& directory) {
+  std::error_code error;
+  if (fs::exists(directory, error) && !fs::is_directory(directory, error)) {
+    throw ConfigError("log.dir '" + directory + "' is a file, not a directory");
+  }
+  if (RunDirectoryIsEmpty(directory)) return;
+  throw ConfigError("run directory '" + directory +
+                    "' already holds a run; --resume continues it, --overwrite replaces it, "
+                    "or give another log.dir");
+}
+
+std::string NextFreeRunDirectory(const std::string& base) {
+  if (RunDirectoryIsEmpty(base)) return base;
+  for (int n = 2;; ++n) {
+    const std::string candidate = base + "-" + std::to_string(n);
+    if (RunDirectoryIsEmpty(candidate)) return candidate;
+  }
+}
+
+void RemoveRunFiles(const std::string& directory) {
+  static const char* const kRunFiles[] = {"config.yaml",
+                                          "metrics.csv",
+                                          "metrics.jsonl",
+                                          "checkpoint.ckpt",
+                                          "summary.md",
+                                          "summary.json",
+                                          "loss.svg",
+                                          "accuracy.svg",
+                                          "solver.svg",
+                                          "report.md",
+                                          "report.html",
+                                          "accuracy_vs_depth.svg",
+                                          "accuracy_vs_length.svg"};
+  for (const char* name : kRunFiles) {
+    const fs::path path = fs::path(directory) / name;
+    std::error_code error;
+    fs::remove(path, error);
+    if (error) {
+      throw Error("--overwrite: cannot remove '" + path.string() + "': " + error.message());
+    }
+  }
+}
+
+}  // namespace stillpoint
