@@ -60,6 +60,11 @@ class Dropout : public Module {
   const Tensor& frozen_mask() const { return mask_; }
 
   double p() const { return p_; }
+  // The layer's random stream, for checkpoints (Rng::SaveState's text), and
+  // its restoration (false when the text does not parse): a run resumed from
+  // a checkpoint draws the masks an uninterrupted run would.
+  std::string SaveStreamState() const { return rng_.SaveState(); }
+  bool LoadStreamState(const std::string& state) { return rng_.LoadState(state); }
 
  private:
   // A fresh [shape] mask of 0 and 1 / (1 - p) in dtype.

@@ -34,8 +34,16 @@ std::string SerializeCheckpoint(const CheckpointState& state) {
   meta << YAML::BeginMap << YAML::Key << "step" << YAML::Value << state.step << YAML::Key
        << "data_epoch" << YAML::Value << state.data_epoch << YAML::Key << "data_offset"
        << YAML::Value << state.data_offset << YAML::Key << "rng_state" << YAML::Value
-       << state.rng_state << YAML::Key << "config" << YAML::Value << YAML::Literal
-       << state.config_yaml << YAML::EndMap;
+       << state.rng_state;
+  if (!state.random_streams.empty()) {
+    meta << YAML::Key << "random_streams" << YAML::Value << YAML::BeginMap;
+    for (const auto& [name, stream] : state.random_streams) {
+      meta << YAML::Key << name << YAML::Value << stream;
+    }
+    meta << YAML::EndMap;
+  }
+  meta << YAML::Key << "config" << YAML::Value << YAML::Literal << state.config_yaml
+       << YAML::EndMap;
   const std::string meta_text = meta.c_str();
   const std::string model = SerializeTensors(state.model);
   const std::string optimizer = SerializeTensors(state.optimizer);
@@ -87,6 +95,11 @@ CheckpointState DeserializeCheckpoint(const std::string& bytes, const std::strin
     state.data_offset = meta["data_offset"].as<int64_t>();
     state.rng_state = meta["rng_state"].as<std::string>();
     state.config_yaml = meta["config"].as<std::string>();
+    if (const YAML::Node streams = meta["random_streams"]) {
+      for (auto it = streams.begin(); it != streams.end(); ++it) {
+        state.random_streams[it->first.as<std::string>()] = it->second.as<std::string>();
+      }
+    }
   } catch (const YAML::Exception& e) {
     fail(std::string("unreadable metadata: ") + e.what());
   }

@@ -8,7 +8,7 @@
 //               state record, are still read)
 //   uint64      total length of the file in bytes
 //   uint32      metadata length M, then M bytes of YAML (step, data position,
-//               rng state, config)
+//               rng state, the dropout layers' random streams, config)
 //   record      model parameters (framework/serialize.h tensor record)
 //   record      optimizer state (same format)
 //   record      solver state (version 2): warm-start tensors, e.g. the
@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "framework/module.h"
@@ -39,6 +40,9 @@ struct CheckpointState {
   NamedTensors model;
   NamedTensors optimizer;
   NamedTensors solver_state;  // empty in version 1 files
+  // Named random streams besides rng_state (the dropout layers' masks), as
+  // Rng::SaveState text; empty in files written before they were kept.
+  std::map<std::string, std::string> random_streams;
 };
 
 std::string SerializeCheckpoint(const CheckpointState& state);

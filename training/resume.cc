@@ -1,7 +1,9 @@
 #include "training/resume.h"
 
+#include <algorithm>
 #include <exception>
 
+#include "layers/dropout.h"
 #include "training/config_schema.h"
 
 namespace stillpoint {
@@ -74,6 +76,55 @@ CheckpointState LoadCheckpointForResume(const std::string& path,
       "\nOnly train.steps, the eval/log/checkpoint cadence, eval.* and log.* may change "
       "on --resume; --force resumes anyway.";
   throw ConfigError(message);
+}
+
+namespace {
+
+// Every Dropout in module's tree with its dotted path.
+void CollectDropouts(Module& module,
+                     const std::string& path,
+                     std::vector<std::pair<std::string, Dropout*>>* found) {
+  if (auto* dropout = dynamic_cast<Dropout*>(&module)) found->emplace_back(path, dropout);
+  for (const auto& [name, child] : module.children()) {
+    CollectDropouts(*child, path.empty() ? name : path + "." + name, found);
+  }
+}
+
+std::vector<std::pair<std::string, Dropout*>> Dropouts(const std::vector<SequenceModel*>& models) {
+  std::vector<std::pair<std::string, Dropout*>> found;
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    CollectDropouts(*models[i], std::to_string(i), &found);
+  }
+  return found;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> RandomStreamState(const std::vector<SequenceModel*>& models) {
+  std::map<std::string, std::string> streams;
+  for (const auto& [name, dropout] : Dropouts(models)) streams[name] = dropout->SaveStreamState();
+  return streams;
+}
+
+bool RestoreRandomStreamState(const std::map<std::string, std::string>& streams,
+                              const std::vector<SequenceModel*>& models,
+                              const std::string& source) {
+  const auto dropouts = Dropouts(models);
+  for (const auto& [name, dropout] : dropouts) {
+    if (!streams.count(name)) return false;
+  }
+  for (const auto& [name, stream] : streams) {
+    auto it = std::find_if(dropouts.begin(), dropouts.end(),
+                           [&](const auto& d) { return d.first == name; });
+    if (it == dropouts.end()) {
+      throw ConfigError(source + ": holds the random stream of '" + name +
+                        "', which this model does not have");
+    }
+    if (!it->second->LoadStreamState(stream)) {
+      throw ConfigError(source + ": the random stream of '" + name + "' does not parse");
+    }
+  }
+  return true;
 }
 
 NamedTensors WarmStartState(const std::vector<SequenceModel*>& models) {

@@ -3,6 +3,7 @@
 // solvers' warm-start state.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,16 @@ CheckpointState LoadCheckpointForResume(const std::string& path,
 // previous adjoint solution of model.solver.backward.warm_start. Empty when
 // no model keeps one.
 NamedTensors WarmStartState(const std::vector<SequenceModel*>& models);
+// The random streams of every Dropout of `models` (the model and its
+// replicas), named "<index>.<module path>".
+std::map<std::string, std::string> RandomStreamState(const std::vector<SequenceModel*>& models);
+// Restores them. Returns false (and restores nothing) when `streams` does
+// not name every Dropout of the models (a checkpoint written before the
+// streams were kept); throws ConfigError naming `source` for a stream that
+// does not parse or that no Dropout has a place for.
+bool RestoreRandomStreamState(const std::map<std::string, std::string>& streams,
+                              const std::vector<SequenceModel*>& models,
+                              const std::string& source);
 // Restores WarmStartState's tensors into the same models. Throws
 // ConfigError naming `source` when the state does not fit them.
 void RestoreWarmStartState(const NamedTensors& state,

@@ -338,10 +338,6 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     step = state.step;
     // Rows written after the checkpoint (before a crash) are written again.
     DropMetricsAfterStep(summary.run_dir, step);
-    if (c.GetDouble("model.dropout") > 0 && options.progress) {
-      *options.progress << "warning: the dropout masks after this resume differ from those of an "
-                           "uninterrupted run (the dropout streams are not in the checkpoint)\n";
-    }
   }
   std::vector<std::string> columns = kColumns;
   columns.insert(columns.end(), AttentionColumns().begin(), AttentionColumns().end());
@@ -367,6 +363,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     state.model = model.NamedValues();
     state.optimizer = optimizer->SaveState();
     state.solver_state = WarmStartState(warm_start_models());
+    state.random_streams = RandomStreamState(warm_start_models());
     SaveCheckpoint(checkpoint_path, state);
     ++summary.checkpoints_written;
     return true;
@@ -393,6 +390,12 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   }
   if (resumed) {
     RestoreWarmStartState(resume_state.solver_state, warm_start_models(), checkpoint_path);
+    if (!RestoreRandomStreamState(resume_state.random_streams, warm_start_models(),
+                                  checkpoint_path) &&
+        c.GetDouble("model.dropout") > 0 && options.progress) {
+      *options.progress << "warning: the dropout masks after this resume differ from those of an "
+                           "uninterrupted run (the checkpoint predates the dropout streams)\n";
+    }
   }
   // Written once the checkpoint (if any) has loaded into this model.
   WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
