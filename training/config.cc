@@ -292,7 +292,7 @@ std::string ClosestName(const std::string& text, const std::vector<std::string>&
       best = name;
     }
   }
-  const std::size_t allowed = std::max<std::size_t>(1, best.size() / 3);
+  const std::size_t allowed = std::max<std::size_t>(2, best.size() / 3);
   return best_distance <= allowed ? best : "";
 }
 

@@ -44,8 +44,9 @@ struct ConfigKey {
 };
 
 // The name of `names` closest to text by edit distance, when it is close
-// enough to be a likely misspelling (at most a third of its length, and at
-// least 1 edit); "" otherwise. For did-you-mean in errors about values.
+// enough to be a likely misspelling (at most two edits, or a third of its
+// length when that is more); "" otherwise. For did-you-mean in errors about
+// values and commands.
 std::string ClosestName(const std::string& text, const std::vector<std::string>& names);
 
 class ConfigSchema {

@@ -14,24 +14,6 @@
 #include "training/cli_commands.h"
 #include "training/config.h"
 
-namespace {
-
-std::size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t substitution = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-      diagonal = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitution});
-    }
-  }
-  return row[b.size()];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   using namespace stillpoint;
@@ -137,23 +119,14 @@ int main(int argc, char** argv) {
   // says only "A subcommand is required".
   if (argc >= 2 && argv[1][0] != '-') {
     const std::string name = argv[1];
-    std::string known, closest;
-    std::size_t closest_distance = 3;  // suggest within two edits
+    std::vector<std::string> commands;
     for (const CLI::App* command : app.get_subcommands({})) {
-      const std::string candidate = command->get_name();
-      if (candidate == name) {
-        closest.clear();
-        known.clear();
-        break;
-      }
-      known += (known.empty() ? "" : ", ") + candidate;
-      const std::size_t d = EditDistance(name, candidate);
-      if (d < closest_distance) {
-        closest_distance = d;
-        closest = candidate;
-      }
+      commands.push_back(command->get_name());
     }
-    if (!known.empty()) {
+    if (std::find(commands.begin(), commands.end(), name) == commands.end()) {
+      std::string known;
+      for (const std::string& command : commands) known += (known.empty() ? "" : ", ") + command;
+      const std::string closest = stillpoint::ClosestName(name, commands);
       std::cerr << "error: unknown command '" << name << "'"
                 << (closest.empty() ? "" : " (did you mean '" + closest + "'?)")
                 << "; the commands are " << known << " (stillpoint --help)\n";
