@@ -15,6 +15,7 @@
 #include "solvers/fallback.h"
 #include "solvers/newton_krylov.h"
 #include "solvers/picard.h"
+#include "solvers/report_format.h"
 
 namespace stillpoint {
 namespace {
@@ -305,15 +306,8 @@ void FixedPointSolver::Finish(Tensor* z, SolverSummary* summary) {
     message << "all " << batch << " samples converged within " << s.iterations << " iterations";
   } else {
     message << converged << "/" << batch << " samples converged;";
-    static constexpr TerminationType kOthers[] = {TerminationType::kUserStop,
-                                                  TerminationType::kMaxIterations,
-                                                  TerminationType::kStagnated,
-                                                  TerminationType::kDiverged,
-                                                  TerminationType::kLinearAlgebraFailure,
-                                                  TerminationType::kNonFinite,
-                                                  TerminationType::kFailure};
-    for (TerminationType t : kOthers) {
-      const int64_t count = s.CountSamples(t);
+    for (TerminationType t : report::kAllTerminations) {
+      const int64_t count = t == TerminationType::kConverged ? 0 : s.CountSamples(t);
       if (count == 0) continue;
       message << " " << count << " " << ToString(t);
       switch (t) {

@@ -113,9 +113,11 @@ bool RestoreRandomStreamState(const std::map<std::string, std::string>& streams,
   for (const auto& [name, dropout] : dropouts) {
     if (!streams.count(name)) return false;
   }
-  for (const auto& [name, stream] : streams) {
+  for (const auto& entry : streams) {
+    const std::string& name = entry.first;
+    const std::string& stream = entry.second;
     auto it = std::find_if(dropouts.begin(), dropouts.end(),
-                           [&](const auto& d) { return d.first == name; });
+                           [&name](const auto& d) { return d.first == name; });
     if (it == dropouts.end()) {
       throw ConfigError(source + ": holds the random stream of '" + name +
                         "', which this model does not have");
