@@ -18,11 +18,10 @@ const std::vector<std::string>& AttentionColumns() {
   return columns;
 }
 
-std::map<std::string, double> AttentionSolverColumns(const SequenceModel& model) {
+std::map<std::string, double> AttentionSolverColumns(const SolverStats& forward,
+                                                     const SolverStats& backward) {
   std::map<std::string, double> row;
-  const SolverStats forward = AttentionForwardStats(model);
   if (forward.converged + forward.not_converged + forward.inexact == 0) return row;
-  const SolverStats backward = AttentionBackwardStats(model);
   row["attn_iters"] = forward.iterations_mean;
   row["attn_residual"] = forward.residual_max;
   row["attn_unconverged"] = static_cast<double>(forward.not_converged);

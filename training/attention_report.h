@@ -10,16 +10,19 @@
 
 #include "layers/models.h"
 #include "training/dataset.h"
+#include "training/experiment.h"
 
 namespace stillpoint {
 
 // The metrics columns this file writes (all "attn_...").
 const std::vector<std::string>& AttentionColumns();
 
-// The inner solves of the last step: attn_iters, attn_residual,
+// The inner solves of a step (AttentionForwardStats and
+// AttentionBackwardStats of experiment.h): attn_iters, attn_residual,
 // attn_bwd_iters, attn_bwd_residual, attn_unconverged (empty for a model
 // without energy attention).
-std::map<std::string, double> AttentionSolverColumns(const SequenceModel& model);
+std::map<std::string, double> AttentionSolverColumns(const SolverStats& forward,
+                                                     const SolverStats& backward);
 
 // Diagnostics on the first `examples` held-out examples: attn_entropy_first,
 // attn_entropy, attn_max_weight_first, attn_max_weight (means over the

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <limits>
+#include <map>
 #include <ostream>
 #include <sstream>
 
@@ -129,6 +130,13 @@ std::string GridTable(const CompareReport& report, const Config& config) {
 std::string StatsCells(const SolverStats& stats) {
   if (stats.converged + stats.not_converged + stats.inexact == 0) return "- | -";
   return Fixed(stats.iterations_mean, 1) + " | " + ResidualCell(stats);
+}
+
+// A metrics column, empty when the run has none.
+std::vector<double> Column(const std::map<std::string, std::vector<double>>& metrics,
+                           const std::string& key) {
+  const auto it = metrics.find(key);
+  return it == metrics.end() ? std::vector<double>{} : it->second;
 }
 
 std::vector<double> DepthSweep(const Config& config) {
@@ -325,13 +333,14 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     report.variants.push_back(std::move(v));
   }
 
-  // ---- time to accuracy, from each run's metrics
-  for (VariantResult& v : report.variants) {
-    const auto m = ReadRunMetrics(v.run_dir);
-    auto column = [&](const std::string& key) {
-      auto it = m.find(key);
-      return it == m.end() ? std::vector<double>{} : it->second;
-    };
+  // Each run's metrics, read once for the time to accuracy and the plots.
+  std::vector<std::map<std::string, std::vector<double>>> run_metrics;
+  for (const VariantResult& v : report.variants) run_metrics.push_back(ReadRunMetrics(v.run_dir));
+
+  // ---- time to accuracy
+  for (std::size_t r = 0; r < report.variants.size(); ++r) {
+    VariantResult& v = report.variants[r];
+    auto column = [&](const std::string& key) { return Column(run_metrics[r], key); };
     const std::vector<double> steps = column("step"), accuracy = column("test_accuracy");
     // The last evaluated collapse diagnostics (energy attentions only).
     const std::vector<double> first = column("attn_max_weight_first"),
@@ -386,12 +395,9 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
 
   // ---- plots
   std::vector<PlotSeries> loss, accuracy, depth, length, gradient;
-  for (const VariantResult& v : report.variants) {
-    const auto m = ReadRunMetrics(v.run_dir);
-    auto column = [&](const std::string& key) {
-      auto it = m.find(key);
-      return it == m.end() ? std::vector<double>{} : it->second;
-    };
+  for (std::size_t r = 0; r < report.variants.size(); ++r) {
+    const VariantResult& v = report.variants[r];
+    auto column = [&](const std::string& key) { return Column(run_metrics[r], key); };
     loss.push_back({v.name, column("step"), column("loss")});
     // Test accuracy where evaluated, train accuracy otherwise would mix: plot both.
     accuracy.push_back({v.name + " (test)", column("step"), column("test_accuracy"), true});

@@ -566,7 +566,10 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         if (backward_stats.HasResidual()) row["bwd_residual"] = backward_stats.residual_max;
         row["bwd_unconverged"] = double(backward_stats.not_converged);
       }
-      for (const auto& [column, value] : AttentionSolverColumns(model)) row[column] = value;
+      for (const auto& [column, value] :
+           AttentionSolverColumns(summary.attention_forward, summary.attention_backward)) {
+        row[column] = value;
+      }
       if (do_eval) {
         if (implicit) model.SetDepthOverride(0);
         std::vector<std::string> warnings;
