@@ -269,6 +269,7 @@ void Sweep(const VarList& outputs,
     if (targets) {
       if (std::find(targets->begin(), targets->end(), node) != targets->end()) {
         (*found)[node] = g;
+        if (options.stop_at_inputs) continue;
       }
     } else if (node->is_leaf) {
       node->grad = Accumulate(node->grad, g);

@@ -169,6 +169,12 @@ struct GradOptions {
   bool retain_graph = false;
   // Record the gradient computation itself (for second derivatives).
   bool create_graph = false;
+  // grad() only: treat the inputs as independent variables. The sweep stops
+  // at each input, so an input computed from another one (keys computed from
+  // a weight, both listed) passes nothing on to it: each gets the partial
+  // derivative along the paths that avoid the other inputs, and pushing
+  // every input's gradient on through its own history counts each path once.
+  bool stop_at_inputs = false;
 };
 
 // Gradients of sum_k <outputs[k], grad_outputs[k]> with respect to inputs.

@@ -72,6 +72,12 @@ const Var& EnergyContext::Get(const std::string& name) const {
   return entries_.front().value;  // unreachable
 }
 
+VarList EnergyContext::Values() const {
+  VarList values;
+  for (const Entry& e : entries_) values.push_back(e.value);
+  return values;
+}
+
 EnergyContext EnergyContext::Select(const std::vector<int64_t>& sample_ids) const {
   bool identity = static_cast<int64_t>(sample_ids.size()) == batch_size_;
   for (std::size_t i = 0; identity && i < sample_ids.size(); ++i) {
@@ -281,10 +287,16 @@ Var SolveEnergy(const EnergyLayer& layer,
     for (int64_t d : state_shape.dims()) shape.push_back(d);
     return layer_ptr->Energy(reshape(z, Shape(shape)), ctx.Select(ids));
   };
-  out.implicit =
-      SolveImplicit(MakeUpdateCell(layer, ctx, state_shape), z0.value(), options.implicit, energy);
+  out.implicit = SolveImplicit(MakeUpdateCell(layer, ctx, state_shape), z0.value(),
+                               options.implicit, energy, ImplicitInputsOf(layer, ctx));
   if (options.trace_energy) out.energies.push_back(EnergiesOf(layer, out.implicit.z_star, ctx));
   return out.implicit.z_star;
+}
+
+VarList ImplicitInputsOf(const EnergyLayer& layer, const EnergyContext& ctx) {
+  VarList inputs = ctx.Values();
+  for (const Var& p : layer.parameters()) inputs.push_back(p);
+  return inputs;
 }
 
 Var EnergyLayer::Solve(const Var& z0,

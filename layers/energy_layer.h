@@ -79,6 +79,9 @@ class EnergyContext {
   // returns the context itself.
   EnergyContext Select(const std::vector<int64_t>& sample_ids) const;
 
+  // Every entry's Var, per-sample and shared, in insertion order.
+  VarList Values() const;
+
   // "keys [2, 3, 4], beta (shared) [3]" (for error messages).
   std::string Describe() const;
 
@@ -221,6 +224,11 @@ Var UnrollUpdates(const EnergyLayer& layer, const Var& z0, const EnergyContext& 
 // differentiable with respect to the context and the parameters (and, with
 // fixed steps, z0; a fixed point does not depend on where the solve
 // started). report (optional) receives what happened.
+// What the update of `layer` reads besides its state: the context's entries
+// and the layer's parameters (SolveImplicit's explicit_inputs, which make the
+// solve differentiable to second order).
+VarList ImplicitInputsOf(const EnergyLayer& layer, const EnergyContext& ctx);
+
 Var SolveEnergy(const EnergyLayer& layer,
                 const Var& z0,
                 const EnergyContext& ctx,

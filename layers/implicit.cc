@@ -119,7 +119,15 @@ Var Implicit::Forward(const Var& u, const Tensor& z0) {
       return e(z, InjectionRows(u, ids), ids);
     };
   }
-  last_ = SolveImplicit(cell, z0, options_, energy);
+  // The injection and the cell module's parameters: what the cell reads
+  // besides z, for second derivatives through the solve (a bare function
+  // cell has no module, so its solve is differentiable to first order).
+  VarList explicit_inputs;
+  if (cell_) {
+    explicit_inputs.push_back(u);
+    for (const Var& p : cell_->parameters()) explicit_inputs.push_back(p);
+  }
+  last_ = SolveImplicit(cell, z0, options_, energy, explicit_inputs);
   return last_.z_star;
 }
 
@@ -144,7 +152,7 @@ Var Implicit::Forward(const EnergyContext& ctx, const Var& z0) {
   };
   energy_trace_.clear();
   if (!energy_options_.trace_energy) {
-    last_ = SolveImplicit(update, z0.value(), options_, energy);
+    last_ = SolveImplicit(update, z0.value(), options_, energy, ImplicitInputsOf(*layer, ctx));
     return last_.z_star;
   }
 
@@ -170,7 +178,8 @@ Var Implicit::Forward(const EnergyContext& ctx, const Var& z0) {
     recorder->Flush(*layer, ctx, shape);
     return CallbackReturnType::kContinue;
   });
-  last_ = SolveImplicit(traced_update, z0.value(), options, traced_energy);
+  last_ = SolveImplicit(traced_update, z0.value(), options, traced_energy,
+                        ImplicitInputsOf(*layer, ctx));
   recorder->Flush(*layer, ctx, shape);  // evaluations after the last callback, if any
   {
     NoGrad no_grad;

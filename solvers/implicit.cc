@@ -148,6 +148,58 @@ Var PassThroughNode(const Var& last,
                   });
 }
 
+// The ift node's gradients for its explicit inputs under create_graph, on
+// the tape: with f re-evaluated at z* = self (so that second derivatives
+// reach z*'s own dependence on the inputs) and the adjoint w = g + J^T w as
+// an implicit node of its own: the map h(w) = g + J_f(z*)^T w, solved
+// already (w_value) and recorded once at w by SolveImplicit with no further
+// iterations, so that differentiating it solves (I - J_h^T) x = c with the
+// same backward options (J_h^T x = J_f x, by autodiff through h).
+VarList SecondOrderGradients(const CellFn& f,
+                             const Var& self,
+                             const Var& g,
+                             const Tensor& w_value,
+                             const BackwardOptions& backward,
+                             const std::vector<int64_t>& all_ids,
+                             const VarList& explicit_inputs) {
+  const Var f_self = EvaluateCell(f, self, all_ids);
+  const int64_t batch = w_value.dim(0);
+  CellFn adjoint_map = [f_self, self, g, batch](const Var& w,
+                                                const std::vector<int64_t>& ids) -> Var {
+    SP_CHECK(static_cast<int64_t>(ids.size()) == batch,
+             "SolveImplicit: the second-order adjoint map is evaluated on whole batches only");
+    // Stop at z*: going on would differentiate this very node again.
+    const VarList jt_w = grad({f_self}, {self}, {w},
+                              {.retain_graph = true, .create_graph = true, .stop_at_inputs = true});
+    return jt_w[0].defined() ? add(g, jt_w[0]) : add(g, mul_scalar(w, 0.0));
+  };
+  ImplicitOptions adjoint_options;
+  // The adjoint is solved: record h at w_value, no iterations.
+  adjoint_options.forward.type = ForwardSolverType::kPicard;
+  adjoint_options.forward.max_iterations = 0;
+  adjoint_options.forward.stop_mode = StopMode::kRelative;
+  adjoint_options.forward.relative_tolerance = 0.0;
+  adjoint_options.forward.fallback_chain.clear();
+  adjoint_options.backward = backward;
+  adjoint_options.backward.warm_start = false;
+  VarList adjoint_inputs = explicit_inputs;
+  adjoint_inputs.push_back(self);
+  if (g.requires_grad()) adjoint_inputs.push_back(g);
+  const Var w =
+      SolveImplicit(adjoint_map, w_value, adjoint_options, nullptr, adjoint_inputs).z_star;
+  // Partial derivatives, z* held fixed: an explicit input computed from
+  // another (a context entry from a weight) must not pass its share on to it
+  // as well, as the engine pushes each input's gradient on through its own
+  // history, and the sweep must not go on through z* into this very node
+  // (z*'s dependence reaches the inputs through the adjoint node instead).
+  VarList targets = explicit_inputs;
+  targets.push_back(self);
+  VarList grads = grad({f_self}, targets, {w},
+                       {.retain_graph = true, .create_graph = true, .stop_at_inputs = true});
+  grads.pop_back();
+  return grads;
+}
+
 }  // namespace
 
 bool ImplicitOptions::IsValid(std::string* error) const {
@@ -181,7 +233,8 @@ bool ImplicitOptions::IsValid(std::string* error) const {
 ImplicitResult SolveImplicit(const CellFn& f,
                              const Tensor& z0,
                              const ImplicitOptions& options,
-                             const CellEnergyFn& energy) {
+                             const CellEnergyFn& energy,
+                             const VarList& explicit_inputs) {
   std::string error;
   SP_CHECK(options.IsValid(&error), "SolveImplicit: ", error);
   SP_CHECK(static_cast<bool>(f), "SolveImplicit: the cell is empty");
@@ -388,10 +441,21 @@ ImplicitResult SolveImplicit(const CellFn& f,
   auto summary = std::make_shared<AdjointSummary>();
   result.backward = summary;
   auto warm = options.adjoint_warm_start;
+  // The node's inputs: f_star (the first-order path: the engine pushes the
+  // adjoint through f's recorded graph) and, for second order, the explicit
+  // inputs themselves.
+  VarList node_inputs = {f_star};
+  VarList second_order_inputs;
+  if (backward.mode == BackwardMode::kIft) {
+    for (const Var& x : explicit_inputs) {
+      if (x.defined() && x.requires_grad()) second_order_inputs.push_back(x);
+    }
+  }
+  node_inputs.insert(node_inputs.end(), second_order_inputs.begin(), second_order_inputs.end());
   result.z_star = RecordOp(
-      "implicit", f_star.value(), {f_star},
-      [z_leaf, backward, summary, warm, batch, n, shape](const VarList& inputs, const Var& self,
-                                                         const Var& g) -> VarList {
+      "implicit", f_star.value(), node_inputs,
+      [z_leaf, f, backward, summary, warm, batch, n, shape, all_ids,
+       second_order_inputs](const VarList& inputs, const Var& self, const Var& g) -> VarList {
         if (backward.mode == BackwardMode::kJfb) {
           ReportInexact(BackwardMode::kJfb, 0, batch, n,
                         "Jacobian-free backward: w = g; no adjoint equation solved.",
@@ -417,7 +481,18 @@ ImplicitResult SolveImplicit(const CellFn& f,
         }
         *summary = SolveAdjoint(backward, vjp, g_rows, &w);
         if (backward.warm_start && warm) warm->solution = w.Clone();
-        return VarList{Var(w.Reshape(shape))};
+        VarList grads(inputs.size());
+        if (GradModeEnabled() && !second_order_inputs.empty()) {
+          // create_graph: every gradient on the tape as a function of g, z*
+          // and the explicit inputs (see SolveImplicit in implicit.h).
+          const VarList explicit_grads =
+              SecondOrderGradients(f, self, g, w.Reshape(shape), backward, all_ids,
+                                   second_order_inputs);
+          std::copy(explicit_grads.begin(), explicit_grads.end(), grads.begin() + 1);
+        } else {
+          grads[0] = Var(w.Reshape(shape));
+        }
+        return grads;
       });
   return result;
 }

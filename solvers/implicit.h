@@ -119,9 +119,22 @@ struct ImplicitResult {
 // Throws stillpoint::Error for invalid options, a z0 that is not [B, ...]
 // with B >= 1, or a cell whose output shape or dtype differs from its input.
 // z0 is not modified.
+//
+// explicit_inputs: every Var f reads besides z that gradients should reach
+// (the cell's parameters, the injection, an energy's context). With them,
+// the ift node also differentiates to second order: under
+// grad(..., create_graph) its backward re-evaluates f at z* as a function of
+// z* itself, makes the adjoint w = g + J^T w an implicit node of its own (a
+// linear fixed point in w, solved by `backward` again when differentiated),
+// and returns J_theta(z*)^T w for the explicit inputs, all on the tape, so
+// gradient penalties and Hessian-vector products through the layer are
+// exact. The first-order backward is unchanged. Without them a create_graph
+// backward treats the adjoint and z* as constants (first order exact, second
+// order not).
 ImplicitResult SolveImplicit(const CellFn& f,
                              const Tensor& z0,
                              const ImplicitOptions& options,
-                             const CellEnergyFn& energy = nullptr);
+                             const CellEnergyFn& energy = nullptr,
+                             const VarList& explicit_inputs = {});
 
 }  // namespace stillpoint

@@ -195,6 +195,70 @@ TEST(ImplicitTest, AcceptsAnyModuleWithForwardOfStateAndInjection) {
   EXPECT_NEAR(cell->parameter("scale").grad().item(), -8.0, 1e-10);
 }
 
+// Second derivatives through the solve, in closed form: z = s z + u gives
+// z* = u / (1 - s), so d sum(z*)/ds = sum(u) / (1 - s)^2,
+// d^2 sum(z*)/ds^2 = 2 sum(u) / (1 - s)^3 and d^2 sum(z*)/(ds du_i) =
+// 1 / (1 - s)^2. The first needs z*'s own dependence on s, the others the
+// adjoint's (an implicit node of its own under create_graph).
+TEST(ImplicitTest, SecondDerivativesThroughTheSolveMatchTheClosedForm) {
+  class Affine : public Module {
+   public:
+    Affine() { scale_ = RegisterParameter("scale", Tensor::Full({}, 0.5, kF64)); }
+    Var Forward(const Var& z, const Var& u) const { return add(mul(z, scale_), u); }
+    const Var& scale() const { return scale_; }
+
+   private:
+    Var scale_;
+  };
+  for (AdjointSolverType solver : {AdjointSolverType::kGmres, AdjointSolverType::kFixedPoint}) {
+    SCOPED_TRACE(ToString(solver));
+    auto cell = std::make_shared<Affine>();
+    ImplicitOptions options = TightOptions();
+    options.backward.solver = solver;
+    Implicit layer(cell, options);
+    const Var u(Tensor::FromVector({2, 1}, {1.0, -3.0}, kF64), true);
+    const Var z_star = layer.Forward(u);
+    const VarList first =
+        grad({sum(z_star)}, {cell->scale()}, {}, {.retain_graph = true, .create_graph = true});
+    EXPECT_NEAR(first[0].item(), -8.0, 1e-10);  // sum(u) / 0.25
+    const VarList second = grad({first[0]}, {cell->scale(), u});
+    EXPECT_NEAR(second[0].item(), -32.0, 1e-8);  // 2 sum(u) / 0.125
+    EXPECT_NEAR(second[1].value().at(0), 4.0, 1e-9);
+    EXPECT_NEAR(second[1].value().at(1), 4.0, 1e-9);
+  }
+}
+
+// The same for a transformer cell, checked against finite differences of
+// the first-order implicit gradient: <d, dL/dtheta> + <e, dL/du> as a
+// function of u and of every parameter, L = <c, z*>.
+TEST(ImplicitTest, GradientOfTheImplicitGradientMatchesFiniteDifferences) {
+  Rng rng(12);
+  auto cell =
+      std::make_shared<DEQCell>(CellOptions{.dim = 4, .heads = 2, .hidden = 6, .dtype = kF64}, rng);
+  Implicit layer(cell, TightOptions());
+  const Var u(RandomNormal({2, 3, 4}, 0.0, 1.0, kF64, rng));
+  const Var c(RandomNormal({2, 3, 4}, 0.0, 1.0, kF64, rng));
+  const Var e(RandomNormal({2, 3, 4}, 0.0, 1.0, kF64, rng));
+  std::vector<Var> d;
+  for (const Var& p : cell->parameters()) d.emplace_back(RandomNormal(p.shape(), 0.0, 1.0, kF64, rng));
+  auto forward = [&](const VarList& in) {
+    GradModeGuard tape_on(true);
+    const Var input = in[0].requires_grad() ? in[0] : Var(in[0].value(), true);
+    const Var loss = sum(mul(layer.Forward(input), c));
+    VarList targets = cell->parameters();
+    targets.push_back(input);
+    const VarList g = grad({loss}, targets, {}, {.retain_graph = true, .create_graph = true});
+    Var out = sum(mul(g.back(), e));
+    for (std::size_t k = 0; k < d.size(); ++k) out = add(out, sum(mul(g[k], d[k])));
+    return out;
+  };
+  GradCheckOptions check;
+  check.relative_tolerance = 1e-5;
+  check.absolute_tolerance = 1e-7;
+  auto r = testing::CheckModuleGradients(layer, forward, {u}, check);
+  EXPECT_TRUE(r) << r;
+}
+
 TEST(ImplicitTest, DropoutMasksAreFrozenForEachSolve) {
   Rng rng(8);
   auto cell = std::make_shared<DEQCell>(
