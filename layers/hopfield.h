@@ -134,6 +134,9 @@ class HopfieldAttention : public EnergyLayer {
   bool UpdateIsMonotone() const override { return true; }
 
   const HopfieldOptions& options() const { return options_; }
+  // How Forward solves (for callers that tighten the backward, such as the
+  // trainer's gradient-quality probe).
+  EnergySolveOptions& mutable_solve_options() { return options_.solve; }
   // [H]
   const Var& beta() const { return beta_; }
   int64_t heads() const { return options_.heads; }

@@ -10,6 +10,31 @@
 #include "layers/registry.h"
 
 namespace stillpoint {
+namespace {
+
+// The Hopfield layer of the pooling and of the lookup: the model's heads,
+// normalised stored patterns and states, the query as an external field (in
+// fixed-point mode the queries learn only through that field), solved to the
+// fixed point with the inner-solve options of the model's energy attention.
+HopfieldOptions ReadoutHopfieldOptions(const ModelOptions& o) {
+  const int64_t heads = o.cell_options.heads;
+  SP_CHECK(heads > 0 && o.dim % heads == 0, "SequenceModel: dim (", o.dim,
+           ") must be a positive multiple of heads (", heads, ") for the Hopfield ",
+           o.pooling == "hopfield" ? "pooling" : "lookup");
+  HopfieldOptions h;
+  h.state_size = o.dim;
+  h.heads = heads;
+  h.head_dim = o.dim / heads;
+  h.normalize_stored = true;
+  h.normalize_state = true;
+  h.query_field = true;
+  h.solve.mode = EnergySolveMode::kFixedPoint;
+  h.solve.implicit = o.cell_options.attention_solver.value_or(DefaultAttentionSolverOptions());
+  h.dtype = o.dtype;
+  return h;
+}
+
+}  // namespace
 
 const char* ToString(ModelKind kind) {
   switch (kind) {
@@ -123,6 +148,37 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
       break;
     }
   }
+  // After the cells, so that they do not change the initialisation of the
+  // parameters before them.
+  SP_CHECK(options.pooling == "mean" || options.pooling == "hopfield",
+           "SequenceModel: pooling must be \"mean\" or \"hopfield\", got \"", options.pooling,
+           "\"");
+  SP_CHECK(options.lookup == "none" || options.lookup == "hopfield",
+           "SequenceModel: lookup must be \"none\" or \"hopfield\", got \"", options.lookup,
+           "\"");
+  if (options.lookup == "hopfield") {
+    SP_CHECK(options.lookup_size > 0, "SequenceModel: lookup_size must be > 0, got ",
+             options.lookup_size);
+    lookup_ = RegisterModule("lookup", std::make_shared<HopfieldLookup>(
+                                           ReadoutHopfieldOptions(options), options.lookup_size, rng));
+  }
+  if (options.pooling == "hopfield") {
+    SP_CHECK(pool, "SequenceModel: pooling \"hopfield\" needs a model that pools its tokens "
+                   "(a classifier); per-token models have no pooling");
+    SP_CHECK(options.pooling_patterns > 0, "SequenceModel: pooling_patterns must be > 0, got ",
+             options.pooling_patterns);
+    hopfield_pooling_ = RegisterModule(
+        "pool", std::make_shared<HopfieldPooling>(ReadoutHopfieldOptions(options),
+                                                  options.pooling_patterns, rng));
+  }
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<HopfieldAttention>>>
+SequenceModel::HopfieldReadouts() const {
+  std::vector<std::pair<std::string, std::shared_ptr<HopfieldAttention>>> layers;
+  if (lookup_) layers.emplace_back("lookup.hopfield", lookup_->hopfield());
+  if (hopfield_pooling_) layers.emplace_back("pool.hopfield", hopfield_pooling_->hopfield());
+  return layers;
 }
 
 std::string SequenceModel::Name() const {
@@ -234,7 +290,12 @@ Var SequenceModel::EncodeInjection(const Var& u) {
 }
 
 Var SequenceModel::Head(Var z) const {
-  if (pool_) z = mean(z, 1);  // [B, T, d] -> [B, d]
+  if (lookup_) z = add(z, lookup_->Forward(z));
+  if (hopfield_pooling_) {
+    z = mean(hopfield_pooling_->Forward(z), 1);  // [B, patterns, d] -> [B, d]
+  } else if (pool_) {
+    z = mean(z, 1);  // [B, T, d] -> [B, d]
+  }
   return out_->Forward(lnf_->Forward(z));
 }
 

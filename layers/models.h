@@ -50,6 +50,7 @@
 #include "layers/embedding.h"
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
+#include "layers/hopfield.h"
 #include "layers/implicit.h"
 #include "layers/layer_norm.h"
 #include "layers/linear.h"
@@ -103,6 +104,22 @@ struct ModelOptions {
   DType dtype = DType::kFloat32;
   // Seed of every parameter initialisation (drawn in parameter order).
   uint64_t seed = 0;
+  // SequenceClassifier: how the token states [B, T, d] become one vector
+  // before the head. "mean" (over tokens) or "hopfield": HopfieldPooling
+  // (hopfield.h), pooling_patterns learned state patterns retrieve from the
+  // states, solved to the fixed point of the Hopfield energy with the
+  // patterns as an external field (so they learn through the implicit
+  // gradient); the patterns' outputs are averaged. Parameters "pool.*".
+  std::string pooling = "mean";
+  int64_t pooling_patterns = 4;
+  // An associative memory read after the encoder, in every kind: "none" or
+  // "hopfield": z <- z + HopfieldLookup(z) (hopfield.h), each token state
+  // queries lookup_size learned stored patterns and reads their learned
+  // targets at the fixed point of the Hopfield energy, the token as an
+  // external field (so the lookup stays a function of the token and the
+  // encoder learns through it). Parameters "lookup.*".
+  std::string lookup = "none";
+  int64_t lookup_size = 64;
 };
 
 // What every model offers a trainer.
@@ -158,6 +175,11 @@ class SequenceModel : public Model {
   const std::shared_ptr<Cell>& cell(int64_t index) const;
   // The energy block (energy models; else null).
   const std::shared_ptr<EnergyBlock>& energy_block() const { return energy_block_; }
+  // The Hopfield layers of the pooling and the lookup (options.pooling,
+  // options.lookup) that are in use, by module path ("pool.hopfield",
+  // "lookup.hopfield"); their last_solve() holds the inner solves of the
+  // last Forward.
+  std::vector<std::pair<std::string, std::shared_ptr<HopfieldAttention>>> HopfieldReadouts() const;
 
  protected:
   // out_features: V (per token) or C (pooled); pool: mean over tokens first.
@@ -183,6 +205,9 @@ class SequenceModel : public Model {
   std::shared_ptr<EnergyBlock> energy_block_;
   std::shared_ptr<LayerNorm> ffn_norm_;
   std::shared_ptr<MLP> ffn_;
+  // options.pooling == "hopfield" / options.lookup == "hopfield".
+  std::shared_ptr<HopfieldPooling> hopfield_pooling_;
+  std::shared_ptr<HopfieldLookup> lookup_;
 };
 
 class SequenceClassifier : public SequenceModel {

@@ -299,8 +299,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     // with the trained weights.
     v.gradient_cosine_vs_ift = kNaN;
     v.gradient_relative_error_vs_ift = kNaN;
-    Implicit* layer = model.mutable_implicit();
-    if (layer || !FindEnergyAttentions(model).empty()) {
+    if (HasImplicitLayer(model)) {
       const GradientCheck check = CheckGradient(
           model, GradientProbeBatch(*e.train, config.GetInt("compare.probe_batch_size"), e.dtype));
       v.gradient_cosine_vs_ift = check.cosine;
@@ -308,7 +307,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     }
 
     // Test-time compute: solver budget (implicit) or unroll depth (tied).
-    if (layer || model.options().kind == ModelKind::kTied) {
+    if (model.implicit() != nullptr || model.options().kind == ModelKind::kTied) {
       for (double depth : DepthSweep(config)) {
         Config at = config;
         at.Set("eval.max_iterations=" + std::to_string(static_cast<int64_t>(depth)));

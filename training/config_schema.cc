@@ -173,7 +173,23 @@ ConfigSchema BuildSchema() {
       .Double("model.dropout", 0.0, "Dropout inside the cell (masks frozen per solve)", 0.0, 0.99)
       .Double("model.ln_eps", m.cell_options.ln_eps, "Epsilon of the layer norms", 0.0, 1.0)
       .Double("model.embedding_init_std", m.embedding_init_std,
-              "Standard deviation of the token and position tables", 0.0, kInf);
+              "Standard deviation of the token and position tables", 0.0, kInf)
+      .Enum("model.pooling", m.pooling, {"mean", "hopfield"},
+            "Classification tasks (one target per sequence): how the token states are pooled "
+            "before the head. mean, or hopfield: model.pooling_patterns learned state patterns "
+            "retrieve from the states at the fixed point of the Hopfield energy (the patterns "
+            "as an external field, so they learn through the implicit gradient), solved by "
+            "model.attention_solver.*; the patterns' outputs are averaged")
+      .Int("model.pooling_patterns", m.pooling_patterns,
+           "pooling hopfield only (an error otherwise): number of learned state patterns", 1,
+           4096)
+      .Enum("model.lookup", m.lookup, {"none", "hopfield"},
+            "An associative memory after the encoder, every kind: none, or hopfield: z <- z + "
+            "lookup(z), each token queries model.lookup_size learned stored patterns and reads "
+            "their learned targets at the fixed point of the Hopfield energy (the token as an "
+            "external field), solved by model.attention_solver.*")
+      .Int("model.lookup_size", m.lookup_size,
+           "lookup hopfield only (an error otherwise): number of stored patterns", 1, 1 << 20);
 
   // ---- model.energy: EnergyBlockOptions (model.kind energy, and the energy
   // attention of a cell, model.attention)
@@ -534,6 +550,22 @@ void CheckEnergyKeysAreRead(const Config& c) {
   }
 }
 
+// model.pooling_patterns and model.lookup_size set away from their defaults
+// without the Hopfield pooling or lookup that reads them are errors.
+void CheckReadoutKeysAreRead(const Config& c, const ModelOptions& m) {
+  static const Config defaults = Config::FromYaml(StillpointSchema(), "", "defaults");
+  if (m.pooling != "hopfield" && !HasDefaultValue(c, defaults, "model.pooling_patterns")) {
+    throw ConfigError(c.Origin("model.pooling_patterns") +
+                      ": model.pooling_patterns is read only with model.pooling: hopfield "
+                      "(this config pools by " + m.pooling + ")");
+  }
+  if (m.lookup != "hopfield" && !HasDefaultValue(c, defaults, "model.lookup_size")) {
+    throw ConfigError(c.Origin("model.lookup_size") +
+                      ": model.lookup_size is read only with model.lookup: hopfield (this "
+                      "config has no lookup)");
+  }
+}
+
 ModelOptions ModelOptionsFromConfig(const Config& c) {
   ModelOptions m;
   m.kind = ParseEnum<ModelKind>(c, "model.kind", StringToModelKind);
@@ -572,7 +604,12 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   CheckName(c, "model.attention", "attention", m.cell_options.attention, attentions);
   m.cell_options.energy = m.energy;
   CheckEnergyKeysAreRead(c);
-  if (m.cell_options.attention != "softmax") {
+  m.pooling = c.GetString("model.pooling");
+  m.pooling_patterns = c.GetInt("model.pooling_patterns");
+  m.lookup = c.GetString("model.lookup");
+  m.lookup_size = c.GetInt("model.lookup_size");
+  CheckReadoutKeysAreRead(c, m);
+  if (m.cell_options.attention != "softmax" || m.pooling != "mean" || m.lookup != "none") {
     m.cell_options.attention_solver = ImplicitOptionsFromConfig(c, "model.attention_solver.");
   }
   if (m.kind == ModelKind::kEnergy && c.GetDouble("model.regularization.jacobian_weight") > 0) {

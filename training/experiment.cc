@@ -135,6 +135,11 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
                       std::to_string(longest) + " tokens)");
   }
   ValidateForwardSolvers(config, options, longest);
+  if (per_token && options.pooling != "mean") {
+    throw ConfigError(config.Origin("model.pooling") + ": model.pooling " + options.pooling +
+                      " needs a classification task (one target per sequence, e.g. digits); "
+                      "this task has a target per token, so nothing is pooled");
+  }
   options.vocab_size = std::max<int64_t>(vocab, 1);
   options.feature_dim = feature_dim;
   options.num_classes = classes;
@@ -324,11 +329,18 @@ SolverStats Combine(const std::vector<SolverStats>& parts) {
 
 SolverStats AttentionForwardStats(const SequenceModel& model) {
   std::vector<SolverStats> parts;
+  auto add = [&parts](const SolverSummary& s, const ForwardSolverOptions& options) {
+    if (s.sample_iterations.empty()) return;
+    parts.push_back(StatsOf(s, s.sample_iterations, s.sample_termination,
+                            RelativeTolerance(options)));
+  };
   for (const auto& [name, attention] : FindEnergyAttentions(model)) {
-    const SolverSummary& s = attention->implicit().forward_summary();
-    if (!s.sample_iterations.empty()) {
-      parts.push_back(StatsOf(s, s.sample_iterations, s.sample_termination,
-                              RelativeTolerance(attention->implicit().options().forward)));
+    add(attention->implicit().forward_summary(), attention->implicit().options().forward);
+  }
+  for (const auto& [name, hopfield] : model.HopfieldReadouts()) {
+    const EnergySolveReport& report = hopfield->last_solve();
+    if (report.mode == EnergySolveMode::kFixedPoint) {
+      add(report.implicit.forward, hopfield->options().solve.implicit.forward);
     }
   }
   return Combine(parts);
@@ -336,11 +348,16 @@ SolverStats AttentionForwardStats(const SequenceModel& model) {
 
 SolverStats AttentionBackwardStats(const SequenceModel& model) {
   std::vector<SolverStats> parts;
-  for (const auto& [name, attention] : FindEnergyAttentions(model)) {
-    const auto s = attention->implicit().backward_summary();
+  auto add = [&parts](const std::shared_ptr<const AdjointSummary>& s) {
     if (s && !s->sample_iterations.empty()) {
       parts.push_back(StatsOf(*s, s->sample_iterations, s->sample_termination, s->tolerance));
     }
+  };
+  for (const auto& [name, attention] : FindEnergyAttentions(model)) {
+    add(attention->implicit().backward_summary());
+  }
+  for (const auto& [name, hopfield] : model.HopfieldReadouts()) {
+    add(hopfield->last_solve().implicit.backward);
   }
   return Combine(parts);
 }

@@ -76,6 +76,11 @@ double CellSpectralRadius(SequenceModel& model, const Batch& batch) {
 
 }  // namespace
 
+bool HasImplicitLayer(const SequenceModel& model) {
+  return model.implicit() != nullptr || !FindEnergyAttentions(model).empty() ||
+         !model.HopfieldReadouts().empty();
+}
+
 GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   GradientCheck check;
   // Every implicit layer: the model's own (implicit and energy kinds) and
@@ -86,25 +91,39 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   for (const auto& [name, attention] : FindEnergyAttentions(model)) {
     layers.push_back(&attention->implicit());
   }
-  if (layers.empty()) return check;
+  // The Hopfield pooling and lookup solve through their own layers.
+  std::vector<ImplicitOptions*> readouts;
+  for (const auto& [name, hopfield] : model.HopfieldReadouts()) {
+    readouts.push_back(&hopfield->mutable_solve_options().implicit);
+  }
+  if (layers.empty() && readouts.empty()) return check;
   const bool was_training = model.is_training();
   const int64_t depth = model.depth_override();
-  std::vector<ImplicitOptions> saved;
+  std::vector<ImplicitOptions> saved, saved_readouts;
   for (Implicit* layer : layers) saved.push_back(layer->options());
+  for (ImplicitOptions* options : readouts) saved_readouts.push_back(*options);
   model.Eval();
   model.SetDepthOverride(0);
   for (Implicit* layer : layers) layer->mutable_options().backward.warm_start = false;
+  for (ImplicitOptions* options : readouts) options->backward.warm_start = false;
   const std::vector<double> used = ParameterGradient(model, batch);
-  if (layers[0]->backward_summary()) check.used_brief = layers[0]->backward_summary()->BriefReport();
+  if (!layers.empty() && layers[0]->backward_summary()) {
+    check.used_brief = layers[0]->backward_summary()->BriefReport();
+  }
   if (model.options().kind == ModelKind::kImplicit && model.mutable_implicit() != nullptr) {
     check.spectral_radius = CellSpectralRadius(model, batch);
   }
   for (Implicit* layer : layers) layer->mutable_options().backward = ReferenceBackwardOptions();
+  for (ImplicitOptions* options : readouts) options->backward = ReferenceBackwardOptions();
   const std::vector<double> reference = ParameterGradient(model, batch);
   // The reference's worst residual and status over the layers.
+  std::vector<std::shared_ptr<const AdjointSummary>> summaries;
+  for (Implicit* layer : layers) summaries.push_back(layer->backward_summary());
+  for (const auto& [name, hopfield] : model.HopfieldReadouts()) {
+    summaries.push_back(hopfield->last_solve().implicit.backward);
+  }
   TerminationType worst = TerminationType::kConverged;
-  for (Implicit* layer : layers) {
-    const auto summary = layer->backward_summary();
+  for (const auto& summary : summaries) {
     if (!summary) continue;
     worst = std::max(worst, summary->termination_type);
     if (summary->HasResiduals() && !(summary->MaxRelResidual() <= check.reference_residual)) {
@@ -113,6 +132,7 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   }
   check.reference_status = ToString(worst);
   for (std::size_t i = 0; i < layers.size(); ++i) layers[i]->mutable_options() = saved[i];
+  for (std::size_t i = 0; i < readouts.size(); ++i) *readouts[i] = saved_readouts[i];
   model.SetDepthOverride(depth);
   model.Train(was_training);
 

@@ -59,6 +59,11 @@ BackwardOptions ReferenceBackwardOptions();
 // parameter gets none); the parameters' gradients are zero afterwards.
 std::vector<double> ParameterGradient(SequenceModel& model, const Batch& batch);
 
+// Whether the model has an implicit layer whose gradient CheckGradient
+// probes: its own (implicit and energy kinds), an energy attention inside its
+// cells, or a Hopfield pooling or lookup.
+bool HasImplicitLayer(const SequenceModel& model);
+
 GradientCheck CheckGradient(SequenceModel& model, const Batch& batch);
 
 // The fixed probe batch of the checks: the first `size` examples of a

@@ -403,9 +403,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
   const int64_t eval_batch = c.GetInt("eval.batch_size");
   const bool implicit = model.implicit() != nullptr;
-  // The gradient check runs for every model with an implicit layer: its own,
-  // or an energy attention inside its cells.
-  const bool checked = implicit || !FindEnergyAttentions(model).empty();
+  const bool checked = HasImplicitLayer(model);
   const int64_t check_size = checked ? c.GetInt("eval.gradient_check_batch_size") : 0;
   const Batch check_batch =
       check_size > 0 ? GradientProbeBatch(*e.train, check_size, e.dtype) : Batch();

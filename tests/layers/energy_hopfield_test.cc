@@ -398,6 +398,84 @@ TEST(HopfieldLookupTest, RetrievesTargetOfNearestPattern) {
   EXPECT_TRUE(r) << r;
 }
 
+// Fixed-point mode, solved and differentiated tightly, so that the implicit
+// gradient can be compared with finite differences.
+HopfieldOptions FixedPointOptions(bool query_field) {
+  HopfieldOptions options = FullOptions();
+  options.value_size = 0;
+  options.stored_size = 4;
+  options.query_field = query_field;
+  options.solve.mode = EnergySolveMode::kFixedPoint;
+  options.solve.implicit.forward.max_iterations = 200;
+  options.solve.implicit.forward.relative_tolerance = 1e-13;
+  options.solve.implicit.backward.solver = AdjointSolverType::kGmres;
+  options.solve.implicit.backward.tolerance = 1e-13;
+  options.solve.implicit.backward.max_iterations = 200;
+  return options;
+}
+
+double GradientNorm(const Var& parameter) {
+  if (!parameter.has_grad()) return 0.0;
+  const Tensor& g = parameter.grad().value();
+  double sq = 0.0;
+  for (int64_t i = 0; i < g.numel(); ++i) sq += g.at(i) * g.at(i);
+  return std::sqrt(sq);
+}
+
+// In fixed-point mode without the field, the fixed point does not move when
+// the state patterns (the queries) do, so they get no gradient; with the
+// query as an external field they learn through the implicit gradient, which
+// agrees with finite differences (model.pooling: hopfield).
+TEST(HopfieldPoolingTest, FixedPointStatePatternsLearnOnlyThroughTheField) {
+  for (bool field : {false, true}) {
+    Rng rng(21);
+    HopfieldPooling pooling(FixedPointOptions(field), /*quantity=*/2, rng);
+    testing_energy::RandomizeParameters(pooling, rng, 0.5, [](const std::string& name) {
+      return name == "hopfield.beta";
+    });
+    Var input = RandnVar({2, 3, 4}, rng);
+    Tensor probe = Randn({2, 2, 2}, rng);
+    auto loss = [&] { return sum(mul(pooling.Forward(input), Var(probe))); };
+    pooling.ZeroGrad();
+    backward(loss());
+    const double norm = GradientNorm(pooling.state_patterns());
+    if (!field) {
+      EXPECT_LT(norm, 1e-9) << "without the field the fixed point ignores the queries";
+      continue;
+    }
+    EXPECT_GT(norm, 1e-3);
+    auto r = CheckParameterGradients(pooling, loss);
+    EXPECT_TRUE(r) << r;
+  }
+}
+
+// The lookup's query side (its input) learns through the fixed point only
+// with the field, and then the implicit gradient agrees with finite
+// differences (model.lookup: hopfield).
+TEST(HopfieldLookupTest, FixedPointQueriesLearnOnlyThroughTheField) {
+  for (bool field : {false, true}) {
+    Rng rng(22);
+    HopfieldLookup lookup(FixedPointOptions(field), /*quantity=*/5, rng);
+    testing_energy::RandomizeParameters(
+        lookup, rng, 0.5, [](const std::string& name) { return name == "hopfield.beta"; });
+    Tensor probe = Randn({2, 3, 2}, rng);
+    auto forward = [&](const VarList& in) { return mul(lookup.Forward(in[0]), Var(probe)); };
+    Var query(Randn({2, 3, 4}, rng), true);
+    backward(sum(forward({query})));
+    const double norm = GradientNorm(query);
+    if (!field) {
+      EXPECT_LT(norm, 1e-9) << "without the field the fixed point ignores the query";
+      continue;
+    }
+    EXPECT_GT(norm, 1e-3);
+    auto g = CheckGradients(forward, {Var(query.value())});
+    EXPECT_TRUE(g) << g;
+    auto loss = [&] { return sum(forward({Var(query.value())})); };
+    auto r = CheckParameterGradients(lookup, loss);
+    EXPECT_TRUE(r) << r;
+  }
+}
+
 TEST(HopfieldAttentionTest, RejectsMismatchedInputs) {
   Rng rng(11);
   HopfieldAttention layer(FullOptions(), rng);

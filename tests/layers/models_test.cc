@@ -5,11 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "framework/gradcheck.h"
 #include "framework/ops.h"
 #include "framework/random.h"
+#include "tests/layers/module_gradcheck.h"
 
 namespace stillpoint {
 namespace {
@@ -221,6 +224,91 @@ TEST(ModelTest, MisuseIsAnError) {
   ModelOptions bad_solver = SmallOptions(ModelKind::kImplicit);
   bad_solver.implicit.forward.max_iterations = -1;
   EXPECT_THROW(SequenceModel{bad_solver}, Error);
+  ModelOptions pooled = SmallOptions(ModelKind::kExplicit);
+  pooled.pooling = "hopfield";  // a per-token model pools nothing
+  EXPECT_THROW(SequenceModel{pooled}, Error);
+  pooled.pooling = "max";
+  pooled.num_classes = 3;
+  EXPECT_THROW(SequenceClassifier{pooled}, Error);
+  ModelOptions lookup = SmallOptions(ModelKind::kExplicit);
+  lookup.lookup = "hopfield";
+  lookup.lookup_size = 0;
+  EXPECT_THROW(SequenceModel{lookup}, Error);
+}
+
+ModelOptions HopfieldReadoutOptions(ModelKind kind) {
+  ModelOptions options = SmallOptions(kind);
+  options.num_classes = 3;
+  options.pooling = "hopfield";
+  options.pooling_patterns = 2;
+  options.lookup = "hopfield";
+  options.lookup_size = 5;
+  return options;
+}
+
+// model.pooling: hopfield and model.lookup: hopfield learn, in every kind,
+// with their inner solves converged and their parameters named.
+TEST_P(ModelKindTest, HopfieldPoolingAndLookupLearn) {
+  SequenceClassifier model(HopfieldReadoutOptions(GetParam()));
+  const auto named = model.named_parameters();
+  for (const char* name : {"pool.state_patterns", "pool.hopfield.wq.weight",
+                           "lookup.stored_patterns", "lookup.targets"}) {
+    EXPECT_TRUE(std::any_of(named.begin(), named.end(),
+                            [&](const auto& p) { return p.first == name; }))
+        << name;
+  }
+  const ToyBatch batch = MakeBatch(12, 5, 6, 4);
+  const auto [first, last] = Train(model, batch, batch.classes, 12, 0.1);
+  EXPECT_LT(last, 0.8 * first) << "first " << first << ", last " << last;
+  const auto readouts = model.HopfieldReadouts();
+  ASSERT_EQ(readouts.size(), 2u);
+  for (const auto& [name, hopfield] : readouts) {
+    const EnergySolveReport& report = hopfield->last_solve();
+    EXPECT_EQ(report.mode, EnergySolveMode::kFixedPoint) << name;
+    EXPECT_TRUE(report.implicit.forward.IsUsable())
+        << name << ": " << report.implicit.forward.FullReport();
+  }
+}
+
+// The pooling and the lookup draw their parameters after the rest of the
+// model, so adding them leaves every other initial value as it was.
+TEST(ModelTest, HopfieldReadoutsKeepTheOtherParametersInitialValues) {
+  ModelOptions plain = SmallOptions(ModelKind::kImplicit);
+  plain.num_classes = 3;
+  SequenceClassifier without(plain);
+  SequenceClassifier with(HopfieldReadoutOptions(ModelKind::kImplicit));
+  const auto reference = without.named_parameters();
+  const auto extended = with.named_parameters();
+  ASSERT_GT(extended.size(), reference.size());
+  for (std::size_t i = 0; i < reference.size(); ++i) {
+    ASSERT_EQ(reference[i].first, extended[i].first);
+    EXPECT_EQ(MaxAbsDiff(reference[i].second.value(), extended[i].second.value()), 0.0)
+        << reference[i].first;
+  }
+}
+
+// The whole classifier's gradient, through the Hopfield lookup's and
+// pooling's implicit nodes (tight inner solves), against central finite
+// differences in float64.
+TEST(ModelTest, HopfieldReadoutGradientsMatchFiniteDifferences) {
+  ModelOptions options = HopfieldReadoutOptions(ModelKind::kExplicit);
+  options.dtype = DType::kFloat64;
+  options.dim = 8;
+  options.num_layers = 1;
+  ImplicitOptions inner;
+  inner.forward.max_iterations = 300;
+  inner.forward.relative_tolerance = 1e-13;
+  inner.backward.solver = AdjointSolverType::kGmres;
+  inner.backward.tolerance = 1e-13;
+  inner.backward.max_iterations = 200;
+  options.cell_options.attention_solver = inner;
+  SequenceClassifier model(options);
+  const ToyBatch batch = MakeBatch(2, 3, 6, 9);
+  auto forward = [&](const VarList&) {
+    return cross_entropy(model.Forward(batch.x, batch.shape), batch.classes);
+  };
+  const GradCheckResult r = testing::CheckModuleGradients(model, forward, {});
+  EXPECT_TRUE(r) << r;
 }
 
 TEST(ModelTest, KindNamesRoundTrip) {

@@ -350,6 +350,16 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"model.energy.components",
        {{"model.kind=energy", "model.energy.layer=expfam", "model.energy.measure=mixture"}, "2"}},
       {"model.attention", {{}, "probabilistic"}},
+      {"model.pooling", {digits, "hopfield"}},
+      {"model.pooling_patterns",
+       {[&] {
+          std::vector<std::string> c = digits;
+          c.push_back("model.pooling=hopfield");
+          return c;
+        }(),
+        "2"}},
+      {"model.lookup", {{}, "hopfield"}},
+      {"model.lookup_size", {{"model.lookup=hopfield"}, "3"}},
   };
   table.merge(SolverProbes("model.solver.", {}));
   table.merge(SolverProbes("model.attention_solver.", {"model.attention=probabilistic"}));
