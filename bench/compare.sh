@@ -44,7 +44,8 @@
 # a cell's attention at z = 0 as the one row it equals, and the implicit
 # solver's last evaluation recorded and used at z*; torch_peer.py
 # --zero-state row --record-last; against the tuned peer only: the per-op
-# speed alone); w3 (peer iterates the whole batch), w3a (peer with per-query exit). Extras (stillpoint only
+# speed alone); w3 (peer iterates the whole batch), w3a (peer with per-query exit); w4
+# (the energy-attention step). Extras (stillpoint only
 # unless noted): W1 implicit with 64 iterations (memory), W2 implicit and explicit with 1
 # thread next to W2 with --threads (scaling, paired per repetition), W2 implicit and
 # explicit with --scaling (scaling again: 1-thread and --threads steps alternating in one
@@ -57,7 +58,7 @@ STEPS=20
 WARMUP=3
 THREADS=2
 W1_SHARDS=""
-ONLY="w1i w1ir w1e w1er w2i w2ir w2e w2er w3 w3a"
+ONLY="w1i w1ir w1e w1er w2i w2ir w2e w2er w3 w3a w4"
 PEERS="user tuned"
 OUT=""
 EXTRAS=1
@@ -122,6 +123,7 @@ workload_args() {
     w2i|w2ir) echo "w2 --model implicit" ;;
     w2e|w2er) echo "w2 --model explicit" ;;
     w3|w3a) echo "w3" ;;
+    w4) echo "w4" ;;
     *) echo "compare.sh: unknown workload key $1" >&2; exit 2 ;;
   esac
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The workloads of bench/SPEC.md in PyTorch: the peer `stillpoint bench` is compared with.
 
-    /usr/bin/python3 bench/torch_peer.py w1|w2|w3 [--model implicit|explicit] [--iters K]
+    /usr/bin/python3 bench/torch_peer.py w1|w2|w3|w4 [--model implicit|explicit] [--iters K]
         [--threads 2] [--steps 20] [--warmup 3] [--json] [--weights FILE] [--dtype float32]
         [--zero-state full|row] [--record-last]
     /usr/bin/python3 bench/torch_peer.py export FILE
@@ -11,7 +11,9 @@ runs under torch.no_grad(), then f is evaluated once more with the tape on at z*
 requires grad); a hook on that result solves the adjoint equation w = g + J^T w by plain
 fixed-point iteration, each iteration one torch.autograd.grad VJP through the recorded f, and
 returns w, which autograd then pushes through f into the parameters and the injection. The
-explicit model is ordinary autograd through 6 cells. The optimizer is torch.optim.AdamW.
+explicit model is ordinary autograd through 6 cells. W4 (EnergyModel) solves its EM map the
+same way: 16 plain iterations under no_grad, one recorded evaluation at v*, and a hook that runs
+16 adjoint VJPs. The optimizer is torch.optim.AdamW.
 
 Two options make the peer do the work stillpoint does, so that the two sides' per-op speed can be
 told apart from work stillpoint skips: --zero-state row computes the attention of a cell at z = 0
@@ -104,6 +106,48 @@ def init_params(cfg, kind, dtype, seed):
             else:
                 p[name] = uniform(d, (d, d))
     return {k: v.to(dtype).requires_grad_() for k, v in p.items()}
+
+
+def init_energy_params(cfg, dtype, seed):
+    """W4's parameters, named as stillpoint's energy kind names them (block.layer.* is the
+    probabilistic attention, block.norm its input layer norm), W as [in, out], initialised as
+    init_params does. The precisions are constants: log alpha = log(1/sqrt(dh)),
+    log beta = log(1/dh)."""
+    gen = torch.Generator().manual_seed(seed)
+    V, T, d, hidden, heads = cfg["V"], cfg["T"], cfg["d"], cfg["hidden"], cfg["heads"]
+    dh = d // heads
+
+    def uniform(fan_in, shape):
+        bound = 1.0 / math.sqrt(fan_in)
+        return (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1) * bound
+
+    p = {
+        "tok_emb": torch.randn(V, d, generator=gen, dtype=torch.float64),
+        "pos_emb": torch.randn(T, d, generator=gen, dtype=torch.float64),
+        "lnf.gain": torch.ones(d, dtype=torch.float64),
+        "lnf.bias": torch.zeros(d, dtype=torch.float64),
+        "out.weight": uniform(d, (d, V)),
+        "out.bias": torch.zeros(V, dtype=torch.float64),
+        "block.layer.log_query_precision": torch.full((heads,), math.log(1 / math.sqrt(dh)),
+                                                      dtype=torch.float64),
+        "block.layer.log_value_precision": torch.full((heads,), math.log(1 / dh),
+                                                      dtype=torch.float64),
+    }
+    for name in ("wq", "wk", "wv", "wo"):
+        p[f"block.layer.{name}.weight"] = uniform(d, (d, d))
+        p[f"block.layer.{name}.bias"] = uniform(d, (d,))
+    p.update({
+        "block.norm.gain": torch.ones(d, dtype=torch.float64),
+        "block.norm.bias": torch.zeros(d, dtype=torch.float64),
+        "ffn_ln.gain": torch.ones(d, dtype=torch.float64),
+        "ffn_ln.bias": torch.zeros(d, dtype=torch.float64),
+        "ffn.fc1.weight": uniform(d, (d, hidden)),
+        "ffn.fc1.bias": torch.zeros(hidden, dtype=torch.float64),
+        "ffn.fc2.weight": uniform(hidden, (hidden, d)),
+        "ffn.fc2.bias": torch.zeros(d, dtype=torch.float64),
+    })
+    constant = ("block.layer.log_query_precision", "block.layer.log_value_precision")
+    return {k: v.to(dtype).requires_grad_(k not in constant) for k, v in p.items()}
 
 
 def reversal_batch(cfg, seed):
@@ -258,8 +302,75 @@ class Model:
         return F.cross_entropy(logits.reshape(-1, self.cfg["V"]), y.reshape(-1))
 
 
+class EnergyModel:
+    """W4: e = E[x] + P[t]; a = LN(e); per head q, k, m; the EM map
+    F(v) = softmax(alpha q k^T + beta v m^T) m from v0 = softmax(alpha q k^T) m, exactly `iters`
+    plain iterations without a graph, then one recorded F(v*); the adjoint w = g + J^T w by
+    exactly `iters` VJPs (a hook, as the implicit W1 model); y = e + concat(o) Wo + bo;
+    y2 = y + FFN(LN(y)); logits = LN(y2) Wout + bout."""
+
+    def __init__(self, cfg, params, iters):
+        self.cfg, self.p, self.iters = cfg, params, iters
+
+    def encode(self, x):
+        cfg, p = self.cfg, self.p
+        B, T = x.shape
+        d, heads = cfg["d"], cfg["heads"]
+        dh = d // heads
+        e = p["tok_emb"][x] + p["pos_emb"][:T]
+        a = F.layer_norm(e, (d,), p["block.norm.gain"], p["block.norm.bias"], 1e-5)
+
+        def project(name):
+            return linear(a, p[f"block.layer.{name}.weight"], p[f"block.layer.{name}.bias"]) \
+                .view(B, T, heads, dh).transpose(1, 2)
+
+        q, k, m = project("wq"), project("wk"), project("wv")
+        alpha = p["block.layer.log_query_precision"].detach().exp().view(1, heads, 1, 1)
+        beta = p["block.layer.log_value_precision"].detach().exp().view(1, heads, 1, 1)
+        scores = alpha * torch.matmul(q, k.transpose(-1, -2))  # fixed across iterations
+
+        def em(v, scores, m):
+            logits = scores + beta * torch.matmul(v, m.transpose(-1, -2))
+            return torch.matmul(torch.softmax(logits, dim=-1), m)
+
+        with torch.no_grad():
+            v = torch.matmul(torch.softmax(scores, dim=-1), m)
+            for _ in range(self.iters):
+                v = em(v, scores, m)
+        v_star = v.requires_grad_() if torch.is_grad_enabled() else v
+        o = em(v_star, scores, m)  # the one recorded evaluation
+        if o.requires_grad:
+            iters = self.iters
+            held = [o, v_star]
+
+            def adjoint(g):
+                f, z, handle = held
+                held.clear()
+                handle.remove()
+                w = g
+                for _ in range(iters):
+                    w = torch.autograd.grad(f, z, w, retain_graph=True)[0] + g
+                return w
+
+            held.append(o.register_hook(adjoint))
+        merged = o.transpose(1, 2).reshape(B, T, d)
+        y = e + linear(merged, p["block.layer.wo.weight"], p["block.layer.wo.bias"])
+        h = F.layer_norm(y, (d,), p["ffn_ln.gain"], p["ffn_ln.bias"], 1e-5)
+        ff = linear(F.gelu(linear(h, p["ffn.fc1.weight"], p["ffn.fc1.bias"]), approximate="tanh"),
+                    p["ffn.fc2.weight"], p["ffn.fc2.bias"])
+        return y + ff
+
+    def loss(self, x, y):
+        p, d = self.p, self.cfg["d"]
+        z = F.layer_norm(self.encode(x), (d,), p["lnf.gain"], p["lnf.bias"], 1e-5)
+        logits = linear(z, p["out.weight"], p["out.bias"])
+        return F.cross_entropy(logits.reshape(-1, self.cfg["V"]), y.reshape(-1))
+
+
 def make_optimizer(params):
-    # As stillpoint's AdamW: no weight decay on biases and layer-norm gains.
+    # As stillpoint's AdamW: no weight decay on biases and layer-norm gains; constants (W4's
+    # precisions) are not optimised.
+    params = {k: v for k, v in params.items() if v.requires_grad}
     decay = [v for k, v in params.items() if not k.endswith((".bias", ".gain"))]
     no_decay = [v for k, v in params.items() if k.endswith((".bias", ".gain"))]
     return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
@@ -300,6 +411,17 @@ def step_flops(cfg, kind, iters, zero_state_row=False, record_last=False):
 
 
 # ---------------------------------------------------------------- W3
+
+def energy_step_flops(cfg, iters):
+    """TransformerStepFlops of bench_command.cc for W4."""
+    bt = cfg["B"] * cfg["T"]
+    d = cfg["d"]
+    feed_forward = 4.0 * bt * d * cfg["hidden"]
+    projections = 8.0 * bt * d * d
+    em = 4.0 * bt * cfg["T"] * d
+    head = 6.0 * bt * d * cfg["V"]
+    return 3 * projections + em + (iters + 1) * em + iters * em + 2 * em + 3 * feed_forward + head
+
 
 def retrieval_data(dtype, seed):
     gen = torch.Generator().manual_seed(seed)
@@ -449,23 +571,31 @@ def load_weights(path, kind, dtype):
     c = data["config"]
     cfg = dict(V=c["V"], B=c["B"], T=c["T"], d=c["d"], heads=c["heads"], hidden=c["hidden"],
                layers=data["explicit"]["n_layers"] if kind == "explicit" else 1)
+    constant = ("block.layer.log_query_precision", "block.layer.log_value_precision")
     params = {k: torch.tensor(v["data"], dtype=torch.float64).view(v["shape"]).to(dtype)
-              .requires_grad_() for k, v in data[kind]["params"].items()}
+              .requires_grad_(k not in constant) for k, v in data[kind]["params"].items()}
     x = torch.tensor(data["x"], dtype=torch.long)
     y = torch.tensor(data["y"], dtype=torch.long)
     return cfg, params, x, y
 
 
+def make_model(cfg, kind, params, iters, zero_state_row=False, record_last=False):
+    if kind == "energy":
+        return EnergyModel(cfg, params, iters)
+    return Model(cfg, kind, params, iters, zero_state_row, record_last)
+
+
 def run_transformer(args, dtype):
-    kind = args.model or "implicit"
+    kind = "energy" if args.workload == "w4" else args.model or "implicit"
     iters = args.iters or 16
     if args.weights:
         cfg, params, x, y = load_weights(args.weights, kind, dtype)
     else:
-        cfg = W1 if args.workload == "w1" else W2
-        params = init_params(cfg, kind, dtype, args.seed)
+        cfg = W2 if args.workload == "w2" else W1
+        params = (init_energy_params(cfg, dtype, args.seed) if kind == "energy"
+                  else init_params(cfg, kind, dtype, args.seed))
         x, y = reversal_batch(cfg, args.seed)
-    model = Model(cfg, kind, params, iters, args.zero_state == "row", args.record_last)
+    model = make_model(cfg, kind, params, iters, args.zero_state == "row", args.record_last)
     optimizer = make_optimizer(params)
     losses, seconds, cpu = [], [], []
     for i in range(args.warmup + args.steps):
@@ -477,7 +607,8 @@ def run_transformer(args, dtype):
             seconds.append(elapsed)
             cpu.append(time.process_time() - cpu_start)
     return {"model": kind, "iters": iters, "seconds": seconds, "cpu": cpu,
-            "flops": step_flops(cfg, kind, iters, args.zero_state == "row", args.record_last),
+            "flops": (energy_step_flops(cfg, iters) if kind == "energy" else
+                      step_flops(cfg, kind, iters, args.zero_state == "row", args.record_last)),
             "loss_first": losses[0],
             "loss_after_one_step": losses[1] if len(losses) > 1 else None,
             "loss_last": losses[-1]}
@@ -515,8 +646,9 @@ def export(path, seed):
                      "(Anderson and the adjoint iteration for exactly 16 iterations).",
             "config": {k: cfg[k] for k in ("V", "T", "B", "d", "heads", "hidden")},
             "x": x.tolist(), "y": y.tolist(), "peer": {}}
-    for kind in ("implicit", "explicit"):
-        params = init_params(cfg, kind, torch.float64, seed)
+    for kind in ("implicit", "explicit", "energy"):
+        params = (init_energy_params(cfg, torch.float64, seed) if kind == "energy"
+                  else init_params(cfg, kind, torch.float64, seed))
         data[kind] = {"params": {k: {"shape": list(v.shape),
                                      "data": v.detach().reshape(-1).tolist()}
                                  for k, v in params.items()}}
@@ -524,10 +656,10 @@ def export(path, seed):
             data[kind]["n_layers"] = cfg["layers"]
     with open(path, "w") as f:
         json.dump(data, f)
-    for kind in ("implicit", "explicit"):
+    for kind in ("implicit", "explicit", "energy"):
         for dtype_name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
             _, params, xx, yy = load_weights(path, kind, dtype)
-            model = Model(cfg, kind, params, 16)
+            model = make_model(cfg, kind, params, 16)
             optimizer = make_optimizer(params)
             first = step(model, optimizer, xx, yy)
             after = step(model, optimizer, xx, yy)
@@ -540,9 +672,9 @@ def export(path, seed):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("workload", choices=["w1", "w2", "w3", "export"])
+    parser.add_argument("workload", choices=["w1", "w2", "w3", "w4", "export"])
     parser.add_argument("path", nargs="?", help="export: the file to write")
-    parser.add_argument("--model", choices=["implicit", "explicit"])
+    parser.add_argument("--model", choices=["implicit", "explicit", "energy"])
     parser.add_argument("--iters", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
@@ -566,6 +698,8 @@ def main():
     args = parser.parse_args()
     if args.iters < 0 or args.threads < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("--iters >= 0, --threads >= 1, --steps >= 1 and --warmup >= 0 are required")
+    if args.workload == "w4" and args.model not in (None, "energy"):
+        parser.error("w4 is the energy-attention model; --model does not apply")
     if args.record_last and args.model == "explicit":
         parser.error("--record-last applies to the implicit model only")
     torch.set_num_threads(args.threads)

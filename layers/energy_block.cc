@@ -111,6 +111,8 @@ class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
                              options.value_precision =
                                  o.value_precision / static_cast<double>(o.dim / o.heads);
                              options.key_adaptation = o.key_adaptation;
+                             options.projection_bias = o.projection_bias;
+                             options.learn_precisions = o.learn_precisions;
                              options.causal = o.causal;
                              options.dtype = o.dtype;
                              return options;

@@ -128,6 +128,11 @@ struct EnergyBlockOptions {
   // mixture's components.
   ExpFamMeasure measure = ExpFamMeasure::kDiscrete;
   int64_t components = 4;
+  // probabilistic: biases on the projections W_Q, W_K, W_V, W_O, and whether
+  // the precisions alpha and beta_v are learned (false: constants at their
+  // initial values, as in bench/SPEC.md W4). Library options, not config keys.
+  bool projection_bias = false;
+  bool learn_precisions = true;
   // Autoregressive masking of the attention (every block).
   bool causal = false;
   DType dtype = DType::kFloat32;

@@ -248,7 +248,7 @@ BenchReport RunRetrievalBench(const BenchArgs& args, int iterations, DType dtype
 // The shapes of a W1 or W2 run: the exported model's, or the workload's.
 TransformerShapes ShapesOf(const BenchArgs& args, const WeightsExport* weights) {
   if (weights != nullptr) return weights->shapes;
-  return args.workload == "w1" ? W1Shapes() : W2Shapes();
+  return args.workload == "w2" ? W2Shapes() : W1Shapes();  // W4 has W1's shapes
 }
 
 BenchReport RunTransformerBench(const BenchArgs& args,
@@ -381,6 +381,23 @@ ModelOptions BenchModelOptions(
   backward.max_iterations = iterations;
   backward.tolerance = 0.0;
   backward.warm_start = false;
+
+  if (kind == ModelKind::kEnergy) {
+    // W4: the probabilistic-attention block with constant precisions
+    // alpha = 1/sqrt(dh) (beta 0: the default) and beta = 1/dh
+    // (value_precision 1), biases on its projections, plain EM.
+    EnergyBlockOptions& block = options.energy;
+    block.layer = "probabilistic";
+    block.dim = shapes.dim;
+    block.heads = shapes.heads;
+    block.beta = 0.0;
+    block.value_precision = 1.0;
+    block.normalize_input = true;
+    block.projection_bias = true;
+    block.learn_precisions = false;
+    block.dtype = dtype;
+    forward.type = ForwardSolverType::kPicard;
+  }
   return options;
 }
 
@@ -415,6 +432,19 @@ double TransformerStepFlops(const TransformerShapes& s, ModelKind kind, int iter
   // block alone (DEQCell::Forward on a zero state); its last, at z*, is the
   // recorded one (SolveImplicit), so there are K full evaluations.
   const double k = static_cast<double>(iterations);
+  if (kind == ModelKind::kEnergy) {
+    // W4. An EM map F(v) is two products per head, beta v m^T and w m
+    // (4 B T T d in all), its VJP in v two more; the scores alpha q k^T and
+    // the start v0 = softmax(alpha q k^T) m are computed once; the recorded
+    // F(v*) and its VJP into q, k and m (two products for m, two for the
+    // scores) once. The four projections are 8 B T d^2 forward and twice
+    // that backward, the feed-forward sublayer likewise.
+    const double projections = 8.0 * bt * d * d;
+    const double em = attention;
+    const double scores_and_start = em;  // alpha q k^T and softmax(.) m: two products
+    return 3.0 * projections + scores_and_start + (k + 1.0) * em + k * em + 2.0 * em +
+           3.0 * feed_forward + head;
+  }
   return k * cell + feed_forward + k * vjp_state + vjp_all + head;
 }
 
@@ -471,8 +501,9 @@ std::vector<int64_t> ReadIdRows(const YAML::Node& rows,
 }  // namespace
 
 WeightsExport LoadWeightsExport(const std::string& path, ModelKind kind) {
-  SP_CHECK(kind == ModelKind::kImplicit || kind == ModelKind::kExplicit,
-           "LoadWeightsExport: only implicit and explicit models are exported");
+  SP_CHECK(kind == ModelKind::kImplicit || kind == ModelKind::kExplicit ||
+               kind == ModelKind::kEnergy,
+           "LoadWeightsExport: only implicit, explicit and energy (W4) models are exported");
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -507,7 +538,7 @@ WeightsExport LoadWeightsExport(const std::string& path, ModelKind kind) {
                path, ": token ids and targets must lie in [0, V = ", shapes.vocab_size, ")");
     }
 
-    const char* section_name = kind == ModelKind::kImplicit ? "implicit" : "explicit";
+    const char* section_name = ToString(kind);
     const YAML::Node section = root[section_name];
     SP_CHECK(section && section["params"] && section["params"].IsMap(), path, ": no \"",
              section_name, ".params\" object");
@@ -569,10 +600,15 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
   int iterations = 0;
   WeightsExport weights;
   try {
-    const bool transformer = args.workload == "w1" || args.workload == "w2";
+    const bool transformer =
+        args.workload == "w1" || args.workload == "w2" || args.workload == "w4";
     SP_CHECK(transformer || args.workload == "w3", "bench: unknown workload '", args.workload,
-             "' (expected w1, w2 or w3)");
-    if (transformer) {
+             "' (expected w1, w2, w3 or w4)");
+    if (args.workload == "w4") {
+      kind = ModelKind::kEnergy;
+      SP_CHECK(args.model.empty() || args.model == "energy",
+               "--model: w4 is the energy-attention model (energy), got '", args.model, "'");
+    } else if (transformer) {
       const std::string model = args.model.empty() ? "implicit" : args.model;
       SP_CHECK(StringToModelKind(model, &kind) &&
                    (kind == ModelKind::kImplicit || kind == ModelKind::kExplicit),

@@ -1,6 +1,6 @@
 // `stillpoint bench`: the reference workloads of bench/SPEC.md, timed.
 //
-//   stillpoint bench w1|w2|w3 [--model implicit|explicit] [--iters K]
+//   stillpoint bench w1|w2|w3|w4 [--model implicit|explicit] [--iters K]
 //                   [--threads N] [--shards S] [--steps 20] [--warmup 3]
 //                   [--json] [--weights FILE] [--dtype float32|float64]
 //
@@ -18,6 +18,12 @@
 //   that run forward and backward side by side on replicas of the model
 //   (training/data_parallel.h): the threads then meet once per step instead
 //   of at every op. S changes the step's rounding, not its arithmetic.
+// W4: the energy-attention step of bench/SPEC.md: W1's data and shapes, a
+//   probabilistic-attention block (ModelKind::kEnergy, constant precisions
+//   alpha = 1/sqrt(dh), beta = 1/dh, biased projections) solved by exactly
+//   K = 16 plain EM iterations after v0 (Picard, tolerance 0), the IFT
+//   backward with exactly K fixed-point adjoint iterations, then the
+//   pre-norm feed-forward sublayer and the head.
 // W3: Hopfield retrieval of 1024 corrupted patterns (forward only, Picard to
 //   a relative residual of 1e-6, at most K = 32 iterations, per-query exit).
 //
@@ -52,7 +58,7 @@
 namespace stillpoint {
 
 struct BenchArgs {
-  std::string workload;   // "w1", "w2" or "w3"
+  std::string workload;   // "w1", "w2", "w3" or "w4"
   std::string model;      // "implicit" or "explicit" (W1, W2); empty: implicit
   int64_t iterations = 0;  // 0: the workload's (16 for W1/W2, 32 for W3)
   int threads = 2;
@@ -86,7 +92,7 @@ struct TransformerShapes {
   int64_t hidden = 128;  // feed-forward width
   int64_t num_layers = 6;  // explicit model
 };
-// bench/SPEC.md W1 (B 32, T 32) and W2 (B 8, T 256).
+// bench/SPEC.md W1 (B 32, T 32; also W4's) and W2 (B 8, T 256).
 TransformerShapes W1Shapes();
 TransformerShapes W2Shapes();
 
@@ -101,7 +107,7 @@ TokenBatch ReversalBatch(const TransformerShapes& shapes, uint64_t seed);
 
 // The model of the workload: cell "deq_transformer"; for kImplicit the
 // solver settings described at the top with `iterations` forward and adjoint
-// iterations.
+// iterations; kEnergy is W4 (its block and plain EM, the same adjoint).
 ModelOptions BenchModelOptions(const TransformerShapes& shapes, ModelKind kind, int iterations,
                                DType dtype, uint64_t seed);
 // AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.

@@ -88,8 +88,9 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   CLI::App* bench_cmd = app.add_subcommand(
-      "bench", "Time a workload of bench/SPEC.md (w1, w2: training steps; w3: retrieval)");
-  bench_cmd->add_option("workload", bench.workload, "w1, w2 or w3")->required();
+      "bench",
+      "Time a workload of bench/SPEC.md (w1, w2, w4: training steps; w3: retrieval)");
+  bench_cmd->add_option("workload", bench.workload, "w1, w2, w3 or w4")->required();
   bench_cmd->add_option("--model", bench.model, "implicit (default) or explicit (w1, w2)");
   bench_cmd->add_option("--iters", bench.iterations,
                         "Forward and adjoint iterations (default 16; w3: at most, default 32)");

@@ -6,6 +6,10 @@
 //     the loss after one AdamW step match values computed here independently:
 //     a plain-loop float64 forward of the model, the reference's exact
 //     implicit gradients and a hand-written first AdamW step;
+//   - W4 (the energy-attention step) runs exactly 16 EM and 16 adjoint
+//     iterations with constant precisions, and on tests/data/peer_tiny.json
+//     (written by bench/torch_peer.py export) W1 implicit, W1 explicit and W4
+//     reproduce the PyTorch peer's losses from the same weights;
 //   - --scaling alternates 1-thread and multi-thread steps of one training;
 //   - bad arguments exit with 2 before any work.
 #include "training/bench_command.h"
@@ -243,6 +247,75 @@ BenchArgs TinyArgs(const std::string& model) {
   return args;
 }
 
+TEST(BenchCommandTest, W4StepRunsExactly16EmAnd16AdjointIterationsWithConstantPrecisions) {
+  ScopedNumThreads threads(2);
+  const TransformerShapes shapes = W1Shapes();
+  TransformerBench bench(BenchModelOptions(shapes, ModelKind::kEnergy, 16, DType::kFloat32, 0),
+                         ReversalBatch(shapes, 0));
+  const auto named = bench.model().named_parameters();
+  auto value_of = [&](const std::string& name) {
+    for (const auto& [n, v] : named) {
+      if (n == name) return v.value().Clone();
+    }
+    ADD_FAILURE() << "no parameter " << name;
+    return Tensor();
+  };
+  const Tensor alpha_before = value_of("block.layer.log_query_precision");
+  const Tensor beta_before = value_of("block.layer.log_value_precision");
+  const Tensor wq_before = value_of("block.layer.wq.weight");
+  EXPECT_NEAR(std::exp(alpha_before.at(0)), 0.25, 1e-7);        // 1/sqrt(16)
+  EXPECT_NEAR(std::exp(beta_before.at(0)), 1.0 / 16.0, 1e-8);  // 1/dh
+  bench.Step();
+  EXPECT_EQ(MaxAbsDiff(alpha_before, value_of("block.layer.log_query_precision")), 0.0);
+  EXPECT_EQ(MaxAbsDiff(beta_before, value_of("block.layer.log_value_precision")), 0.0);
+  EXPECT_GT(MaxAbsDiff(wq_before, value_of("block.layer.wq.weight")), 0.0);
+
+  const Implicit* implicit = bench.model().implicit();
+  ASSERT_NE(implicit, nullptr);
+  const SolverSummary& forward = implicit->forward_summary();
+  EXPECT_EQ(forward.solver_type, ForwardSolverType::kPicard);
+  ASSERT_EQ(forward.sample_iterations.size(), static_cast<size_t>(shapes.batch));
+  for (int iterations : forward.sample_iterations) EXPECT_EQ(iterations, 16);
+  ASSERT_NE(implicit->backward_summary(), nullptr);
+  const AdjointSummary& adjoint = *implicit->backward_summary();
+  EXPECT_EQ(adjoint.solver, AdjointSolverType::kFixedPoint);
+  EXPECT_EQ(adjoint.vjp_evaluations, 16) << adjoint.FullReport();
+  // Once the adjoint residual reaches float32's noise floor (about 4e-9
+  // here, from the tenth iteration) the solver keeps its best iterate, which
+  // can be the one before the last: 15 or 16 per sample, 16 VJPs in all.
+  for (int iterations : adjoint.sample_iterations) {
+    EXPECT_GE(iterations, 15) << adjoint.FullReport();
+    EXPECT_LE(iterations, 16) << adjoint.FullReport();
+  }
+}
+
+// The losses of the first step and after one AdamW step from the weights
+// bench/torch_peer.py exported, against the peer's own (its "peer" section):
+// float64 to 1e-12, float32 to 1e-6 (SPEC's loss agreement).
+TEST(BenchCommandTest, ReproducesThePyTorchPeersLossesFromTheSameWeights) {
+  const std::string path = STILLPOINT_SOURCE_DIR "/tests/data/peer_tiny.json";
+  const YAML::Node peer = YAML::LoadFile(path)["peer"];
+  ASSERT_TRUE(peer) << path << " has no peer section";
+  for (const auto& [workload, model] : std::vector<std::pair<std::string, std::string>>{
+           {"w1", "implicit"}, {"w1", "explicit"}, {"w4", ""}}) {
+    for (const std::string dtype : {"float64", "float32"}) {
+      BenchArgs args = TinyArgs(model);
+      args.workload = workload;
+      args.weights_path = path;
+      args.dtype = dtype;
+      const CommandResult result = RunCommand(args);
+      ASSERT_EQ(result.code, 0) << result.err;
+      const std::string key = (model.empty() ? "energy" : model) + "_" + dtype;
+      const double tolerance = dtype == "float64" ? 1e-12 : 1e-6;
+      SCOPED_TRACE(key);
+      EXPECT_NEAR(result.json["loss_first"].as<double>(),
+                  peer[key]["loss_first"].as<double>(), tolerance);
+      EXPECT_NEAR(result.json["loss_after_one_step"].as<double>(),
+                  peer[key]["loss_after_one_step"].as<double>(), tolerance);
+    }
+  }
+}
+
 TEST(BenchCommandTest, W1ImplicitStepRunsExactly16ForwardAnd16AdjointIterations) {
   ScopedNumThreads threads(2);
   const TransformerShapes shapes = W1Shapes();
@@ -408,7 +481,7 @@ TEST(BenchCommandTest, BadArgumentsExitWithTwoBeforeAnyWork) {
   BenchArgs good;
   good.workload = "w1";
   BenchArgs args = good;
-  args.workload = "w4";
+  args.workload = "w5";
   expect_bad(args, "unknown workload");
   args = good;
   args.model = "tied";
@@ -434,6 +507,10 @@ TEST(BenchCommandTest, BadArgumentsExitWithTwoBeforeAnyWork) {
   args = good;
   args.workload = "w3";
   args.model = "explicit";
+  expect_bad(args, "--model");
+  args = good;
+  args.workload = "w4";
+  args.model = "implicit";
   expect_bad(args, "--model");
   args = good;
   args.scaling = true;
