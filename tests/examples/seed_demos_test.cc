@@ -117,8 +117,9 @@ TEST_F(SeedDemosTest, LayerNormEquilibriumConvergesAtTheEigenvalueRatio) {
   ASSERT_EQ(rows.size(), 41u);
   // The covariance collapses onto one direction: its top eigenvalue takes
   // all the variance at the end, not at the start.
-  EXPECT_LT(rows.front()[2] / (rows.front()[2] + rows.front()[3]), 0.9);
-  EXPECT_GT(rows.back()[2] / (rows.back()[2] + rows.back()[3]), 0.999);
+  // Columns: iteration, mean_norm, mean_1..8, eigenvalue_1..8, ...
+  EXPECT_LT(rows.front()[10] / (rows.front()[10] + rows.front()[11]), 0.9);
+  EXPECT_GT(rows.back()[10] / (rows.back()[10] + rows.back()[11]), 0.999);
 }
 
 // Seed 004 (M1-M3): clamping labels propagates to the positions not clamped,
@@ -184,6 +185,20 @@ TEST_F(SeedDemosTest, CorrectionImprovesUnclampedAndShiftedAccuracy) {
   EXPECT_NEAR(h["ln_rate_measured"].as<double>(), h["ln_rate_predicted"].as<double>(), 0.05);
 }
 
+// The same measurement on a small trained implicit (DEQ-cell) model.
+TEST_F(SeedDemosTest, TrainedImplicitModelContractsAtItsJacobianRadius) {
+  const std::string run = (dir_ / "implicit_run").string();
+  ASSERT_EQ(Run({"train", std::string(STILLPOINT_SOURCE_DIR) + "/tests/data/progress_tiny.yaml",
+                 "log.dir=" + run, "log.progress=none", "model.kind=implicit", "train.steps=30"}),
+            0)
+      << err_;
+  ASSERT_EQ(Run({"demo", "hidden-state", "--run", run, "--out", (dir_ / "hs").string()}), 0)
+      << err_;
+  const YAML::Node h = Summary("hs");
+  EXPECT_NEAR(h["ln_rate_measured"].as<double>(), h["ln_rate_predicted"].as<double>(), 0.05);
+  EXPECT_LT(h["ln_rate_predicted"].as<double>(), 1.0);
+}
+
 TEST_F(SeedDemosTest, BadInputExitsWithTwoAndNamesTheCulprit) {
   const std::string out = (dir_ / "x").string();
   EXPECT_EQ(Run({"demo", "exchangable", "--out", out}), 2);
@@ -199,6 +214,11 @@ TEST_F(SeedDemosTest, BadInputExitsWithTwoAndNamesTheCulprit) {
   EXPECT_EQ(Run({"demo", "correction", "--out", out, "--observation-accuracy", "0.1"}), 2);
   EXPECT_NE(err_.find("--observation-accuracy"), std::string::npos) << err_;
   EXPECT_FALSE(fs::exists(out)) << "no output for bad input";
+
+  const fs::path file = dir_ / "a_file";
+  std::ofstream(file) << "not a directory\n";
+  EXPECT_EQ(Run({"demo", "hidden-state", "--out", file.string()}), 2);
+  EXPECT_NE(err_.find(file.string()), std::string::npos) << err_;
 
   const std::string missing = (dir_ / "no_such_run").string();
   EXPECT_EQ(Run({"demo", "hidden-state", "--out", out, "--run", missing}), 2);

@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "framework/check.h"
+#include "training/config.h"
 #include "training/metrics.h"
 
 namespace stillpoint {
@@ -50,11 +51,13 @@ std::string DemoSummary::ToJson() const {
 }
 
 void PrepareDemoDirectory(const std::string& dir) {
-  SP_CHECK(!dir.empty(), "--out must name a directory");
+  if (dir.empty()) throw ConfigError("--out must name a directory");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  SP_CHECK(!ec && std::filesystem::is_directory(dir), "cannot create the output directory '", dir,
-           "'", ec ? ": " + ec.message() : std::string());
+  if (ec || !std::filesystem::is_directory(dir)) {
+    throw ConfigError("--out: cannot create the output directory '" + dir + "'" +
+                      (ec ? ": " + ec.message() : std::string()));
+  }
 }
 
 LineFit FitLine(const std::vector<double>& x, const std::vector<double>& y) {

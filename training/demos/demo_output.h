@@ -31,8 +31,8 @@ class DemoSummary {
   std::vector<std::pair<std::string, std::string>> fields_;  // name, JSON text
 };
 
-// Creates dir (and parents); throws an Error naming it when it cannot, or
-// when it exists and is not a directory.
+// Creates dir (and parents); throws a ConfigError (bad input) naming it
+// when it cannot, or when it exists and is not a directory.
 void PrepareDemoDirectory(const std::string& dir);
 
 // Least-squares slope and intercept of y against x.

@@ -37,6 +37,7 @@ Eigen::MatrixXd Rows(const Tensor& states, int64_t width) {
 // (descending), with the top eigenvector of the last iteration.
 struct Distribution {
   std::vector<double> mean_norm;
+  std::vector<std::vector<double>> mean;         // [iteration][k]
   std::vector<std::vector<double>> eigenvalues;  // [iteration][k]
   Eigen::VectorXd top_eigenvector;
 };
@@ -52,6 +53,7 @@ Distribution Describe(const std::vector<Eigen::MatrixXd>& iterates) {
                                eig.eigenvalues().data() + eig.eigenvalues().size());
     std::reverse(values.begin(), values.end());
     d.mean_norm.push_back(mean.norm());
+    d.mean.emplace_back(mean.data(), mean.data() + mean.size());
     d.eigenvalues.push_back(values);
     d.top_eigenvector = eig.eigenvectors().col(eig.eigenvectors().cols() - 1);
   }
@@ -270,6 +272,11 @@ HiddenStateDemoResult RunHiddenStateDemo(const HiddenStateDemoOptions& o, std::o
   const std::size_t width = d.eigenvalues.front().size();
   const std::size_t shown = std::min<std::size_t>(width, 8);
   std::vector<PlotSeries> spectrum;
+  for (std::size_t k = 0; k < shown; ++k) {
+    std::vector<double> column;
+    for (const std::vector<double>& m_t : d.mean) column.push_back(m_t[k]);
+    table.Add("mean_" + std::to_string(k + 1), column);
+  }
   for (std::size_t k = 0; k < shown; ++k) {
     std::vector<double> column;
     for (const std::vector<double>& e : d.eigenvalues) column.push_back(e[k]);

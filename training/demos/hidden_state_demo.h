@@ -25,8 +25,10 @@
 // iterate. The hidden states are the tokens' rows (implicit: z [B, T, d];
 // energy: the per-head values, concatenated).
 //
-// Writes hidden_state.csv (per iteration: mean norm, covariance
-// eigenvalues, top-eigenvector alignment, residual), spectrum.svg,
+// Writes hidden_state.csv (per iteration: the mean state's norm and its
+// first 8 components, the first 8 covariance eigenvalues, the alignment
+// with the top eigenvector, the median tangent to it, the residual),
+// spectrum.svg,
 // convergence.svg and summary.json with ln_rate_measured and
 // ln_rate_predicted (and, without a run, lambda_1, lambda_2,
 // jacobian_radius).
