@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "training/cli_commands.h"
 #include "training/config.h"
 #include "training/demos/correction_demo.h"
 #include "training/demos/exchangeable_demo.h"
@@ -17,29 +18,17 @@ namespace stillpoint {
 namespace {
 
 constexpr int kOk = 0;
-constexpr int kRuntimeFailure = 1;
 constexpr int kBadInput = 2;
 
 // check: option validation (any error is bad input); work: a ConfigError
-// (an unusable run or input) is bad input, anything else a failure.
+// (an unusable run, input or output directory) is bad input, anything else
+// a failure.
 int Guard(std::ostream& err, const std::function<void()>& check,
           const std::function<void()>& work) {
-  try {
-    check();
-  } catch (const std::exception& e) {
-    err << "error: " << e.what() << "\n";
-    return kBadInput;
-  }
-  try {
+  return GuardedCommand(err, check, [&] {
     work();
-  } catch (const ConfigError& e) {
-    err << "error: " << e.what() << "\n";
-    return kBadInput;
-  } catch (const std::exception& e) {
-    err << "error: " << e.what() << "\n";
-    return kRuntimeFailure;
-  }
-  return kOk;
+    return kOk;
+  });
 }
 
 }  // namespace
