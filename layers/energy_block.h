@@ -92,7 +92,7 @@ struct EnergyBlockOptions {
   // 0 (the default): 1/sqrt(dh), dh = dim / heads, the scale of softmax
   // attention. Learnable in hopfield, expfam and probabilistic. Small values
   // make the fixed point the average of the stored patterns
-  // (energy-models.md §4.6).
+  // (docs/seeds.md D6).
   double beta = 0.0;
   // probabilistic: initial value precision times the head width,
   // beta_v = value_precision / dh (>= 0). The value term of the EM logits

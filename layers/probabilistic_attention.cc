@@ -321,8 +321,19 @@ Var ProbabilisticAttention::SplitHeads(const Var& x, int64_t head_width) const {
 }
 
 ProbabilisticProblem ProbabilisticAttention::Prepare(
-    const Var& x, const Var& context, const ProbabilisticAttentionInputs& inputs) const {
+    const Var& x, const Var& context, const ProbabilisticAttentionInputs& given) const {
   const ProbabilisticAttentionOptions& o = options_;
+  const KeyAdaptationOptions& key_adaptation =
+      test_time_ ? test_time_->key_adaptation : o.key_adaptation;
+  const ValueBeliefOptions& value_belief = test_time_ ? test_time_->value_belief : o.value_belief;
+  ProbabilisticAttentionInputs with_clamps;
+  if (test_time_ && !given.clamp_mask.defined() && test_time_->clamp_mask.defined()) {
+    with_clamps = given;
+    with_clamps.clamp_mask = test_time_->clamp_mask;
+    with_clamps.clamped_values = test_time_->clamped_values;
+  }
+  const ProbabilisticAttentionInputs& inputs =
+      with_clamps.clamp_mask.defined() ? with_clamps : given;
   const char* op = "ProbabilisticAttention";
   for (const Var* input : {&x, &context}) {
     SP_CHECK(input->defined() && input->rank() == 3 && input->dim(2) == o.dim &&
@@ -357,10 +368,10 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(
   };
 
   ProbabilisticProblem problem;
-  if (o.key_adaptation.iterations > 0) {
-    KeyAdaptationResult adapted = AdaptKeys(q, xi, alpha, with_magnitude(xi, mu), o.key_adaptation);
+  if (key_adaptation.iterations > 0) {
+    KeyAdaptationResult adapted = AdaptKeys(q, xi, alpha, with_magnitude(xi, mu), key_adaptation);
     xi = adapted.keys;
-    if (o.key_adaptation.adapt_precision) {
+    if (key_adaptation.adapt_precision) {
       alpha = adapted.key_precision;
       per_key_alpha = true;
     }
@@ -376,7 +387,7 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(
     problem.clamp_mask = inputs.clamp_mask;
     problem.clamped_values = SplitHeads(inputs.clamped_values, o.value_head_dim);
   }
-  if (o.value_belief.iterations > 0) {
+  if (value_belief.iterations > 0) {
     SP_CHECK(problem.clamp_mask.defined(), op,
              ": value belief propagation needs clamp_mask and clamped_values");
     SP_CHECK(num_queries == num_keys, op,
@@ -384,13 +395,13 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(
              num_keys);
     ValueBeliefResult belief =
         PropagateClampedValues(q, xi, alpha, mu, beta, with_magnitude(xi, mu),
-                               problem.clamped_values, problem.clamp_mask, o.value_belief);
+                               problem.clamped_values, problem.clamp_mask, value_belief);
     mu = belief.values;
-    if (o.value_belief.adapt_value_precision) {
+    if (value_belief.adapt_value_precision) {
       beta = belief.value_precision;
       per_key_beta = true;
     }
-    if (o.value_belief.adapt_mixing) {
+    if (value_belief.adapt_mixing) {
       base_log_prior = belief.log_prior;
       mixing_adapted = true;
     }

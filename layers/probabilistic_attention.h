@@ -1,6 +1,6 @@
 // Probabilistic attention (Movellan & Gabbur 2020, "Probabilistic
 // Transformers"): attention as inference in a Gaussian mixture. Equation
-// numbers refer to docs/energy-models.md section 2.4.
+// numbers are the seed's, as docs/seeds.md states them (seed 004).
 //
 // Every key unit j is a Gaussian over (query, value) pairs,
 //   p_j(q, v) = N(q; xi_j, alpha_j^-1 I_d) N(v; mu_j, beta_j^-1 I_dv),
@@ -236,6 +236,24 @@ class ProbabilisticAttention : public EnergyLayer {
   Var Responsibilities(const Var& v, const EnergyContext& ctx) const;
 
   const ProbabilisticAttentionOptions& options() const { return options_; }
+
+  // Inference-time corrections of a trained layer inside a model, whose
+  // forward reaches this layer only through its block's Prepare(x, x)
+  // (`stillpoint correct`, training/demos/correction_demo.h): while set,
+  // every Prepare uses these key-adaptation and value-belief options instead
+  // of the layer's own, and these clamps when its inputs carry none. Not part
+  // of the layer's parameters or options (never saved).
+  struct TestTimeInference {
+    KeyAdaptationOptions key_adaptation;
+    ValueBeliefOptions value_belief;
+    Tensor clamp_mask;   // [B, N] or undefined
+    Var clamped_values;  // [B, N, H * dv] with a clamp_mask
+  };
+  void SetTestTimeInference(const TestTimeInference& inference) const {
+    test_time_ = std::make_shared<TestTimeInference>(inference);
+  }
+  void ClearTestTimeInference() const { test_time_.reset(); }
+
   // alpha = exp(log alpha) and beta (exp(log beta), or zeros): [H].
   Var query_precision() const;
   Var value_precision() const;
@@ -248,6 +266,7 @@ class ProbabilisticAttention : public EnergyLayer {
   ProbabilisticAttentionOptions options_;
   Var log_query_precision_, log_value_precision_;  // the latter undefined for beta = 0
   std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
+  mutable std::shared_ptr<const TestTimeInference> test_time_;  // null: none
 };
 
 }  // namespace stillpoint

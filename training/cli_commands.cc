@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <ostream>
 
@@ -27,25 +28,6 @@ constexpr int kOk = 0;
 constexpr int kRuntimeFailure = 1;
 constexpr int kBadInput = 2;
 
-// Runs setup (bad input -> 2) and then work (failure -> 1).
-template <typename Setup, typename Work>
-int Guarded(std::ostream& err, Setup setup, Work work) {
-  try {
-    setup();
-  } catch (const std::exception& e) {
-    err << "error: " << e.what() << "\n";
-    return kBadInput;
-  }
-  try {
-    return work();
-  } catch (const ConfigError& e) {
-    err << "error: " << e.what() << "\n";
-    return kBadInput;
-  } catch (const std::exception& e) {
-    err << "error: " << e.what() << "\n";
-    return kRuntimeFailure;
-  }
-}
 
 // Exit code of a run stopped by a signal, as a shell reports one killed by it.
 int SignalExitCode(int signal_number) { return 128 + signal_number; }
@@ -90,6 +72,26 @@ std::string ResumeCommand(const TrainArgs& args, const std::string& run_dir) {
 
 }  // namespace
 
+int GuardedCommand(std::ostream& err,
+                   const std::function<void()>& setup,
+                   const std::function<int()>& work) {
+  try {
+    setup();
+  } catch (const std::exception& e) {
+    err << "error: " << e.what() << "\n";
+    return kBadInput;
+  }
+  try {
+    return work();
+  } catch (const ConfigError& e) {
+    err << "error: " << e.what() << "\n";
+    return kBadInput;
+  } catch (const std::exception& e) {
+    err << "error: " << e.what() << "\n";
+    return kRuntimeFailure;
+  }
+}
+
 // The build sets STILLPOINT_VERSION from project(... VERSION).
 #ifndef STILLPOINT_VERSION
 #define STILLPOINT_VERSION "unknown"
@@ -98,7 +100,7 @@ const char* StillpointVersion() { return STILLPOINT_VERSION; }
 
 int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err) {
   Experiment experiment;
-  return Guarded(
+  return GuardedCommand(
       err,
       [&] {
         SP_CHECK(args.stop_after_steps >= 0, "--stop-after must be >= 0 (0: no limit), got ",
@@ -148,7 +150,7 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
   Experiment experiment;
   CheckpointState state;
   std::string checkpoint_path;
-  return Guarded(
+  return GuardedCommand(
       err,
       [&] {
         SP_CHECK(args.iterations >= 0, "--iters must be >= 1 (0: as trained), got ",
@@ -227,7 +229,7 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
 
 int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err) {
   Config config;
-  return Guarded(
+  return GuardedCommand(
       err,
       [&] {
         config = Config::FromFile(StillpointSchema(), args.config_path, args.overrides);
@@ -255,7 +257,7 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err) {
 int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err) {
   Tensor patterns, queries;
   ForwardSolverOptions options = RetrievalSolverOptions();
-  return Guarded(
+  return GuardedCommand(
       err,
       [&] {
         DType dtype;

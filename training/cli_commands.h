@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -12,6 +13,13 @@
 namespace stillpoint {
 
 const char* StillpointVersion();
+
+// Runs setup, then work, and returns work's exit code; an exception from
+// setup, or a ConfigError from work, is bad input (2), any other exception
+// from work a runtime failure (1); either is printed to err as "error: ...".
+int GuardedCommand(std::ostream& err,
+                   const std::function<void()>& setup,
+                   const std::function<int()>& work);
 
 // With no log.dir in the config (and neither --resume nor --overwrite),
 // train and compare write into the first free directory of runs/<config

@@ -13,6 +13,7 @@
 #include "training/bench_command.h"
 #include "training/cli_commands.h"
 #include "training/config.h"
+#include "training/demos/demo_cli.h"
 
 
 int main(int argc, char** argv) {
@@ -116,6 +117,8 @@ int main(int argc, char** argv) {
       app.add_subcommand("config", "Print the configuration reference (every key)");
   config_cmd->add_flag("--doc", doc, "Markdown, as in docs/config.md");
 
+  const SeedDemoCommands seed_demos(app);  // demo, correct
+
   // A misspelt command would otherwise read as a stray argument, and CLI11
   // says only "A subcommand is required".
   if (argc >= 2 && argv[1][0] != '-') {
@@ -146,5 +149,6 @@ int main(int argc, char** argv) {
   if (*retrieve_cmd) return RunRetrieve(retrieve, std::cout, std::cerr);
   if (*bench_cmd) return RunBench(bench, std::cout, std::cerr);
   if (*config_cmd) return RunConfigDoc(std::cout);
+  if (seed_demos.Selected()) return seed_demos.Run(std::cout, std::cerr);
   return 2;
 }

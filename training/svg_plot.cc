@@ -69,16 +69,18 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
   const double left = 70, right = 160, top = 40, bottom = 50;
   const double plot_w = options.width - left - right, plot_h = options.height - top - bottom;
   auto ty = [&](double y) { return options.log_y ? std::log10(y) : y; };
+  auto tx = [&](double x) { return options.log_x ? std::log10(x) : x; };
   auto usable = [&](double x, double y) {
-    return std::isfinite(x) && std::isfinite(y) && (!options.log_y || y > 0);
+    return std::isfinite(x) && std::isfinite(y) && (!options.log_y || y > 0) &&
+           (!options.log_x || x > 0);
   };
   double x_min = std::numeric_limits<double>::infinity(), x_max = -x_min;
   double y_min = x_min, y_max = -x_min;
   for (const PlotSeries& s : series) {
     for (std::size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
       if (!usable(s.x[i], s.y[i])) continue;
-      x_min = std::min(x_min, s.x[i]);
-      x_max = std::max(x_max, s.x[i]);
+      x_min = std::min(x_min, tx(s.x[i]));
+      x_max = std::max(x_max, tx(s.x[i]));
       y_min = std::min(y_min, ty(s.y[i]));
       y_max = std::max(y_max, ty(s.y[i]));
     }
@@ -93,7 +95,9 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
   const double pad = 0.05 * (y_max - y_min);
   y_min -= pad;
   y_max += pad;
-  auto px = [&](double x) { return left + (x - x_min) / (x_max - x_min) * plot_w; };
+  auto px = [&](double x) { return left + (tx(x) - x_min) / (x_max - x_min) * plot_w; };
+  // A tick position t is already on the (possibly log) axis.
+  auto tick_x = [&](double t) { return left + (t - x_min) / (x_max - x_min) * plot_w; };
   auto py = [&](double y) { return top + (1 - (ty(y) - y_min) / (y_max - y_min)) * plot_h; };
 
   std::ostringstream svg;
@@ -106,9 +110,10 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
       << "font-size=\"15\">" << Escape(options.title) << "</text>\n";
   // Grid and ticks.
   for (double t : Ticks(x_min, x_max, 6)) {
-    svg << "<line x1=\"" << px(t) << "\" y1=\"" << top << "\" x2=\"" << px(t) << "\" y2=\""
-        << top + plot_h << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << px(t) << "\" y=\""
-        << top + plot_h + 16 << "\" text-anchor=\"middle\">" << FormatTick(t) << "</text>\n";
+    const std::string label = options.log_x ? FormatTick(std::pow(10.0, t)) : FormatTick(t);
+    svg << "<line x1=\"" << tick_x(t) << "\" y1=\"" << top << "\" x2=\"" << tick_x(t)
+        << "\" y2=\"" << top + plot_h << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << tick_x(t)
+        << "\" y=\"" << top + plot_h + 16 << "\" text-anchor=\"middle\">" << label << "</text>\n";
   }
   for (double t : Ticks(y_min, y_max, 5)) {
     const double y = top + (1 - (t - y_min) / (y_max - y_min)) * plot_h;
@@ -120,7 +125,8 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
   svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << plot_w << "\" height=\""
       << plot_h << "\" fill=\"none\" stroke=\"#333\"/>\n"
       << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << options.height - 12
-      << "\" text-anchor=\"middle\">" << Escape(options.x_label) << "</text>\n"
+      << "\" text-anchor=\"middle\">" << Escape(options.x_label)
+      << (options.log_x ? " (log scale)" : "") << "</text>\n"
       << "<text transform=\"translate(16," << top + plot_h / 2
       << ") rotate(-90)\" text-anchor=\"middle\">" << Escape(options.y_label)
       << (options.log_y ? " (log scale)" : "") << "</text>\n";

@@ -23,6 +23,7 @@ struct PlotOptions {
   bool log_y = false;  // only positive y values are drawn
   int width = 640;
   int height = 400;
+  bool log_x = false;  // only positive x values are drawn
 };
 
 std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions& options);

@@ -1,5 +1,5 @@
 // ExpFamAttention (Shim): attention as the gradient of a log-normaliser
-// (docs/energy-models.md section 2.1, checks S1, S2, S4, S5, S6 and S7b).
+// (docs/seeds.md, seeds 000/002, checks S1, S2, S4, S5, S6 and S7b).
 
 #include <gtest/gtest.h>
 

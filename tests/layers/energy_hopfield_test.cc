@@ -1,5 +1,5 @@
 // HopfieldAttention, HopfieldPooling and HopfieldLookup: the modern Hopfield
-// energy, its CCCP update and the layer around it (docs/energy-models.md,
+// energy, its CCCP update and the layer around it (docs/seeds.md,
 // checks B1, T5, T6 and the Jacobian part of T10).
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Energy layers solved to their fixed point with the implicit backward
-// (docs/energy-models.md T10): the implicit gradient of the Hopfield fixed
+// (docs/seeds.md T10): the implicit gradient of the Hopfield fixed
 // point against central differences of the full solve, its independence of
 // the step s of f_s = xi - s grad E and of the forward/adjoint solvers, and
 // a gradient check of each catalogue layer's forward in fixed-point mode.

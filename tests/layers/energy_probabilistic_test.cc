@@ -1,6 +1,6 @@
 // ProbabilisticAttention (Movellan & Gabbur): EM value inference, key
-// adaptation and clamped-value belief propagation (docs/energy-models.md
-// section 2.4, checks P1-P5).
+// adaptation and clamped-value belief propagation (docs/seeds.md,
+// seed 004, checks P1-P5).
 
 #include <gtest/gtest.h>
 
@@ -423,6 +423,49 @@ TEST(ProbabilisticAttentionTest, ForceClampedOutputOverwritesClampedUnits) {
     EXPECT_NEAR(a.at(1 * D + k), b.at(1 * D + k), 1e-14);  // free units agree
   }
   EXPECT_GT(std::abs(a.at(0) - b.at(0)), 1e-6);  // the reference behaviour differs
+}
+
+// The test-time inference a tool sets on a trained layer (clamps, key
+// adaptation) gives exactly what the same options and inputs give when
+// passed directly, and clearing it restores the layer's own forward.
+TEST(ProbabilisticAttentionTest, TestTimeInferenceActsLikeOptionsAndInputs) {
+  Rng rng(11);
+  const int64_t N = 5, D = 4;
+  ProbabilisticAttentionOptions options = SmallOptions(D, 2);
+  options.value_precision = 0.5;
+  options.solve.steps = 5;
+  Var x = RandnVar({1, N, D}, rng);
+  ProbabilisticAttentionInputs inputs;
+  inputs.clamp_mask = Tensor::FromVector({1, N}, {0, 1, 0, 0, 1}, DType::kFloat64);
+  inputs.clamped_values = RandnVar({1, N, D}, rng);
+
+  Rng init(12);
+  ProbabilisticAttention trained(options, init);
+  const Tensor plain = trained.Forward(x).value().Clone();
+  ProbabilisticAttentionOptions with_inference = options;
+  with_inference.value_belief.iterations = 3;
+  with_inference.value_belief.value_prior_precision = 0.1;
+  with_inference.key_adaptation.iterations = 2;
+  Rng same_init(12);
+  ProbabilisticAttention reference(with_inference, same_init);
+  const Tensor expected = reference.Forward(x, inputs).value();
+
+  ProbabilisticAttention::TestTimeInference inference;
+  inference.value_belief = with_inference.value_belief;
+  inference.key_adaptation = with_inference.key_adaptation;
+  inference.clamp_mask = inputs.clamp_mask;
+  inference.clamped_values = inputs.clamped_values;
+  trained.SetTestTimeInference(inference);
+  const Tensor got = trained.Forward(x).value().Clone();
+  trained.ClearTestTimeInference();
+  const Tensor cleared = trained.Forward(x).value();
+  double moved = 0.0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    EXPECT_NEAR(got.at(i), expected.at(i), 1e-12) << i;
+    EXPECT_EQ(cleared.at(i), plain.at(i)) << i;
+    moved = std::max(moved, std::abs(got.at(i) - plain.at(i)));
+  }
+  EXPECT_GT(moved, 1e-4) << "the clamps and adaptation change the output";
 }
 
 ProbabilisticAttentionOptions GradcheckOptions() {

@@ -1,6 +1,6 @@
 // EnergyTransformerBlock (Hoover et al.): the energy pieces, their
 // gradients, and the Lyapunov property of both dynamics
-// (docs/energy-models.md section 2.5, checks E1-E3).
+// (docs/seeds.md, checks E1-E3).
 
 #include "layers/energy_transformer.h"
 

@@ -302,7 +302,7 @@ ZooProblem MakeHopfieldProblem(double beta, uint64_t seed) {
   return p;
 }
 
-// ---- layer-norm power iteration (docs/energy-models.md S7b) ----
+// ---- layer-norm power iteration (docs/seeds.md S7b) ----
 
 ZooProblem MakeLayerNormEigenProblem(uint64_t seed) {
   ZooProblem p;
