@@ -5,11 +5,13 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <iostream>
 #include <ostream>
 
 #include "training/checkpoint.h"
 #include "training/compare.h"
 #include "training/config_schema.h"
+#include "training/distributed.h"
 #include "training/experiment.h"
 #include "training/gradient_check.h"
 #include "framework/parallel.h"
@@ -42,6 +44,12 @@ int Guarded(std::ostream& err, Setup setup, Work work) {
     err << "error: " << e.what() << "\n";
     return kBadInput;
   } catch (const std::exception& e) {
+    if (WorldSize() > 1) {
+      // A failure the other ranks of the job may not learn of: they would
+      // wait for this rank forever, so it ends the job (every rank).
+      std::cerr << "error: rank " << WorldRank() << ": " << e.what() << "; ending the job\n";
+      AbortJob(kRuntimeFailure);
+    }
     err << "error: " << e.what() << "\n";
     return kRuntimeFailure;
   }
@@ -55,7 +63,10 @@ int SignalExitCode(int signal_number) { return 128 + signal_number; }
 // result; the choice is recorded in the config (and so in config.yaml).
 void ChooseRunDirectory(Config* config, const std::string& config_path, bool keep_default) {
   if (!config->GetString("log.dir").empty() || keep_default) return;
-  std::string dir = NextFreeRunDirectory(RunDirectory(*config, config_path));
+  // Rank 0's choice for every rank of a job: the others would see the
+  // directory it has just made and choose the next one.
+  std::string dir = AllGatherStrings(NextFreeRunDirectory(RunDirectory(*config, config_path)))
+                        .front();
   std::string quoted;  // a YAML single-quoted scalar: ' doubled
   for (char ch : dir) quoted += ch == '\'' ? std::string("''") : std::string(1, ch);
   config->Set("log.dir='" + quoted + "'");

@@ -13,10 +13,22 @@
 #include "training/bench_command.h"
 #include "training/cli_commands.h"
 #include "training/config.h"
+#include "training/distributed.h"
 
 
 int main(int argc, char** argv) {
   using namespace stillpoint;
+  // Under mpirun or srun each process is one rank of the job (training/
+  // distributed.h); rank 0 speaks for the job, the others print nothing.
+  try {
+    InitializeDistributed(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  std::ostream silent(nullptr);
+  std::ostream& out = IsMainRank() ? std::cout : silent;
+  std::ostream& err = IsMainRank() ? std::cerr : silent;
   CLI::App app{
       "stillpoint: deep implicit layers. Attention as an energy, solved to its fixed point, "
       "differentiated implicitly; train, evaluate and compare from YAML configs.\n"
@@ -136,14 +148,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
+    const int code = IsMainRank() ? app.exit(e) : e.get_exit_code();
     return code == 0 ? 0 : 2;
   }
-  if (*train_cmd) return RunTrain(train, std::cout, std::cerr);
-  if (*eval_cmd) return RunEval(eval, std::cout, std::cerr);
-  if (*compare_cmd) return RunCompare(compare, std::cout, std::cerr);
-  if (*retrieve_cmd) return RunRetrieve(retrieve, std::cout, std::cerr);
-  if (*bench_cmd) return RunBench(bench, std::cout, std::cerr);
-  if (*config_cmd) return RunConfigDoc(std::cout);
+  if (*train_cmd) return RunTrain(train, out, err);
+  if (*eval_cmd) return RunEval(eval, out, err);
+  if (*compare_cmd) return RunCompare(compare, out, err);
+  if (*retrieve_cmd) return RunRetrieve(retrieve, out, err);
+  if (*bench_cmd) return RunBench(bench, out, err);
+  if (*config_cmd) return RunConfigDoc(out);
   return 2;
 }
