@@ -86,6 +86,8 @@ std::string ShellQuoted(const std::string& word) {
 // directory named explicitly (it may have been chosen as runs/<name>-N).
 std::string ResumeCommand(const TrainArgs& args, const std::string& run_dir) {
   std::string command = "stillpoint train " + ShellQuoted(args.config_path);
+  // Any rank count with the same total of shards continues it bitwise.
+  if (WorldSize() > 1) command = "mpirun -np " + std::to_string(WorldSize()) + " " + command;
   bool has_dir = false;
   for (const std::string& o : args.overrides) {
     if (o.rfind("log.dir=", 0) == 0) {
@@ -120,6 +122,8 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err) {
         Config config = Config::FromFile(StillpointSchema(), args.config_path, args.overrides);
         ChooseRunDirectory(&config, args.config_path, args.resume || args.overwrite);
         CheckMemoryFits(config, /*training=*/true);
+        // Before the first line of output (under mpirun: on every rank).
+        CheckTrainingConfig(config);
         experiment = BuildExperiment(config, args.config_path);
       },
       [&] {

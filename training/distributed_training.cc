@@ -1,6 +1,9 @@
 #include "training/distributed_training.h"
 
 #include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "framework/check.h"
@@ -111,6 +114,34 @@ std::string Renumbered(const IndexedName& n, int64_t index) {
 
 const char* const kWarmStart = "adjoint_warm_start/";
 
+// STILLPOINT_FAULT (ExchangeStepTotals).
+struct InjectedFault {
+  int rank = -1;
+  int64_t step = -1;
+  std::string kind;
+};
+const InjectedFault& FaultFromEnvironment() {
+  static const InjectedFault fault = [] {
+    InjectedFault f;
+    const char* text = std::getenv("STILLPOINT_FAULT");
+    if (text == nullptr) return f;
+    char kind[16] = {};
+    long long step = -1;
+    if (std::sscanf(text, "%d:%lld:%15s", &f.rank, &step, kind) != 3) {
+      throw ConfigError(std::string("STILLPOINT_FAULT='") + text +
+                        "': expected RANK:STEP:error|nonfinite|kill");
+    }
+    f.step = step;
+    f.kind = kind;
+    if (f.kind != "error" && f.kind != "nonfinite" && f.kind != "kill") {
+      throw ConfigError("STILLPOINT_FAULT: unknown kind '" + f.kind +
+                        "' (error, nonfinite or kill)");
+    }
+    return f;
+  }();
+  return fault;
+}
+
 // The stop request the ranks last agreed on (jobs of several ranks).
 int g_agreed_stop = 0;
 
@@ -145,13 +176,19 @@ RankShards RankShardsOf(int64_t shards_per_rank) {
   return out;
 }
 
-StepTotals ExchangeStepTotals(const std::string& failure, const std::vector<double>& shard_losses,
+StepTotals ExchangeStepTotals(int64_t step, const std::string& failure,
+                              const std::vector<double>& shard_losses,
                               std::pair<int64_t, int64_t> correct_counted,
                               const SolverStats& forward, const SolverStats& backward) {
-  AgreeOnFailure(failure);
+  const InjectedFault& fault = FaultFromEnvironment();
+  const bool faulty = fault.rank == WorldRank() && fault.step == step;
+  if (faulty && fault.kind == "kill") std::raise(SIGKILL);
+  AgreeOnFailure(faulty && fault.kind == "error" ? "injected error (STILLPOINT_FAULT)" : failure);
   Packer packer;
   packer.Integer(StopRequested()).Integer(static_cast<int64_t>(shard_losses.size()));
-  for (const double loss : shard_losses) packer.Number(loss);
+  for (const double loss : shard_losses) {
+    packer.Number(faulty && fault.kind == "nonfinite" ? std::nan("") : loss);
+  }
   packer.Integer(correct_counted.first).Integer(correct_counted.second);
   packer.Stats(forward).Stats(backward);
   const std::vector<std::string> all = AllGatherStrings(packer.str());

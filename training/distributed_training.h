@@ -49,7 +49,14 @@ struct StepTotals {
 // failed. Also spreads a stop request (SIGINT, SIGTERM; training/signals.h)
 // that reached any rank to all of them, so every rank stops after the same
 // step.
-StepTotals ExchangeStepTotals(const std::string& failure, const std::vector<double>& shard_losses,
+//
+// For testing the fault handling, the environment variable STILLPOINT_FAULT
+// = "RANK:STEP:KIND" makes rank RANK fail at step STEP (counted from 1) in
+// the way KIND says: "error" (an exception in the step), "nonfinite" (a NaN
+// loss) or "kill" (SIGKILL, as a crashed or killed process). Unset, nothing
+// happens; it is read once.
+StepTotals ExchangeStepTotals(int64_t step, const std::string& failure,
+                              const std::vector<double>& shard_losses,
                               std::pair<int64_t, int64_t> correct_counted,
                               const SolverStats& forward, const SolverStats& backward);
 

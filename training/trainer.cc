@@ -523,7 +523,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         }
         try {
           const StepTotals totals = ExchangeStepTotals(
-              error, data_parallel->shard_losses(), correct_counted,
+              step + 1, error, data_parallel->shard_losses(), correct_counted,
               ShardedStats(*data_parallel, ForwardStats),
               ShardedStats(*data_parallel, BackwardStats));
           loss_value = totals.loss;
