@@ -100,8 +100,9 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   CLI::App* bench_cmd = app.add_subcommand(
-      "bench", "Time a workload of bench/SPEC.md (w1, w2: training steps; w3: retrieval)");
-  bench_cmd->add_option("workload", bench.workload, "w1, w2 or w3")->required();
+      "bench", "Time a workload of bench/SPEC.md (w1, w2: training steps; w3: retrieval; "
+               "allreduce: the gradient reduction across mpirun ranks)");
+  bench_cmd->add_option("workload", bench.workload, "w1, w2, w3 or allreduce")->required();
   bench_cmd->add_option("--model", bench.model, "implicit (default) or explicit (w1, w2)");
   bench_cmd->add_option("--iters", bench.iterations,
                         "Forward and adjoint iterations (default 16; w3: at most, default 32)");
@@ -120,6 +121,11 @@ int main(int argc, char** argv) {
                         "Start from exported weights and batch (deq_tiny.json layout)");
   bench_cmd->add_option("--dtype", bench.dtype, "float32 or float64")->capture_default_str();
   bench_cmd->add_option("--seed", bench.seed, "Seed of the initialisation and the batch")
+      ->capture_default_str();
+  bench_cmd->add_flag("--no-overlap", bench.no_overlap,
+                      "Under mpirun: reduce gradients after the whole backward pass");
+  bench_cmd->add_option("--bucket-kb", bench.bucket_kb,
+                        "Under mpirun: KiB of gradient per reduction bucket")
       ->capture_default_str();
 
   bool doc = false;
