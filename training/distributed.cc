@@ -58,8 +58,6 @@ constexpr std::size_t kMaxPiece = static_cast<std::size_t>(INT_MAX);
 
 }  // namespace
 
-bool DistributedBuild() { return true; }
-
 void InitializeDistributed(int* argc, char*** argv) {
   if (g_started || !StartedByLauncher()) return;
   int provided = 0;
@@ -152,7 +150,6 @@ int AgreeOnMax(int value) {
 
 #else  // one process: no MPI in this build
 
-bool DistributedBuild() { return false; }
 void InitializeDistributed(int*, char***) {}
 int WorldRank() { return 0; }
 int WorldSize() { return 1; }

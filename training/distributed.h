@@ -26,9 +26,6 @@
 
 namespace stillpoint {
 
-// Whether this build can run across processes (compiled with MPI).
-bool DistributedBuild();
-
 // Starts MPI when a launcher started this process, and installs the
 // finalizer run at exit. Call once, first thing in main; harmless when not
 // launched by mpirun or srun. Throws Error when MPI fails to start.
