@@ -43,25 +43,28 @@ def step_flops(b, t, d, hidden, vocab, k):
 def reduce_seconds(gradient_bytes, nodes, bandwidth, latency):
     """GradientReducer: per bucket, a chain through the nodes, then a broadcast from the last.
 
-    Buckets go one after the other (the broadcast of one ends before the chain of the next
-    starts). Chain: (P - 1) hops of latency + bytes / bandwidth. Broadcast: a binomial tree for
-    small buckets (log2 P hops), scatter + allgather for large ones (about 2 x bytes / bandwidth
-    plus log2 P latencies): the cheaper of the two.
+    Chain: (P - 1) hops of latency + bytes / bandwidth. Broadcast: a binomial tree for small
+    buckets (log2 P hops), scatter + allgather for large ones (about 2 x bytes / bandwidth plus
+    log2 P latencies): the cheaper of the two. A bucket's broadcast runs while the next bucket's
+    chain does (a two-stage pipeline): each bucket costs the longer of the two stages, and the
+    last one's shorter stage comes on top.
     """
     if nodes == 1:
         return 0.0
     total = 0.0
     left = gradient_bytes
+    hops = math.ceil(math.log2(nodes))
     while left > 0:
         b = min(BUCKET, left)
         left -= b
-        hops = math.ceil(math.log2(nodes))
         chain = (nodes - 1) * (latency + b / bandwidth)
         broadcast = min(hops * (latency + b / bandwidth), 2 * hops * latency + 2 * b / bandwidth)
-        total += chain + broadcast
+        total += max(chain, broadcast)
+        last = min(chain, broadcast)
+    total += last
     # The step's small collectives (ExchangeStepTotals: a max and a gather of a few
     # hundred bytes), each about 2 log2 P latencies.
-    return total + 2 * 2 * math.ceil(math.log2(nodes)) * latency
+    return total + 2 * 2 * hops * latency
 
 
 def main():

@@ -136,6 +136,32 @@ void BroadcastBytes(void* data, std::size_t bytes, int root) {
   } while (bytes > 0);
 }
 
+// Broadcasts started and not yet finished (MPI_THREAD_SERIALIZED: one
+// thread at a time calls MPI, so one list serves).
+std::vector<MPI_Request> g_broadcasts;
+
+void StartBroadcastBytes(void* data, std::size_t bytes, int root) {
+  if (g_size == 1) return;
+  char* p = static_cast<char*>(data);
+  do {
+    const std::size_t piece = std::min(bytes, kMaxPiece);
+    MPI_Request request;
+    Check(MPI_Ibcast(p, static_cast<int>(piece), MPI_BYTE, root, MPI_COMM_WORLD, &request),
+          "MPI_Ibcast");
+    g_broadcasts.push_back(request);
+    p += piece;
+    bytes -= piece;
+  } while (bytes > 0);
+}
+
+void FinishBroadcasts() {
+  if (g_broadcasts.empty()) return;
+  std::vector<MPI_Request> requests;
+  requests.swap(g_broadcasts);
+  Check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
+        "MPI_Waitall");
+}
+
 void AbortJob(int exit_code) {
   if (g_started) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
@@ -162,6 +188,8 @@ void ReceiveBytes(void*, std::size_t, int from, int) {
   throw Error(detail::StrCat("ReceiveBytes from rank ", from, ": this build has no MPI"));
 }
 void BroadcastBytes(void*, std::size_t, int) {}
+void StartBroadcastBytes(void*, std::size_t, int) {}
+void FinishBroadcasts() {}
 void AbortJob(int exit_code) { std::_Exit(exit_code); }
 int AgreeOnMax(int value) { return value; }
 

@@ -49,6 +49,11 @@ void SendBytes(const void* data, std::size_t bytes, int to, int tag);
 void ReceiveBytes(void* data, std::size_t bytes, int from, int tag);
 // Copies `bytes` bytes from rank `root` to every rank (collective).
 void BroadcastBytes(void* data, std::size_t bytes, int root);
+// The same, started without waiting (MPI_Ibcast): `data` must stay put
+// until FinishBroadcasts, which waits for every broadcast this thread
+// started. Every rank starts its broadcasts in the same order.
+void StartBroadcastBytes(void* data, std::size_t bytes, int root);
+void FinishBroadcasts();
 
 // Ends every process of the job with `exit_code` (MPI_Abort): for a failure
 // that the ranks cannot all learn of at an agreed point. Without MPI the

@@ -126,6 +126,18 @@ void GradientReducer::Run() {
       communication_seconds_ += seconds;
       if (error && !error_) error_ = error;
     }
+    lock.unlock();
+    const auto start = Clock::now();
+    std::exception_ptr error;
+    try {
+      FinishBroadcasts();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const double seconds = SecondsSince(start);
+    lock.lock();
+    communication_seconds_ += seconds;
+    if (error && !error_) error_ = error;
     done_ = true;
     changed_.notify_all();
   }
@@ -166,7 +178,9 @@ void GradientReducer::Reduce(Bucket& bucket, int tag) {
     }
   }
   if (rank + 1 < size) SendBytes(bucket.buffer.data(), bucket.buffer.size(), rank + 1, tag);
-  BroadcastBytes(bucket.buffer.data(), bucket.buffer.size(), size - 1);
+  // Started, not awaited: the next bucket's chain runs while this one's
+  // broadcast travels (Run waits for them all after the last bucket).
+  StartBroadcastBytes(bucket.buffer.data(), bucket.buffer.size(), size - 1);
 }
 
 void GradientReducer::Finish(const VarList& parameters, bool failed) {

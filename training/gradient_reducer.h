@@ -9,7 +9,8 @@
 // count and the library), so the sum travels along the ranks instead: rank 0
 // adds its shards' terms, sends the partial sums to rank 1, which adds its
 // own in order and sends them on, ...; the last rank then broadcasts the
-// sums. Each rank sends and receives each gradient element about twice
+// sums (without waiting: the next bucket's chain starts while the broadcast
+// travels). Each rank sends and receives each gradient element about twice
 // (once in the chain, once in the broadcast), as a ring allreduce does; the
 // latency grows with the rank count (docs/scale.md has the model).
 //
