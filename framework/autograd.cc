@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "framework/elementwise_kernels.h"
+#include "framework/leaf_gradient_observer.h"
 #include "framework/ops.h"
 
 namespace stillpoint {
@@ -16,6 +17,7 @@ thread_local bool t_grad_mode = true;
 // The needed-input mask of the VJP that the sweep on this thread is running
 // (null outside a sweep). Graphs are swept on the calling thread only.
 thread_local const std::vector<char>* t_input_needed = nullptr;
+thread_local const ScopedLeafGradientObserver::Observer* t_leaf_observer = nullptr;
 
 using NodePtr = std::shared_ptr<detail::Node>;
 
@@ -139,6 +141,12 @@ ScopedInputGradMask::ScopedInputGradMask(const std::vector<char>* mask)
   t_input_needed = mask;
 }
 ScopedInputGradMask::~ScopedInputGradMask() { t_input_needed = previous_; }
+
+ScopedLeafGradientObserver::ScopedLeafGradientObserver(const Observer* observer)
+    : previous_(t_leaf_observer) {
+  t_leaf_observer = observer;
+}
+ScopedLeafGradientObserver::~ScopedLeafGradientObserver() { t_leaf_observer = previous_; }
 
 bool InputGradNeeded(std::size_t index) {
   const std::vector<char>* mask = t_input_needed;
@@ -273,6 +281,7 @@ void Sweep(const VarList& outputs,
       }
     } else if (node->is_leaf) {
       node->grad = Accumulate(node->grad, g);
+      if (t_leaf_observer != nullptr) (*t_leaf_observer)(Var{node_ptr});
     }
     if (node->is_leaf) continue;
 

@@ -23,6 +23,8 @@ packages=(
   python3
   # OpenBLAS runtime: the matrix products use it when present (Eigen otherwise).
   libopenblas0-openmp
+  # Open MPI: training across processes and machines (mpirun; docs/scale.md).
+  libopenmpi-dev openmpi-bin
 )
 # The reference implementation the benchmarks compare against.
 peer_packages=(python3-torch libopenblas0-openmp)

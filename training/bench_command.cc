@@ -101,6 +101,8 @@ struct BenchReport {
   int iterations_max = 0;
   int64_t evaluations = 0;
   int64_t queries = 0;
+  // Under mpirun (training/bench_ranks.h): text lines and JSON fields.
+  std::string ranks_text, ranks_json;
 };
 
 void PrintText(const BenchReport& r, std::ostream& out) {
@@ -128,6 +130,7 @@ void PrintText(const BenchReport& r, std::ostream& out) {
     if (r.losses.size() > 1) out << ", after one step " << r.losses[1];
     out << ", last " << r.losses.back() << "\n";
   }
+  out << r.ranks_text;
   if (!r.forward_report.empty()) out << "  forward: " << r.forward_report << "\n";
   if (!r.adjoint_report.empty()) out << "  adjoint: " << r.adjoint_report << "\n";
   if (r.accuracy >= 0) {
@@ -177,7 +180,7 @@ void PrintJson(const BenchReport& r, std::ostream& out) {
         << ", \"iterations_mean\": " << JsonNumber(r.iterations_mean)
         << ", \"iterations_max\": " << r.iterations_max << ", \"evaluations\": " << r.evaluations;
   }
-  out << "}\n";
+  out << r.ranks_json << "}\n";
 }
 
 // ---- W3
@@ -258,9 +261,14 @@ BenchReport RunTransformerBench(const BenchArgs& args,
                                 const WeightsExport* weights) {
   const TransformerShapes shapes = ShapesOf(args, weights);
   const ModelOptions options = BenchModelOptions(shapes, kind, iterations, dtype, args.seed);
+  GradientReducerOptions reduction;
+  reduction.overlap = !args.no_overlap;
+  reduction.bucket_bytes = args.bucket_kb * 1024;
+  RankBench ranks(reduction);
   TransformerBench bench(options,
                          weights != nullptr ? weights->batch : ReversalBatch(shapes, args.seed),
-                         weights != nullptr ? weights->parameters : NamedTensors{}, args.shards);
+                         weights != nullptr ? weights->parameters : NamedTensors{}, args.shards,
+                         &ranks);
   BenchReport report;
   // One step on `threads` threads: its wall and CPU seconds.
   auto timed_step = [&](int threads, double* wall, double* cpu_seconds) {
@@ -291,6 +299,7 @@ BenchReport RunTransformerBench(const BenchArgs& args,
     if (round >= args.warmup) {
       seconds.push_back(wall);
       cpu.push_back(cpu_seconds);
+      ranks.Record();
     }
   }
   SetNumThreads(args.threads);
@@ -302,6 +311,11 @@ BenchReport RunTransformerBench(const BenchArgs& args,
     report.ratio = Summarise(ratios);
   }
   report.flops = TransformerStepFlops(shapes, kind, iterations);
+  std::ostringstream ranks_text, ranks_json;
+  ranks.PrintText(ranks_text);
+  ranks.PrintJsonFields(ranks_json);
+  report.ranks_text = ranks_text.str();
+  report.ranks_json = ranks_json.str();
   if (const Implicit* implicit = bench.model().implicit()) {
     report.forward_iterations = implicit->forward_summary().iterations;
     report.forward_report = implicit->forward_summary().BriefReport();
@@ -562,7 +576,8 @@ WeightsExport LoadWeightsExport(const std::string& path, ModelKind kind) {
 TransformerBench::TransformerBench(const ModelOptions& options,
                                    TokenBatch batch,
                                    const NamedTensors& initial,
-                                   int64_t shards)
+                                   int64_t shards,
+                                   RankBench* ranks)
     : model_(std::make_shared<SequenceModel>(options)), batch_(std::move(batch)) {
   if (!initial.empty()) model_->LoadParameters(initial);
   optimizer_ = Optimizer::Create(BenchOptimizerOptions(), model_->named_parameters());
@@ -570,14 +585,16 @@ TransformerBench::TransformerBench(const ModelOptions& options,
   // One shard is the whole batch on the model itself: a plain step.
   shards_ = std::make_unique<DataParallel>(
       model_, shards, [&options] { return std::make_shared<SequenceModel>(options); });
+  if (ranks != nullptr && ranks->active()) {
+    ranks->Attach(*shards_, model_->parameters(), batch_.shape.dim(0));
+    ranks_ = ranks;
+  }
 }
 
 double TransformerBench::Step() {
   const int64_t rows = batch_.shape.dim(0);
   const int64_t length = batch_.shape.dim(1);
-  const double loss = shards_->Step(
-      rows,
-      [&](Module& replica, ShardRange shard) {
+  const DataParallel::ShardLoss shard_loss = [&](Module& replica, ShardRange shard) {
         auto& model = static_cast<SequenceModel&>(replica);
         const int64_t from = shard.begin * length, to = shard.end * length;
         const std::vector<int64_t> ids(batch_.ids.begin() + from, batch_.ids.begin() + to);
@@ -587,9 +604,12 @@ double TransformerBench::Step() {
         // The shard's share of the mean over all tokens.
         return mul_scalar(cross_entropy(logits, targets),
                           static_cast<double>(shard.size()) / static_cast<double>(rows));
-      },
-      *optimizer_);
-  return loss;
+  };
+  if (ranks_ == nullptr) return shards_->Step(rows, shard_loss, *optimizer_);
+  optimizer_->ZeroGrad();
+  const double loss = shards_->Backward(rows, shard_loss);
+  optimizer_->Step();
+  return ranks_->TotalLoss(loss);
 }
 
 // ---------------------------------------------------------------- command
@@ -599,11 +619,22 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
   DType dtype = DType::kFloat32;
   int iterations = 0;
   WeightsExport weights;
+  if (args.workload == "allreduce") {
+    try {
+      SP_CHECK(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
+    } catch (const std::exception& e) {
+      err << "error: " << e.what() << "\n";
+      return kBadInput;
+    }
+    RunReduceBench(args.steps, args.warmup, args.json, out);
+    return kOk;
+  }
   try {
     const bool transformer =
         args.workload == "w1" || args.workload == "w2" || args.workload == "w4";
     SP_CHECK(transformer || args.workload == "w3", "bench: unknown workload '", args.workload,
-             "' (expected w1, w2, w3 or w4)");
+             "' (expected w1, w2, w3, w4 or allreduce)");
+    SP_CHECK(args.bucket_kb >= 1, "--bucket-kb must be >= 1, got ", args.bucket_kb);
     if (args.workload == "w4") {
       kind = ModelKind::kEnergy;
       SP_CHECK(args.model.empty() || args.model == "energy",

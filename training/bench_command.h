@@ -1,6 +1,6 @@
 // `stillpoint bench`: the reference workloads of bench/SPEC.md, timed.
 //
-//   stillpoint bench w1|w2|w3|w4 [--model implicit|explicit] [--iters K]
+//   stillpoint bench w1|w2|w3|w4|allreduce [--model implicit|explicit] [--iters K]
 //                   [--threads N] [--shards S] [--steps 20] [--warmup 3]
 //                   [--json] [--weights FILE] [--dtype float32|float64]
 //
@@ -52,6 +52,7 @@
 #include "framework/module.h"
 #include "framework/tensor.h"
 #include "layers/models.h"
+#include "training/bench_ranks.h"
 #include "training/data_parallel.h"
 #include "training/optimizer.h"
 
@@ -75,6 +76,11 @@ struct BenchArgs {
   std::string weights_path;  // empty: SPEC shapes with a seeded initialisation
   std::string dtype = "float32";
   uint64_t seed = 0;
+  // Under mpirun (W1, W2; training/bench_ranks.h): reduce the gradients
+  // after the whole backward pass instead of bucket by bucket during it, and
+  // the bucket size.
+  bool no_overlap = false;
+  int64_t bucket_kb = 1024;
 };
 // Returns 0 on success, 1 on a runtime failure, 2 on bad arguments (reported
 // before any work starts).
@@ -132,7 +138,8 @@ class TransformerBench {
   TransformerBench(const ModelOptions& options,
                    TokenBatch batch,
                    const NamedTensors& initial = {},
-                   int64_t shards = 1);
+                   int64_t shards = 1,
+                   RankBench* ranks = nullptr);
 
   // Forward, mean cross-entropy, zero grad, backward, AdamW step. Returns the
   // loss computed before the update.
@@ -146,6 +153,9 @@ class TransformerBench {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataParallel> shards_;
   TokenBatch batch_;
+  // Under mpirun: the gradients are summed across ranks (Backward, then the
+  // optimizer step).
+  RankBench* ranks_ = nullptr;
 };
 
 // Analytic FLOPs of one training step (multiply-adds count 2; only the

@@ -6,11 +6,13 @@
 #include <filesystem>
 #include <functional>
 #include <iomanip>
+#include <iostream>
 #include <ostream>
 
 #include "training/checkpoint.h"
 #include "training/compare.h"
 #include "training/config_schema.h"
+#include "training/distributed.h"
 #include "training/experiment.h"
 #include "training/gradient_check.h"
 #include "framework/parallel.h"
@@ -37,7 +39,10 @@ int SignalExitCode(int signal_number) { return 128 + signal_number; }
 // result; the choice is recorded in the config (and so in config.yaml).
 void ChooseRunDirectory(Config* config, const std::string& config_path, bool keep_default) {
   if (!config->GetString("log.dir").empty() || keep_default) return;
-  std::string dir = NextFreeRunDirectory(RunDirectory(*config, config_path));
+  // Rank 0's choice for every rank of a job: the others would see the
+  // directory it has just made and choose the next one.
+  std::string dir = AllGatherStrings(NextFreeRunDirectory(RunDirectory(*config, config_path)))
+                        .front();
   std::string quoted;  // a YAML single-quoted scalar: ' doubled
   for (char ch : dir) quoted += ch == '\'' ? std::string("''") : std::string(1, ch);
   config->Set("log.dir='" + quoted + "'");
@@ -57,6 +62,8 @@ std::string ShellQuoted(const std::string& word) {
 // directory named explicitly (it may have been chosen as runs/<name>-N).
 std::string ResumeCommand(const TrainArgs& args, const std::string& run_dir) {
   std::string command = "stillpoint train " + ShellQuoted(args.config_path);
+  // Any rank count with the same total of shards continues it bitwise.
+  if (WorldSize() > 1) command = "mpirun -np " + std::to_string(WorldSize()) + " " + command;
   bool has_dir = false;
   for (const std::string& o : args.overrides) {
     if (o.rfind("log.dir=", 0) == 0) {
@@ -87,6 +94,12 @@ int GuardedCommand(std::ostream& err,
     err << "error: " << e.what() << "\n";
     return kBadInput;
   } catch (const std::exception& e) {
+    if (WorldSize() > 1) {
+      // A failure the other ranks of the job may not learn of: they would
+      // wait for this rank forever, so it ends the job (every rank).
+      std::cerr << "error: rank " << WorldRank() << ": " << e.what() << "; ending the job\n";
+      AbortJob(kRuntimeFailure);
+    }
     err << "error: " << e.what() << "\n";
     return kRuntimeFailure;
   }
@@ -111,6 +124,8 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err) {
         Config config = Config::FromFile(StillpointSchema(), args.config_path, args.overrides);
         ChooseRunDirectory(&config, args.config_path, args.resume || args.overwrite);
         CheckMemoryFits(config, /*training=*/true);
+        // Before the first line of output (under mpirun: on every rank).
+        CheckTrainingConfig(config);
         experiment = BuildExperiment(config, args.config_path);
       },
       [&] {

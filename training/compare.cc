@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -14,6 +15,8 @@
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
 #include "training/config_schema.h"
+#include "training/distributed.h"
+#include "training/distributed_training.h"
 #include "training/experiment.h"
 #include "training/gradient_check.h"
 #include "training/memory_estimate.h"
@@ -262,12 +265,17 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
                             std::ostream* progress, bool overwrite) {
   ValidateCompareVariants(base, config_path);
   const std::string root = RunDirectory(base, config_path);
-  const RunDirectoryLock lock(root);
-  if (overwrite) {
-    RemoveRunFiles(root);
-  } else {
-    RefuseNonEmptyRunDirectory(root);
-  }
+  // Under mpirun every rank trains and evaluates each variant (training/
+  // distributed.h); rank 0 alone writes.
+  std::optional<RunDirectoryLock> lock;
+  OnMainRank([&] {
+    lock.emplace(root);
+    if (overwrite) {
+      RemoveRunFiles(root);
+    } else {
+      RefuseNonEmptyRunDirectory(root);
+    }
+  });
   CompareReport report;
   const std::vector<double> lengths = base.GetDoubleList("eval.lengths");
   const int64_t eval_batch = base.GetInt("eval.batch_size");
@@ -286,6 +294,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
     options.progress = progress;
     options.overwrite = overwrite;
     v.train = Train(e, options);
+    Barrier();  // rank 0 has written the variant's files, which the report reads
     if (progress) *progress << v.train.BriefReport() << "\n";
     if (v.train.stop_signal != 0) {
       report.stop_signal = v.train.stop_signal;
@@ -480,7 +489,7 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
   for (const Figure& f : figures) {
     PlotOptions options{f.title, f.x, f.y, f.log_y, 760, 420};
     const std::string svg = LinePlotSvg(*f.series, options);
-    WriteTextFile(root + "/" + f.file, svg);
+    if (IsMainRank()) WriteTextFile(root + "/" + f.file, svg);
     md << "![" << f.title << "](" << f.file << ")\n\n";
     html << "<h2>" << f.title << "</h2>\n" << svg;
     if (!f.table_x.empty()) {
@@ -492,8 +501,10 @@ CompareReport RunComparison(const Config& base, const std::string& config_path,
   html << "</body></html>\n";
   report.markdown_path = root + "/report.md";
   report.html_path = root + "/report.html";
-  WriteTextFile(report.markdown_path, md.str());
-  WriteTextFile(report.html_path, html.str());
+  if (IsMainRank()) {
+    WriteTextFile(report.markdown_path, md.str());
+    WriteTextFile(report.html_path, html.str());
+  }
   return report;
 }
 

@@ -269,7 +269,8 @@ ConfigSchema BuildSchema() {
       .Int("train.shards", 1,
            "Data-parallel shards of each batch: forward and backward of each shard run side by "
            "side on a replica of the model, the threads meeting once per step (faster for small "
-           "models; results depend on the count, to rounding)",
+           "models; results depend on the count, to rounding). Under mpirun, per rank: the "
+           "batch is cut into ranks x shards (docs/scale.md)",
            1, 256)
       .Enum("train.optimizer.type", ToString(o.type), {"sgd", "adam", "adamw"}, "Optimizer")
       .Double("train.optimizer.lr", o.learning_rate, "Base learning rate", 0.0, kInf)

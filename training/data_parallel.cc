@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "framework/check.h"
+#include "framework/leaf_gradient_observer.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "training/optimizer.h"
@@ -116,7 +117,25 @@ DataParallel::DataParallel(std::shared_ptr<Module> model,
     parameters_.push_back(replica->parameters());
     replicas_.push_back(std::move(replica));
   }
+  total_shards_ = shards;
+  for (const VarList& shard_parameters : parameters_) {
+    std::unordered_map<const void*, std::size_t> index;
+    for (std::size_t i = 0; i < shard_parameters.size(); ++i) {
+      index.emplace(shard_parameters[i].node(), i);
+    }
+    parameter_index_.push_back(std::move(index));
+  }
 }
+
+void DataParallel::set_layout(int64_t first_shard, int64_t total_shards) {
+  SP_CHECK(first_shard >= 0 && first_shard + shards() <= total_shards,
+           "data parallel: shards ", first_shard, "..", first_shard + shards() - 1,
+           " do not fit in ", total_shards, " shards");
+  first_shard_ = first_shard;
+  total_shards_ = total_shards;
+}
+
+void DataParallel::set_reduction(ShardGradientReduction* reduction) { reduction_ = reduction; }
 
 Module& DataParallel::replica(int64_t shard) const {
   SP_CHECK(shard >= 0 && shard < shards(), "data parallel: shard ", shard, " of ", shards(),
@@ -127,7 +146,7 @@ Module& DataParallel::replica(int64_t shard) const {
 double DataParallel::RunShards(int64_t rows, const ShardLoss& shard_loss) {
   const int64_t count = shards();
   // Checked before any work, so a bad batch leaves everything as it was.
-  ShardRows(rows, count, 0);
+  ShardRows(rows, total_shards_, first_shard_);
   const VarList& parameters = parameters_.front();
   // Shard 0 accumulates into the model's own gradients; these restore them
   // if a shard fails.
@@ -135,6 +154,15 @@ double DataParallel::RunShards(int64_t rows, const ShardLoss& shard_loss) {
   for (std::size_t i = 0; i < parameters.size(); ++i) previous[i] = parameters[i].grad();
 
   std::vector<double> losses(count, 0.0);
+  // With a reduction, each shard's finished gradients go to it during the
+  // backward pass (on the shard's thread), so it can send them on early.
+  const auto observe = [&](int64_t shard) {
+    return ScopedLeafGradientObserver::Observer([this, shard](const Var& leaf) {
+      const auto it = parameter_index_[shard].find(leaf.node());
+      if (it != parameter_index_[shard].end()) reduction_->Ready(shard, it->second, leaf.grad().value());
+    });
+  };
+  if (reduction_) reduction_->Begin();
   try {
     // One task per shard; ops inside a task run on its thread (nested
     // ParallelFor calls run inline).
@@ -142,14 +170,19 @@ double DataParallel::RunShards(int64_t rows, const ShardLoss& shard_loss) {
       for (int64_t shard = begin; shard < end; ++shard) {
         Module& module = *replicas_[shard];
         if (shard > 0) ClearReplicaGradients(shard);
-        const Var loss = shard_loss(module, ShardRows(rows, count, shard));
+        const Var loss =
+            shard_loss(module, ShardRows(rows, total_shards_, first_shard_ + shard));
         SP_CHECK(loss.defined() && loss.numel() == 1, "data parallel: the loss of shard ", shard,
                  " must be a scalar, got ", loss.defined() ? loss.shape().ToString() : "none");
         losses[shard] = loss.item();
+        const ScopedLeafGradientObserver::Observer observer =
+            reduction_ ? observe(shard) : ScopedLeafGradientObserver::Observer();
+        const ScopedLeafGradientObserver scope(reduction_ ? &observer : nullptr);
         backward(loss);
       }
     });
   } catch (...) {
+    if (reduction_) reduction_->Finish(parameters, /*failed=*/true);
     for (std::size_t i = 0; i < parameters.size(); ++i) {
       Var parameter = parameters[i];
       parameter.set_grad(previous[i]);
@@ -157,6 +190,7 @@ double DataParallel::RunShards(int64_t rows, const ShardLoss& shard_loss) {
     for (int64_t shard = 1; shard < count; ++shard) ClearReplicaGradients(shard);
     throw;
   }
+  losses_ = losses;
   double total = 0.0;
   for (const double loss : losses) total += loss;
   return total;
@@ -164,11 +198,18 @@ double DataParallel::RunShards(int64_t rows, const ShardLoss& shard_loss) {
 
 double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
   const double loss = RunShards(rows, shard_loss);
-  SumShardGradients();
+  if (reduction_) {
+    reduction_->Finish(parameters_.front(), /*failed=*/false);
+    for (int64_t shard = 1; shard < shards(); ++shard) ClearReplicaGradients(shard);
+  } else {
+    SumShardGradients();
+  }
   return loss;
 }
 
 double DataParallel::Step(int64_t rows, const ShardLoss& shard_loss, Optimizer& optimizer) {
+  SP_CHECK(reduction_ == nullptr,
+           "data parallel: Step sums the gradients itself; with a reduction use Backward");
   const double loss = RunShards(rows, shard_loss);
   const VarList& parameters = parameters_.front();
   std::vector<std::vector<Tensor>> terms = ShardGradientTerms();

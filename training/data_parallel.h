@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "framework/autograd.h"
@@ -44,7 +45,8 @@ namespace stillpoint {
 
 class Optimizer;
 
-// Rows [begin, end) of a batch: those of shard `shard`.
+// Rows [begin, end) of a batch: those of shard `shard` (its index among all
+// the shards of the batch, those of other processes included).
 struct ShardRange {
   int64_t begin = 0;
   int64_t end = 0;
@@ -56,6 +58,24 @@ struct ShardRange {
 // contiguous shards in order, the first rows % shards of them one row
 // longer. Throws unless 1 <= shards <= rows and 0 <= shard < shards.
 ShardRange ShardRows(int64_t rows, int64_t shards, int64_t shard);
+
+// Sums the shards' gradients with those of the shards that other processes
+// run (training/gradient_reducer.h), in place of DataParallel's own sum.
+class ShardGradientReduction {
+ public:
+  virtual ~ShardGradientReduction() = default;
+  // Before the shards of a step run.
+  virtual void Begin() = 0;
+  // On the thread of local shard `shard`'s backward pass: its gradient of
+  // the model's parameter `parameter` (index into parameters()) is final.
+  virtual void Ready(int64_t shard, std::size_t parameter, const Tensor& gradient) = 0;
+  // After every local shard has finished (or one failed: `failed`): sets
+  // the gradient of each of `parameters` (the model's) to the sum over all
+  // shards of all processes, in shard order, as DataParallel sums its own.
+  // Called on every process whether or not its shards failed, so that the
+  // processes' exchanges stay matched; after a failure the sums are not set.
+  virtual void Finish(const VarList& parameters, bool failed) = 0;
+};
 
 class DataParallel {
  public:
@@ -75,6 +95,18 @@ class DataParallel {
   DataParallel(std::shared_ptr<Module> model, int64_t shards, const ReplicaFactory& make_replica);
 
   int64_t shards() const { return static_cast<int64_t>(replicas_.size()); }
+  // Where this process's shards sit among all the shards of a batch: local
+  // shard s is shard first_shard() + s of total_shards() (0 and shards()
+  // unless set_layout, for a job of several processes; training/
+  // distributed.h). ShardRange::shard is that global index.
+  int64_t first_shard() const { return first_shard_; }
+  int64_t total_shards() const { return total_shards_; }
+  void set_layout(int64_t first_shard, int64_t total_shards);
+  // Replaces the sum of the shards' gradients in Backward (nullptr: the
+  // local sum); not owned. Step needs the local sum and refuses one.
+  void set_reduction(ShardGradientReduction* reduction);
+  // Each local shard's loss value in the last Backward or Step.
+  const std::vector<double>& shard_losses() const { return losses_; }
   // The module that runs shard s (shard 0: the model).
   Module& replica(int64_t shard) const;
 
@@ -118,6 +150,12 @@ class DataParallel {
   // module's tree for them costs tens of microseconds, a step's budget on
   // W1): parameters_[s][i] is the replica's copy of the model's i-th.
   std::vector<VarList> parameters_;
+  int64_t first_shard_ = 0;
+  int64_t total_shards_ = 0;
+  ShardGradientReduction* reduction_ = nullptr;
+  // Per shard, its parameters' graph nodes to their index (for Ready).
+  std::vector<std::unordered_map<const void*, std::size_t>> parameter_index_;
+  std::vector<double> losses_;
 };
 
 }  // namespace stillpoint

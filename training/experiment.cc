@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 
 #include "framework/ops.h"
 #include "training/config_schema.h"
+#include "training/distributed.h"
 
 #ifndef STILLPOINT_DATA_DIR
 #define STILLPOINT_DATA_DIR "examples/data"
@@ -378,10 +380,16 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
   const bool was_training = model.is_training();
   model.Eval();
   NoGrad no_grad;
-  EvalResult result;
-  double loss_sum = 0, iterations_sum = 0;
-  int64_t correct = 0, counted = 0, batches = 0;
-  for (int64_t begin = 0; begin < dataset.size(); begin += batch_size) {
+  // Under mpirun the batches are dealt to the ranks in turn (batch k to rank
+  // k mod ranks); each batch's figures are then combined on every rank in
+  // batch order, so the result is the bits one process gets.
+  constexpr int kFields = 8;
+  std::vector<double> mine;  // kFields per batch this rank evaluated
+  const int rank = WorldRank();
+  const int ranks = WorldSize();
+  int64_t batches = 0;
+  for (int64_t begin = 0; begin < dataset.size(); begin += batch_size, ++batches) {
+    if (batches % ranks != rank) continue;
     std::vector<int64_t> indices;
     for (int64_t i = begin; i < std::min(dataset.size(), begin + batch_size); ++i) {
       indices.push_back(i);
@@ -389,18 +397,38 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
     const Batch batch = MakeBatch(dataset, indices, dtype);
     const Var logits = ForwardBatch(model, batch);
     const auto [c, n] = CountCorrect(logits.value(), batch);
-    if (n > 0) loss_sum += BatchLoss(logits, batch).item() * static_cast<double>(n);
-    correct += c;
-    counted += n;
     const SolverStats stats = ForwardStats(model);
-    iterations_sum += stats.iterations_mean;
-    result.forward.iterations_max = std::max(result.forward.iterations_max, stats.iterations_max);
-    result.forward.residual_max = std::max(result.forward.residual_max, stats.residual_max);
-    result.forward.converged += stats.converged;
-    result.forward.not_converged += stats.not_converged;
-    ++batches;
+    mine.insert(mine.end(),
+                {n > 0 ? BatchLoss(logits, batch).item() * static_cast<double>(n) : 0.0,
+                 static_cast<double>(c), static_cast<double>(n), stats.iterations_mean,
+                 stats.iterations_max, stats.residual_max, static_cast<double>(stats.converged),
+                 static_cast<double>(stats.not_converged)});
   }
   model.Train(was_training);
+  std::vector<std::vector<double>> parts = {mine};
+  if (ranks > 1) {
+    parts.clear();
+    for (const std::string& bytes : AllGatherStrings(
+             std::string(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double)))) {
+      std::vector<double> part(bytes.size() / sizeof(double));
+      std::memcpy(part.data(), bytes.data(), part.size() * sizeof(double));
+      parts.push_back(std::move(part));
+    }
+  }
+  EvalResult result;
+  double loss_sum = 0, iterations_sum = 0;
+  int64_t correct = 0, counted = 0;
+  for (int64_t k = 0; k < batches; ++k) {
+    const double* f = parts[k % ranks].data() + (k / ranks) * kFields;
+    loss_sum += f[0];
+    correct += static_cast<int64_t>(f[1]);
+    counted += static_cast<int64_t>(f[2]);
+    iterations_sum += f[3];
+    result.forward.iterations_max = std::max(result.forward.iterations_max, f[4]);
+    result.forward.residual_max = std::max(result.forward.residual_max, f[5]);
+    result.forward.converged += static_cast<int64_t>(f[6]);
+    result.forward.not_converged += static_cast<int64_t>(f[7]);
+  }
   result.examples = dataset.size();
   result.loss = counted > 0 ? loss_sum / static_cast<double>(counted) : 0.0;
   result.accuracy = counted > 0 ? static_cast<double>(correct) / counted : 0.0;

@@ -14,10 +14,22 @@
 #include "training/cli_commands.h"
 #include "training/config.h"
 #include "training/demos/demo_cli.h"
+#include "training/distributed.h"
 
 
 int main(int argc, char** argv) {
   using namespace stillpoint;
+  // Under mpirun or srun each process is one rank of the job (training/
+  // distributed.h); rank 0 speaks for the job, the others print nothing.
+  try {
+    InitializeDistributed(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  std::ostream silent(nullptr);
+  std::ostream& out = IsMainRank() ? std::cout : silent;
+  std::ostream& err = IsMainRank() ? std::cerr : silent;
   CLI::App app{
       "stillpoint: deep implicit layers. Attention as an energy, solved to its fixed point, "
       "differentiated implicitly; train, evaluate and compare from YAML configs.\n"
@@ -89,9 +101,9 @@ int main(int argc, char** argv) {
 
   BenchArgs bench;
   CLI::App* bench_cmd = app.add_subcommand(
-      "bench",
-      "Time a workload of bench/SPEC.md (w1, w2, w4: training steps; w3: retrieval)");
-  bench_cmd->add_option("workload", bench.workload, "w1, w2, w3 or w4")->required();
+      "bench", "Time a workload of bench/SPEC.md (w1, w2, w4: training steps; w3: retrieval; "
+               "allreduce: the gradient reduction across mpirun ranks)");
+  bench_cmd->add_option("workload", bench.workload, "w1, w2, w3, w4 or allreduce")->required();
   bench_cmd->add_option("--model", bench.model, "implicit (default) or explicit (w1, w2)");
   bench_cmd->add_option("--iters", bench.iterations,
                         "Forward and adjoint iterations (default 16; w3: at most, default 32)");
@@ -110,6 +122,11 @@ int main(int argc, char** argv) {
                         "Start from exported weights and batch (deq_tiny.json layout)");
   bench_cmd->add_option("--dtype", bench.dtype, "float32 or float64")->capture_default_str();
   bench_cmd->add_option("--seed", bench.seed, "Seed of the initialisation and the batch")
+      ->capture_default_str();
+  bench_cmd->add_flag("--no-overlap", bench.no_overlap,
+                      "Under mpirun: reduce gradients after the whole backward pass");
+  bench_cmd->add_option("--bucket-kb", bench.bucket_kb,
+                        "Under mpirun: KiB of gradient per reduction bucket")
       ->capture_default_str();
 
   bool doc = false;
@@ -140,15 +157,15 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
+    const int code = IsMainRank() ? app.exit(e) : e.get_exit_code();
     return code == 0 ? 0 : 2;
   }
-  if (*train_cmd) return RunTrain(train, std::cout, std::cerr);
-  if (*eval_cmd) return RunEval(eval, std::cout, std::cerr);
-  if (*compare_cmd) return RunCompare(compare, std::cout, std::cerr);
-  if (*retrieve_cmd) return RunRetrieve(retrieve, std::cout, std::cerr);
-  if (*bench_cmd) return RunBench(bench, std::cout, std::cerr);
-  if (*config_cmd) return RunConfigDoc(std::cout);
-  if (seed_demos.Selected()) return seed_demos.Run(std::cout, std::cerr);
+  if (*train_cmd) return RunTrain(train, out, err);
+  if (*eval_cmd) return RunEval(eval, out, err);
+  if (*compare_cmd) return RunCompare(compare, out, err);
+  if (*retrieve_cmd) return RunRetrieve(retrieve, out, err);
+  if (*bench_cmd) return RunBench(bench, out, err);
+  if (*config_cmd) return RunConfigDoc(out);
+  if (seed_demos.Selected()) return seed_demos.Run(out, err);
   return 2;
 }

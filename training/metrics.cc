@@ -92,6 +92,12 @@ MetricsWriter::MetricsWriter(const std::string& directory,
   }
 }
 
+MetricsWriter MetricsWriter::Discard(std::vector<std::string> columns) {
+  MetricsWriter writer;
+  writer.columns_ = std::move(columns);
+  return writer;
+}
+
 void MetricsWriter::Write(const std::map<std::string, double>& row) {
   for (const auto& [key, value] : row) {
     SP_CHECK(std::find(columns_.begin(), columns_.end(), key) != columns_.end(), "MetricsWriter: '",

@@ -23,6 +23,11 @@ class MetricsWriter {
                 bool append = false,
                 const std::vector<std::string>& formats = {"csv", "jsonl"});
 
+  // A writer that checks rows against `columns` and writes no file: the
+  // ranks of a job other than rank 0, which writes the run directory
+  // (training/distributed.h).
+  static MetricsWriter Discard(std::vector<std::string> columns);
+
   // Writes one row. Keys must be declared columns (an Error names an unknown
   // one); missing columns are empty. Non-finite values are written as
   // "nan"/"inf" in CSV and as null in JSON, with a "<column>_nonfinite"
@@ -32,6 +37,7 @@ class MetricsWriter {
   const std::vector<std::string>& columns() const { return columns_; }
 
  private:
+  MetricsWriter() = default;
   std::vector<std::string> columns_;
   std::ofstream csv_;
   std::ofstream jsonl_;

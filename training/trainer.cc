@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -21,6 +22,9 @@
 #include "training/checkpoint.h"
 #include "training/config_schema.h"
 #include "training/data_parallel.h"
+#include "training/distributed.h"
+#include "training/distributed_training.h"
+#include "training/gradient_reducer.h"
 #include "training/gradient_check.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"
@@ -96,8 +100,9 @@ double ShardedBackward(DataParallel& data_parallel,
         const Batch part = SliceBatch(batch, rows.begin, rows.end);
         SequenceModel& model = static_cast<SequenceModel&>(replica);
         const Var logits = ForwardBatch(model, part);
-        per_shard[rows.shard] = CountCorrect(logits.value(), part);
-        const int64_t shard_counted = per_shard[rows.shard].second;
+        const int64_t local = rows.shard - data_parallel.first_shard();
+        per_shard[local] = CountCorrect(logits.value(), part);
+        const int64_t shard_counted = per_shard[local].second;
         // A shard whose targets are all ignored adds nothing to the task loss.
         Var loss = shard_counted == 0
                        ? mul_scalar(sum(logits), 0.0)
@@ -277,6 +282,14 @@ void CheckTrainingConfig(const Config& c) {
                       ") is more than train.batch_size (" +
                       std::to_string(c.GetInt("train.batch_size")) + ")");
   }
+  // Under mpirun every rank runs train.shards shards of each batch.
+  if (shards * WorldSize() > c.GetInt("train.batch_size")) {
+    throw ConfigError(c.Origin("train.batch_size") + ": a batch of " +
+                      std::to_string(c.GetInt("train.batch_size")) + " rows cannot be cut into " +
+                      std::to_string(WorldSize()) + " ranks x train.shards " +
+                      std::to_string(shards) + " = " + std::to_string(shards * WorldSize()) +
+                      " shards (each shard needs a row); use fewer ranks or a larger batch");
+  }
 }
 
 TrainSummary Train(Experiment& e, const TrainOptions& options) {
@@ -285,17 +298,23 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   // Checked before the run directory is touched.
   CheckTrainingConfig(c);
   const int64_t shards = c.GetInt("train.shards");
+  // A job of several ranks (mpirun): rank 0 alone writes the run directory.
+  const RankShards rank_shards = RankShardsOf(shards);
+  const bool ranks = WorldSize() > 1;
+  const bool writes = IsMainRank();
   SequenceModel& model = *e.model;
   TrainSummary summary;
   summary.run_dir = RunDirectory(c, e.config_path);
   // Held until Train returns: one writer per run directory.
-  const RunDirectoryLock lock(summary.run_dir);
+  std::optional<RunDirectoryLock> lock;
+  OnMainRank([&] { lock.emplace(summary.run_dir); });
   const std::string checkpoint_path = summary.run_dir + "/checkpoint.ckpt";
   const bool resumed = options.resume && std::filesystem::exists(checkpoint_path);
   CheckpointState resume_state;
   if (resumed) {
     std::vector<std::string> forced;
-    resume_state = LoadCheckpointForResume(checkpoint_path, c, options.force, &forced);
+    resume_state = LoadCheckpointForResume(checkpoint_path, CheckpointConfig(c, rank_shards),
+                                           options.force, &forced);
     for (const std::string& line : forced) {
       if (options.progress) *options.progress << "warning: --force: " << line << "\n";
     }
@@ -306,9 +325,9 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
       return summary;
     }
   } else if (options.overwrite || options.resume) {
-    RemoveRunFiles(summary.run_dir);
+    OnMainRank([&] { RemoveRunFiles(summary.run_dir); });
   } else {
-    RefuseNonEmptyRunDirectory(summary.run_dir);
+    OnMainRank([&] { RefuseNonEmptyRunDirectory(summary.run_dir); });
   }
 
   const NamedVars parameters = model.named_parameters();
@@ -337,11 +356,13 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     SP_CHECK(rng.LoadState(state.rng_state), checkpoint_path, ": unreadable RNG state");
     step = state.step;
     // Rows written after the checkpoint (before a crash) are written again.
-    DropMetricsAfterStep(summary.run_dir, step);
+    if (writes) DropMetricsAfterStep(summary.run_dir, step);
   }
   std::vector<std::string> columns = kColumns;
   columns.insert(columns.end(), AttentionColumns().begin(), AttentionColumns().end());
-  MetricsWriter metrics(summary.run_dir, columns, resumed, c.GetStringList("log.formats"));
+  MetricsWriter metrics =
+      writes ? MetricsWriter(summary.run_dir, columns, resumed, c.GetStringList("log.formats"))
+             : MetricsWriter::Discard(columns);
   std::unique_ptr<DataParallel> data_parallel;
   // The model and its data-parallel replicas, whose solvers keep warm starts.
   auto warm_start_models = [&] {
@@ -359,12 +380,13 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     state.data_epoch = position.epoch;
     state.data_offset = position.offset;
     state.rng_state = rng.SaveState();
-    state.config_yaml = c.ToYaml();
+    state.config_yaml = CheckpointConfig(c, rank_shards).ToYaml();
     state.model = model.NamedValues();
     state.optimizer = optimizer->SaveState();
-    state.solver_state = WarmStartState(warm_start_models());
-    state.random_streams = RandomStreamState(warm_start_models());
-    SaveCheckpoint(checkpoint_path, state);
+    // Every rank's shards, named by global shard (collective).
+    GatherShardState(warm_start_models(), rank_shards.first, &state.solver_state,
+                     &state.random_streams);
+    if (writes) SaveCheckpoint(checkpoint_path, state);
     ++summary.checkpoints_written;
     return true;
   };
@@ -383,12 +405,26 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   int64_t unconverged_since_report = 0;
   std::string last_unconverged;
   const double jacobian_weight = c.GetDouble("model.regularization.jacobian_weight");
-  if (shards > 1) {
+  std::unique_ptr<GradientReducer> reducer;
+  if (shards > 1 || ranks) {
     SP_CHECK(e.make_replica != nullptr, "Train: the experiment cannot build model replicas");
     data_parallel = std::make_unique<DataParallel>(
-        e.model, shards, [&e, next = int64_t{1}]() mutable { return e.make_replica(next++); });
+        e.model, shards,
+        [&e, next = rank_shards.first + 1]() mutable { return e.make_replica(next++); });
+  }
+  if (ranks) {
+    data_parallel->set_layout(rank_shards.first, rank_shards.total);
+    reducer = std::make_unique<GradientReducer>(model.parameters(), shards);
+    data_parallel->set_reduction(reducer.get());
+    // This rank's first shard draws the dropout masks of that shard's replica.
+    if (rank_shards.first > 0) {
+      const std::shared_ptr<SequenceModel> first = e.make_replica(rank_shards.first);
+      RestoreRandomStreamState(RandomStreamState({first.get()}), {&model}, "rank replica");
+    }
   }
   if (resumed) {
+    SelectShardState(resume_state.solver_state, resume_state.random_streams, rank_shards.first,
+                     rank_shards.count, &resume_state.solver_state, &resume_state.random_streams);
     RestoreWarmStartState(resume_state.solver_state, warm_start_models(), checkpoint_path);
     if (!RestoreRandomStreamState(resume_state.random_streams, warm_start_models(),
                                   checkpoint_path) &&
@@ -398,7 +434,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     }
   }
   // Written once the checkpoint (if any) has loaded into this model.
-  WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
+  if (writes) WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
   const int jacobian_probes = static_cast<int>(c.GetInt("model.regularization.jacobian_probes"));
   const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
   const int64_t eval_batch = c.GetInt("eval.batch_size");
@@ -419,7 +455,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
 
   while (step < total_steps &&
          (options.stop_after_steps == 0 || steps_this_call < options.stop_after_steps) &&
-         StopRequested() == 0) {
+         AgreedStopRequest() == 0) {
     const auto start = Clock::now();
     optimizer->set_learning_rate(LearningRateAt(schedule, optimizer_options.learning_rate, step));
     if (implicit) {
@@ -471,10 +507,38 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
                             jacobian_weight * share);
         };
       }
-      loss_value = ShardedBackward(*data_parallel, batch, &correct_counted, penalty);
-      forward = ShardedStats(*data_parallel, ForwardStats);
-      backward_stats = ShardedStats(*data_parallel, BackwardStats);
-      if (!std::isfinite(loss_value)) failure = "non-finite loss";
+      if (!ranks) {
+        loss_value = ShardedBackward(*data_parallel, batch, &correct_counted, penalty);
+        forward = ShardedStats(*data_parallel, ForwardStats);
+        backward_stats = ShardedStats(*data_parallel, BackwardStats);
+      } else {
+        // Every rank learns of a failure on any rank, and stops with it.
+        std::string error;
+        try {
+          ShardedBackward(*data_parallel, batch, &correct_counted, penalty);
+        } catch (const std::exception& ex) {
+          error = ex.what();
+        }
+        try {
+          const StepTotals totals = ExchangeStepTotals(
+              step + 1, error, data_parallel->shard_losses(), correct_counted,
+              ShardedStats(*data_parallel, ForwardStats),
+              ShardedStats(*data_parallel, BackwardStats));
+          loss_value = totals.loss;
+          correct_counted = {totals.correct, totals.counted};
+          forward = totals.forward;
+          backward_stats = totals.backward;
+          if (totals.nonfinite_rank >= 0) {
+            failure = "non-finite loss on rank " + std::to_string(totals.nonfinite_rank);
+          }
+        } catch (const RankFailure& rank_failure) {
+          summary.stopped_early = true;
+          summary.stop_reason = "step " + std::to_string(step + 1) + ": " + rank_failure.what();
+          progress.Message(summary.stop_reason + "; every rank stops");
+          break;
+        }
+      }
+      if (!std::isfinite(loss_value) && failure.empty()) failure = "non-finite loss";
     }
     if (failure.empty()) {
       grad_norm = GradNorm(parameter_list);
@@ -607,8 +671,8 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (implicit) model.SetDepthOverride(0);
   progress.Finish();
   save_checkpoint();
-  if (StopRequested() != 0 && step < total_steps) {
-    summary.stop_signal = StopRequested();
+  if (AgreedStopRequest() != 0 && step < total_steps) {
+    summary.stop_signal = AgreedStopRequest();
     summary.stop_reason = std::string("stopped by ") + SignalName(summary.stop_signal) +
                           " at step " + std::to_string(step) + " of " +
                           std::to_string(total_steps);
@@ -623,6 +687,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (summary.final_eval.examples == 0 && step >= total_steps) {
     summary.final_eval = Evaluate(model, *e.test, eval_batch, e.dtype);
   }
+  if (!writes) return summary;  // rank 0 writes the run directory
   if (c.GetBool("log.plots")) WritePlots(summary.run_dir);
   WriteTextFile(summary.run_dir + "/summary.json", SummaryJson(summary));
   std::ostringstream md;
