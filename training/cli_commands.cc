@@ -96,7 +96,8 @@ std::string ResumeCommand(const TrainArgs& args, const std::string& run_dir) {
 #endif
 const char* StillpointVersion() { return STILLPOINT_VERSION; }
 
-int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err) {
+int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err,
+             TrainSummary* summary_out) {
   Experiment experiment;
   return Guarded(
       err,
@@ -124,6 +125,7 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err) {
             << run_dir << "\n";
         const StopOnSignals stop_on_signals;
         const TrainSummary summary = Train(experiment, options);
+        if (summary_out != nullptr) *summary_out = summary;
         if (summary.already_complete) {
           out << run_dir << " is complete (step " << summary.steps << " of train.steps "
               << experiment.config.GetInt("train.steps")
@@ -225,7 +227,8 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
       });
 }
 
-int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err) {
+int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
+               CompareReport* report_out) {
   Config config;
   return Guarded(
       err,
@@ -240,6 +243,7 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err) {
       [&] {
         const StopOnSignals stop_on_signals;
         const CompareReport report = RunComparison(config, args.config_path, &out, args.overwrite);
+        if (report_out != nullptr) *report_out = report;
         if (report.stop_signal != 0) {
           const VariantResult& last = report.variants.back();
           err << last.train.stop_reason << " of variant " << last.name << " (checkpoint in "
