@@ -40,7 +40,9 @@ cmake --build "$work/consumer" -j "$jobs"
 cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build_dir/CMakeCache.txt"; }
 if [[ "$(cache_value STILLPOINT_PYTHON)" == "ON" ]]; then
   site="$work/prefix/$(cache_value STILLPOINT_PYTHON_INSTALL_DIR)"
-  (cd "$work" && PYTHONPATH="$site" "$(cache_value Python3_EXECUTABLE)" -c '
+  python=$(cache_value Python3_EXECUTABLE)
+  # Run from elsewhere, so the source tree's python/ cannot be what is imported.
+  (cd "$work" && PYTHONPATH="$site" "$python" -c '
 import sys, numpy, stillpoint
 assert stillpoint.__file__.startswith(sys.argv[1]), stillpoint.__file__
 result = stillpoint.retrieve(numpy.eye(3), numpy.eye(3)[:2] * 0.9, beta=8.0)
