@@ -120,3 +120,13 @@ def test_options_reach_the_block():
     slow(torch.randn(2, 4, 8))
     forward, _ = slow.solver_report()
     assert "1 iteration" in forward or "MAX_ITERATIONS" in forward, forward
+
+
+def test_load_state_dict_copies_into_the_shared_memory():
+    source = EnergyAttention("hopfield", dim=8, heads=2, seed=1)
+    target = EnergyAttention("hopfield", dim=8, heads=2, seed=2)
+    x = torch.randn(2, 3, 8)
+    assert not torch.equal(source(x), target(x))
+    target.load_state_dict(source.state_dict())
+    assert torch.equal(source(x), target(x))
+    target(x)  # still shares memory with its block (no RuntimeError)
