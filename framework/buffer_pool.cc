@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace stillpoint {
@@ -138,7 +139,12 @@ Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
   data_ = GlobalPool().Acquire(bytes == 0 ? 1 : bytes, &capacity_);
 }
 
-Buffer::~Buffer() { GlobalPool().Release(data_, capacity_); }
+Buffer::Buffer(void* data, std::size_t bytes, std::shared_ptr<const void> owner)
+    : data_(data), bytes_(bytes), external_(true), owner_(std::move(owner)) {}
+
+Buffer::~Buffer() {
+  if (!external_) GlobalPool().Release(data_, capacity_);
+}
 
 BufferPoolStats GetBufferPoolStats() { return GlobalPool().Stats(); }
 void ResetBufferPoolStats() { GlobalPool().ResetStats(); }

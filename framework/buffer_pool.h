@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace stillpoint {
 
@@ -22,17 +23,25 @@ struct BufferPoolStats {
 class Buffer {
  public:
   explicit Buffer(std::size_t bytes);
+  // Storage the pool does not own (a NumPy array's, for the Python
+  // bindings): `owner` keeps `data` alive and is released with the Buffer;
+  // nothing goes back to the pool.
+  Buffer(void* data, std::size_t bytes, std::shared_ptr<const void> owner);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
+  // Whether the storage belongs to an outside owner (the second constructor).
+  bool external() const { return external_; }
 
  private:
   void* data_ = nullptr;
   std::size_t bytes_ = 0;     // requested
   std::size_t capacity_ = 0;  // size class
+  bool external_ = false;
+  std::shared_ptr<const void> owner_;
 };
 
 BufferPoolStats GetBufferPoolStats();

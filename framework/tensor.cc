@@ -84,6 +84,19 @@ Tensor::Tensor(const Shape& shape, DType dtype)
       shape_(shape),
       dtype_(dtype) {}
 
+Tensor Tensor::FromExternal(void* data,
+                            const Shape& shape,
+                            DType dtype,
+                            std::shared_ptr<const void> owner) {
+  SP_CHECK(data != nullptr || shape.numel() == 0, "Tensor::FromExternal: null data for shape ",
+           shape);
+  Tensor t;
+  t.buffer_ = std::make_shared<Buffer>(data, shape.numel() * SizeOf(dtype), std::move(owner));
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::Zeros(const Shape& shape, DType dtype) {
   Tensor t(shape, dtype);
   std::memset(t.raw_data(), 0, t.nbytes());
@@ -219,7 +232,9 @@ bool Tensor::SameStorage(const Tensor& other) const {
   return buffer_ == other.buffer_ && offset_ == other.offset_;
 }
 
-bool Tensor::HoldsStorageAlone() const { return buffer_ && buffer_.use_count() == 1; }
+bool Tensor::HoldsStorageAlone() const {
+  return buffer_ && buffer_.use_count() == 1 && !buffer_->external();
+}
 
 std::string Tensor::ToString(int max_entries) const {
   std::ostringstream out;

@@ -90,6 +90,14 @@ class Tensor {
                            DType dtype);
   // 0, 1, ..., n-1 as a 1-D tensor.
   static Tensor Arange(int64_t n, DType dtype);
+  // A tensor over memory it does not own (a NumPy array's, for the Python
+  // bindings), without a copy: `data` holds shape.numel() contiguous
+  // row-major values of `dtype` and stays valid while `owner` lives; the
+  // tensor and every view of it keep `owner` alive. Writes through either
+  // side are seen by the other. Such storage is never handed over to another
+  // tensor (HoldsStorageAlone() is false), since its owner shares it.
+  static Tensor FromExternal(void* data, const Shape& shape, DType dtype,
+                             std::shared_ptr<const void> owner);
 
   bool defined() const { return buffer_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -128,6 +136,7 @@ class Tensor {
   bool SameStorage(const Tensor& other) const;
   // True if no other tensor shares this one's storage, so it can be handed
   // over (moved into another tensor) without any other view seeing changes.
+  // False for external storage (FromExternal).
   bool HoldsStorageAlone() const;
 
   std::string ToString(int max_entries = 16) const;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the installed package: installs the build tree into a temporary
 # prefix, then configures, builds and runs tests/consumer against it with
-# find_package(stillpoint). Builds the tree first if needed.
+# find_package(stillpoint), and imports the installed Python package (when
+# the build has one) from the prefix. Builds the tree first if needed.
 #
 #   bash scripts/check_install.sh      # build dir: build/ (or $BUILD_DIR)
 set -euo pipefail
@@ -34,4 +35,19 @@ fi
 cmake --build "$work/consumer" -j "$jobs"
 "$work/consumer/consumer"
 "$work/consumer/consumer_full"
+
+# The Python package, from PREFIX/<STILLPOINT_PYTHON_INSTALL_DIR> alone.
+cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build_dir/CMakeCache.txt"; }
+if [[ "$(cache_value STILLPOINT_PYTHON)" == "ON" ]]; then
+  site="$work/prefix/$(cache_value STILLPOINT_PYTHON_INSTALL_DIR)"
+  python=$(cache_value Python3_EXECUTABLE)
+  # Run from elsewhere, so the source tree's python/ cannot be what is imported.
+  (cd "$work" && PYTHONPATH="$site" "$python" -c '
+import sys, numpy, stillpoint
+assert stillpoint.__file__.startswith(sys.argv[1]), stillpoint.__file__
+result = stillpoint.retrieve(numpy.eye(3), numpy.eye(3)[:2] * 0.9, beta=8.0)
+assert result["nearest"].tolist() == [0, 1], result
+print("check_install.sh: imported stillpoint", stillpoint.__version__, "from", sys.argv[1])
+' "$site")
+fi
 echo "check_install.sh: OK"

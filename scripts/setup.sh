@@ -21,6 +21,10 @@ packages=(
   libeigen3-dev libtbb-dev libceres-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev zlib1g-dev
   python3
+  # The Python package (python/, STILLPOINT_PYTHON) and its tests (tests/python):
+  # pybind11, Python's headers and NumPy to build it, pytest and PyTorch (the
+  # stillpoint.torch tests and example) to test it.
+  pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
   # OpenBLAS runtime: the matrix products use it when present (Eigen otherwise).
   libopenblas0-openmp
   # Open MPI: training across processes and machines (mpirun; docs/scale.md).

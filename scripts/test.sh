@@ -35,6 +35,12 @@ cmake --build "$build_dir" -j "$jobs"
 # ctest ends with its summary: "N% tests passed, M tests failed out of K",
 # the total time, and the names of failed tests.
 ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" "$@"
+# tests/python (pytest, label python) ran above when the Python package is
+# built; say so when it is not, rather than pass without them.
+if grep -q '^STILLPOINT_PYTHON:BOOL=OFF$' "$build_dir/CMakeCache.txt"; then
+  echo "test.sh: tests/python did not run: the Python package is not built (STILLPOINT_PYTHON" \
+    "is OFF; bash scripts/setup.sh installs pybind11, python3-dev and NumPy)" >&2
+fi
 
 # The framework's SIMD kernels (matrix products, exponentials, elementwise
 # maps) work in packets of the build target's width: 4 floats in the build

@@ -111,7 +111,8 @@ int GuardedCommand(std::ostream& err,
 #endif
 const char* StillpointVersion() { return STILLPOINT_VERSION; }
 
-int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err) {
+int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err,
+             TrainSummary* summary_out) {
   Experiment experiment;
   return GuardedCommand(
       err,
@@ -141,6 +142,7 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err) {
             << run_dir << "\n";
         const StopOnSignals stop_on_signals;
         const TrainSummary summary = Train(experiment, options);
+        if (summary_out != nullptr) *summary_out = summary;
         if (summary.already_complete) {
           out << run_dir << " is complete (step " << summary.steps << " of train.steps "
               << experiment.config.GetInt("train.steps")
@@ -242,7 +244,8 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
       });
 }
 
-int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err) {
+int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
+               CompareReport* report_out) {
   Config config;
   return GuardedCommand(
       err,
@@ -257,6 +260,7 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err) {
       [&] {
         const StopOnSignals stop_on_signals;
         const CompareReport report = RunComparison(config, args.config_path, &out, args.overwrite);
+        if (report_out != nullptr) *report_out = report;
         if (report.stop_signal != 0) {
           const VariantResult& last = report.variants.back();
           err << last.train.stop_reason << " of variant " << last.name << " (checkpoint in "

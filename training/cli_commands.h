@@ -12,6 +12,9 @@
 
 namespace stillpoint {
 
+struct TrainSummary;   // training/trainer.h
+struct CompareReport;  // training/compare.h
+
 const char* StillpointVersion();
 
 // Runs setup, then work, and returns work's exit code; an exception from
@@ -35,7 +38,10 @@ struct TrainArgs {
   bool overwrite = false;  // replace the run in log.dir
   int64_t stop_after_steps = 0;
 };
-int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err);
+// When `summary` is given, it receives the trainer's summary of a run that
+// started (the Python bindings return it).
+int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err,
+             TrainSummary* summary = nullptr);
 
 struct EvalArgs {
   std::string run;  // run directory or checkpoint file
@@ -54,7 +60,10 @@ struct CompareArgs {
   std::vector<std::string> overrides;
   bool overwrite = false;  // replace the comparison in log.dir
 };
-int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err);
+// When `report` is given, it receives the comparison's report (also one
+// stopped by a signal).
+int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
+               CompareReport* report = nullptr);
 
 struct RetrieveArgs {
   std::string patterns_path;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "framework/buffer_pool.h"
 #include "framework/random.h"
@@ -194,6 +195,42 @@ TEST(BufferPoolTest, AThreadTakesAnotherThreadsFreedBufferBeforeAllocating) {
 TEST(BufferPoolTest, BuffersAreSixtyFourByteAligned) {
   Tensor t(Shape{3}, DType::kFloat64);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data<double>()) % 64, 0u);
+}
+
+TEST(TensorExternalTest, SharesTheOwnersMemoryBothWaysAndKeepsTheOwnerAlive) {
+  auto owner = std::make_shared<std::vector<double>>(std::vector<double>{1, 2, 3, 4, 5, 6});
+  std::weak_ptr<std::vector<double>> watch = owner;
+  const BufferPoolStats before = GetBufferPoolStats();
+  Tensor t = Tensor::FromExternal(owner->data(), Shape{2, 3}, DType::kFloat64, owner);
+  EXPECT_EQ(t.data<double>(), owner->data());
+  // Nothing comes from the pool.
+  EXPECT_EQ(GetBufferPoolStats().bytes_in_use, before.bytes_in_use);
+  // Written by the owner, read through the tensor, and the reverse.
+  (*owner)[4] = 50;
+  EXPECT_EQ(t.at(4), 50);
+  t.set(1, -2);
+  EXPECT_EQ((*owner)[1], -2);
+  // The owner shares the storage: it is never handed over.
+  EXPECT_FALSE(t.HoldsStorageAlone());
+  Tensor row = t.SliceRows(1, 2).Reshape(Shape{3});
+  Tensor copy = t.Clone();
+  copy.set(0, 99);
+  EXPECT_EQ((*owner)[0], 1);  // a clone is a copy
+  owner.reset();
+  t = Tensor();
+  ASSERT_FALSE(watch.expired());  // the view still holds the owner
+  EXPECT_EQ(row.at(1), 50);
+  row = Tensor();
+  EXPECT_TRUE(watch.expired());  // released with the last view
+}
+
+TEST(TensorExternalTest, FloatStorageAndAnEmptyShape) {
+  std::vector<float> values = {0.5f, 1.5f};
+  Tensor t = Tensor::FromExternal(values.data(), Shape{2}, DType::kFloat32, nullptr);
+  EXPECT_EQ(t.dtype(), DType::kFloat32);
+  EXPECT_EQ(t.at(1), 1.5);
+  EXPECT_EQ(Tensor::FromExternal(nullptr, Shape{0, 3}, DType::kFloat32, nullptr).numel(), 0);
+  EXPECT_THROW(Tensor::FromExternal(nullptr, Shape{2}, DType::kFloat32, nullptr), Error);
 }
 
 TEST(RngTest, SeedsReproduceAndStateRoundTrips) {

@@ -1,0 +1,30 @@
+// The extension module stillpoint._stillpoint. The public API is the package
+// python/stillpoint/ (docs/python.md); this module holds what it is built on.
+#include <pybind11/pybind11.h>
+
+#include "framework/parallel.h"
+#include "python/src/bindings.h"
+#include "training/cli_commands.h"
+
+PYBIND11_MODULE(_stillpoint, m) {
+  m.doc() = "stillpoint's C++ core (use the package stillpoint, not this module)";
+  m.attr("__version__") = stillpoint::StillpointVersion();
+  stillpoint::python::RegisterErrors(m);
+  stillpoint::python::RegisterTensor(m);
+  stillpoint::python::RegisterRuns(m);
+  stillpoint::python::RegisterRetrieve(m);
+  stillpoint::python::RegisterEnergyAttention(m);
+  m.def(
+      "set_num_threads",
+      [](int threads) {
+        if (threads < 1 || threads > 256) {
+          throw pybind11::value_error("threads: expected an integer in [1, 256], got " +
+                                      std::to_string(threads));
+        }
+        stillpoint::SetNumThreads(threads);
+      },
+      pybind11::arg("threads"),
+      "Worker threads of stillpoint's parallel loops (default 1; train and compare set them "
+      "from the config's threads key).");
+  m.def("num_threads", &stillpoint::NumThreads, "Worker threads of stillpoint's parallel loops.");
+}

@@ -1,0 +1,36 @@
+"""stillpoint from Python: runs, NumPy arrays, and energy attention for PyTorch.
+
+    import stillpoint
+    summary = stillpoint.train("examples/configs/quickstart.yaml",
+                               ["model.kind=energy", "train.steps=100"])
+    run = stillpoint.load_run(summary["run_dir"])
+    run.metrics["loss"]                      # a NumPy array per metrics column
+    result = stillpoint.retrieve(patterns, queries, beta=8.0)
+
+    import stillpoint.torch                  # needs PyTorch
+    attention = stillpoint.torch.EnergyAttention("probabilistic", dim=64, heads=4)
+
+The guide, with every function's shapes and dtypes, is docs/python.md.
+"""
+from stillpoint._stillpoint import (
+    Tensor,
+    __version__,
+    num_threads,
+    retrieve,
+    sequence_task,
+    set_num_threads,
+)
+from stillpoint.runs import Run, compare, evaluate, load_run, train
+
+__all__ = [
+    "Run",
+    "Tensor",
+    "compare",
+    "evaluate",
+    "load_run",
+    "num_threads",
+    "retrieve",
+    "sequence_task",
+    "set_num_threads",
+    "train",
+]
