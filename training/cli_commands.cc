@@ -3,12 +3,14 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <yaml-cpp/yaml.h>
 #include <filesystem>
 #include <iomanip>
 #include <ostream>
 
 #include "training/checkpoint.h"
 #include "training/compare.h"
+#include "training/compare_report.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
 #include "training/gradient_check.h"
@@ -247,6 +249,52 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err) {
           return SignalExitCode(report.stop_signal);
         }
         out << "\n" << report.table << "\nreport: " << report.markdown_path << " and "
+            << report.html_path << "\n";
+        return kOk;
+      });
+}
+
+int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err) {
+  CompareReport report;
+  ReportHeader header;
+  std::string root;
+  return Guarded(
+      err,
+      [&] {
+        SP_CHECK(!args.runs.empty(), "report: name at least one run directory");
+        std::string listed, task;
+        for (const std::string& given : args.runs) {
+          std::string path = given;
+          while (path.size() > 1 && path.back() == '/') path.pop_back();
+          for (const std::string& run : FindRunDirectories(path)) {
+            const std::string name =
+                run == path ? path : std::filesystem::relative(run, path).string();
+            VariantResult v = LoadVariantResult(run, name);
+            const std::string config_path = run + "/config.yaml";
+            if (std::filesystem::exists(config_path)) {
+              try {
+                const YAML::Node config = YAML::LoadFile(config_path);
+                if (config["task"] && config["task"]["kind"] && task.empty()) {
+                  task = config["task"]["kind"].as<std::string>();
+                }
+                if (config["seed"] && !std::filesystem::exists(run + "/variant.json")) {
+                  v.seed = config["seed"].as<int64_t>();
+                }
+              } catch (const YAML::Exception& e) {
+                throw ConfigError(config_path + ": malformed (" + e.msg + ")");
+              }
+            }
+            report.variants.push_back(std::move(v));
+          }
+          listed += (listed.empty() ? "`" : ", `") + path + "`";
+        }
+        header.description = "Runs " + listed + (task.empty() ? "" : "; task `" + task + "`") +
+                             " (stillpoint report).";
+        root = args.out_dir.empty() ? NextFreeRunDirectory("runs/report") : args.out_dir;
+      },
+      [&] {
+        WriteComparisonReport(root, header, &report);
+        out << report.table << "\nreport: " << report.markdown_path << " and "
             << report.html_path << "\n";
         return kOk;
       });

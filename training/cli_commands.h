@@ -48,6 +48,16 @@ struct CompareArgs {
 };
 int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err);
 
+// `stillpoint report RUN...`: the comparison report (training/compare_report.h)
+// of existing run directories: each RUN is a run directory (holding
+// summary.json) or a directory holding several (a comparison). Written to
+// out_dir, or to the first free runs/report[-N].
+struct ReportArgs {
+  std::vector<std::string> runs;
+  std::string out_dir;
+};
+int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err);
+
 struct RetrieveArgs {
   std::string patterns_path;
   std::string queries_path;

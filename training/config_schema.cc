@@ -335,6 +335,10 @@ ConfigSchema BuildSchema() {
       .StringList("compare.kinds", {"explicit", "tied", "implicit", "energy"}, {},
                   "The kinds of the grid: explicit, tied, implicit, implicit_<backward mode>, "
                   "energy")
+      .DoubleList("compare.seeds", {},
+                  "Train each variant once per seed (whole numbers, each replacing `seed`) and "
+                  "report mean ± standard deviation over them; empty: once, with `seed`",
+                  0, static_cast<double>(kBig))
       .Int("compare.probe_batch_size", 32,
            "Probe batch of the gradient check after training: every variant with an implicit "
            "layer, its gradient against the reference (ift, GMRES to 1e-10)",

@@ -63,6 +63,15 @@ int main(int argc, char** argv) {
                         "Replace the comparison in log.dir (without it a non-empty log.dir is "
                         "refused; with no log.dir a new runs/<config name>-N is used)");
 
+  ReportArgs report;
+  CLI::App* report_cmd = app.add_subcommand(
+      "report", "Write a comparison report (report.md, report.html) of existing run directories");
+  report_cmd->add_option("runs", report.runs,
+                         "Run directories, or directories holding them (a comparison)")
+      ->required();
+  report_cmd->add_option("--out", report.out_dir,
+                         "Directory of the report (default: the first free runs/report[-N])");
+
   RetrieveArgs retrieve;
   CLI::App* retrieve_cmd = app.add_subcommand(
       "retrieve", "Solve the Hopfield fixed point xi = X softmax(beta X^T xi) for each query");
@@ -142,6 +151,7 @@ int main(int argc, char** argv) {
   if (*train_cmd) return RunTrain(train, std::cout, std::cerr);
   if (*eval_cmd) return RunEval(eval, std::cout, std::cerr);
   if (*compare_cmd) return RunCompare(compare, std::cout, std::cerr);
+  if (*report_cmd) return RunReport(report, std::cout, std::cerr);
   if (*retrieve_cmd) return RunRetrieve(retrieve, std::cout, std::cerr);
   if (*bench_cmd) return RunBench(bench, std::cout, std::cerr);
   if (*config_cmd) return RunConfigDoc(std::cout);

@@ -321,6 +321,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"log.progress", {{}, "none"}},
       {"compare.variants", {{}, "[explicit, tied]", ProbeKind::kCompare}},
       {"compare.probe_batch_size", {{}, "2", ProbeKind::kCompare}},
+      {"compare.seeds", {{}, "[5, 6]", ProbeKind::kCompare}},
       {"compare.attention", {{}, "[softmax]", ProbeKind::kCompare}},
       {"compare.kinds",
        {{"compare.attention=[softmax]"}, "[explicit, tied]", ProbeKind::kCompare}},
