@@ -473,6 +473,22 @@ void WriteComparisonReport(const std::string& root,
     md << kPoolingExplanation << "\n\n";
     html << ProseToHtml(kPoolingExplanation);
   }
+  {
+    std::string provenance = "Each run's stillpoint version, git revision, command, overrides, "
+                             "machine and times (from its summary.json):\n\n";
+    for (const VariantResult& v : report->variants) {
+      provenance += "- " + v.name + " (seed " + std::to_string(v.seed) +
+                    "): " + ProvenanceMarkdown(v.train.provenance) + "\n";
+    }
+    md << "## Provenance\n\n" << provenance << "\n";
+    html << "<h2>Provenance</h2>\n<ul>\n";
+    for (const VariantResult& v : report->variants) {
+      std::string item = ProseToHtml(v.name + " (seed " + std::to_string(v.seed) +
+                                     "): " + ProvenanceMarkdown(v.train.provenance));
+      html << "<li>" << item.substr(3, item.size() - 8) << "</li>\n";
+    }
+    html << "</ul>\n";
+  }
   for (const Figure& f : figures) {
     PlotOptions options{f.title, f.x, f.y, f.log_y, 760, 420};
     const std::string svg = LinePlotSvg(*f.series, options);

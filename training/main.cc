@@ -13,10 +13,12 @@
 #include "training/bench_command.h"
 #include "training/cli_commands.h"
 #include "training/config.h"
+#include "training/provenance.h"
 
 
 int main(int argc, char** argv) {
   using namespace stillpoint;
+  SetCommandLine(argc, argv);
   CLI::App app{
       "stillpoint: deep implicit layers. Attention as an energy, solved to its fixed point, "
       "differentiated implicitly; train, evaluate and compare from YAML configs.\n"

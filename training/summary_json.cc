@@ -88,6 +88,11 @@ TrainSummary ReadTrainSummary(const std::string& run_dir) {
       s.attention_forward = StatsFromJson(solvers["attention_forward"]);
       s.attention_backward = StatsFromJson(solvers["attention_backward"]);
     }
+    if (root["provenance"] && root["provenance"].IsMap()) {
+      YAML::Emitter json;
+      json << YAML::DoubleQuoted << YAML::Flow << root["provenance"];
+      s.provenance = ProvenanceFromJson(json.c_str());
+    }
     const YAML::Node check = root["gradient_check"];
     if (check && check.IsMap()) {
       s.gradient_check.ran = true;

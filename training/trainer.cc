@@ -219,6 +219,7 @@ std::string SummaryJson(const TrainSummary& s) {
       << ", \"backward\": " << SolverStatsJson(s.backward)
       << ", \"attention_forward\": " << SolverStatsJson(s.attention_forward)
       << ", \"attention_backward\": " << SolverStatsJson(s.attention_backward) << "}"
+      << ",\n  \"provenance\": " << ProvenanceJson(s.provenance)
       << ",\n  \"gradient_check\": ";
   if (s.gradient_check.ran) {
     const GradientCheck& g = s.gradient_check;
@@ -297,6 +298,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   SequenceModel& model = *e.model;
   TrainSummary summary;
   summary.run_dir = RunDirectory(c, e.config_path);
+  summary.provenance = CollectProvenance(c);
   // Held until Train returns: one writer per run directory.
   const RunDirectoryLock lock(summary.run_dir);
   const std::string checkpoint_path = summary.run_dir + "/checkpoint.ckpt";
@@ -636,10 +638,12 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     summary.final_eval = Evaluate(model, *e.test, eval_batch, e.dtype);
   }
   if (c.GetBool("log.plots")) WritePlots(summary.run_dir);
+  summary.provenance.end_time = UtcNow();
   WriteTextFile(summary.run_dir + "/summary.json", SummaryJson(summary));
   std::ostringstream md;
   md << "# Run summary\n\n" << summary.BriefReport() << "\n\nModel: " << model.Name() << ", "
-     << summary.num_parameters << " parameters.\n";
+     << summary.num_parameters << " parameters.\n\nProvenance: "
+     << ProvenanceMarkdown(summary.provenance) << "\n";
   if (!last_forward.brief.empty()) {
     md << "\nLast forward solve: " << last_forward.brief << "\n\nForward residual "
        << ResidualCell(last_forward) << "; samples: " << StatusCell(last_forward) << "\n";

@@ -5,6 +5,7 @@
 #include "training/compare_report.h"
 
 #include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
 
 #include <cmath>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "tests/scratch_path.h"
 #include "training/cli_commands.h"
 #include "training/config_schema.h"
+#include "training/provenance.h"
 #include "training/svg_plot.h"
 #include "training/trainer.h"
 
@@ -259,6 +261,59 @@ TEST_F(ReportTest, RunFiguresAreRefreshedAtEveryEvaluation) {
   ASSERT_FALSE(watch.seen_.empty()) << "accuracy.svg was not written before the last evaluation";
   // The train curve (no markers) and one held-out point (step 5).
   EXPECT_EQ(Count(watch.seen_, "<circle"), 1) << watch.seen_;
+}
+
+// A run records where it came from, in summary.json, summary.md and the
+// comparison report.
+TEST_F(ReportTest, ProvenanceIsRecordedInTheSummaryAndTheReport) {
+  const char* argv[] = {"stillpoint", "train", "my config.yaml", "train.steps=4"};
+  SetCommandLine(4, argv);
+  std::ofstream(dir_ / "p.yaml")
+      << "seed: 3\nthreads: 1\ntask: {kind: reverse, length: 4, vocab_size: 4, "
+         "train_examples: 64, test_examples: 32}\n"
+      << "model: {kind: explicit, dim: 8, heads: 2, hidden: 8, max_length: 4, num_layers: 2}\n"
+      << "train: {steps: 10, batch_size: 8, eval_every: 5, log_every: 1, checkpoint_every: 0}\n"
+      << "log: {progress: none}\n";
+  Config config = Config::FromFile(StillpointSchema(), (dir_ / "p.yaml").string(),
+                                   {"train.steps=4", "log.dir=" + (dir_ / "p").string()});
+  Experiment e = BuildExperiment(config, (dir_ / "p.yaml").string());
+  Train(e);
+  SetCommandLine(0, nullptr);
+  const YAML::Node p = YAML::LoadFile((dir_ / "p" / "summary.json").string())["provenance"];
+  ASSERT_TRUE(p.IsMap());
+  EXPECT_EQ(p["version"].as<std::string>(), StillpointVersion());
+  EXPECT_EQ(p["command_line"].as<std::string>(),
+            "stillpoint train 'my config.yaml' train.steps=4");
+  ASSERT_EQ(p["overrides"].size(), 2u);
+  EXPECT_EQ(p["overrides"][0].as<std::string>(), "train.steps=4");
+  // A 12-digit commit (-dirty with uncommitted changes), or null outside git.
+  if (!p["git_revision"].IsNull()) {
+    EXPECT_TRUE(std::regex_match(p["git_revision"].as<std::string>(),
+                                 std::regex("[0-9a-f]{12}(-dirty)?")))
+        << p["git_revision"].as<std::string>();
+  }
+  EXPECT_EQ(p["machine"]["threads"].as<int>(), 1);
+  EXPECT_EQ(p["machine"]["shards"].as<int>(), 1);
+  EXPECT_GE(p["machine"]["simd_float_lanes"].as<int>(), 1);
+  const std::regex iso("20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]Z");
+  ASSERT_TRUE(std::regex_match(p["start_time"].as<std::string>(), iso));
+  ASSERT_TRUE(std::regex_match(p["end_time"].as<std::string>(), iso));
+  EXPECT_LE(p["start_time"].as<std::string>(), p["end_time"].as<std::string>());
+  EXPECT_NE(ReadAll(dir_ / "p" / "summary.md").find("git revision"), std::string::npos);
+
+  // The report lists it per run.
+  ReportArgs report;
+  report.runs = {(dir_ / "p").string()};
+  report.out_dir = (dir_ / "rep").string();
+  std::ostringstream out, err;
+  ASSERT_EQ(RunReport(report, out, err), 0) << err.str();
+  const std::string md = ReadAll(dir_ / "rep" / "report.md");
+  EXPECT_NE(md.find("## Provenance"), std::string::npos);
+  EXPECT_NE(md.find("command `stillpoint train 'my config.yaml' train.steps=4`"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(ReadAll(dir_ / "rep" / "report.html").find("<h2>Provenance</h2>"),
+            std::string::npos);
 }
 
 }  // namespace
