@@ -11,6 +11,7 @@
 #include "training/checkpoint.h"
 #include "training/compare.h"
 #include "training/compare_report.h"
+#include "training/config_reference.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
 #include "training/gradient_check.h"
@@ -340,6 +341,38 @@ int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err) 
         out << queries.dim(0) << " queries against " << patterns.dim(0) << " patterns: "
             << result.summary.BriefReport() << "; " << result.seconds << " s; wrote "
             << args.out_dir << "/fixed_points.csv and stats.json\n";
+        return kOk;
+      });
+}
+
+int RunConfig(const ConfigArgs& args, std::ostream& out, std::ostream& err) {
+  std::string text;
+  return Guarded(
+      err,
+      [&] {
+        const int forms = int(args.doc) + int(args.json_schema) + int(args.keys);
+        SP_CHECK(forms <= 1, "config: --doc, --json-schema and --keys exclude each other");
+        if (!args.config_path.empty()) {
+          SP_CHECK(forms == 0, "config: --doc, --json-schema and --keys describe the schema; "
+                   "they take no config file");
+          text = Config::FromFile(StillpointSchema(), args.config_path, args.overrides).ToYaml();
+          return;
+        }
+        SP_CHECK(!args.resolved, "config --resolved needs a config file: stillpoint config "
+                 "CONFIG [overrides] --resolved");
+        SP_CHECK(args.overrides.empty(), "config: overrides need a config file");
+        if (args.doc) {
+          text = ConfigReferenceMarkdown();
+        } else if (args.json_schema) {
+          text = ConfigJsonSchema(StillpointSchema());
+        } else if (args.keys) {
+          text = ConfigKeyList(StillpointSchema());
+        } else {
+          text = ConfigReferenceText(StillpointSchema());
+        }
+      },
+      [&] {
+        out << text;
         return kOk;
       });
 }

@@ -71,6 +71,20 @@ struct RetrieveArgs {
 };
 int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err);
 
+// `stillpoint config`: with a config file, the resolved config (every
+// default filled in, overrides applied; --resolved says so explicitly);
+// without one, the reference of every key as plain text, as Markdown
+// (--doc), as a JSON Schema (--json-schema) or as key paths (--keys).
+struct ConfigArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool resolved = false;
+  bool doc = false;
+  bool json_schema = false;
+  bool keys = false;
+};
+int RunConfig(const ConfigArgs& args, std::ostream& out, std::ostream& err);
+
 int RunConfigDoc(std::ostream& out);
 
 }  // namespace stillpoint

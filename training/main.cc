@@ -121,10 +121,18 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--seed", bench.seed, "Seed of the initialisation and the batch")
       ->capture_default_str();
 
-  bool doc = false;
-  CLI::App* config_cmd =
-      app.add_subcommand("config", "Print the configuration reference (every key)");
-  config_cmd->add_flag("--doc", doc, "Markdown, as in docs/config.md");
+  ConfigArgs config;
+  CLI::App* config_cmd = app.add_subcommand(
+      "config", "Print a config resolved (every default filled in), or the reference of every key");
+  config_cmd->add_option("config", config.config_path,
+                         "YAML config file: print it resolved, overrides applied");
+  config_cmd->add_option("overrides", config.overrides, "Dotted overrides");
+  config_cmd->add_flag("--resolved", config.resolved,
+                       "Print the resolved config of CONFIG (the default when one is given)");
+  config_cmd->add_flag("--doc", config.doc, "The reference as Markdown, as in docs/config.md");
+  config_cmd->add_flag("--json-schema", config.json_schema,
+                       "A JSON Schema of config files, for editors' YAML support");
+  config_cmd->add_flag("--keys", config.keys, "Every key path, one a line");
 
   // A misspelt command would otherwise read as a stray argument, and CLI11
   // says only "A subcommand is required".
@@ -156,6 +164,6 @@ int main(int argc, char** argv) {
   if (*report_cmd) return RunReport(report, std::cout, std::cerr);
   if (*retrieve_cmd) return RunRetrieve(retrieve, std::cout, std::cerr);
   if (*bench_cmd) return RunBench(bench, std::cout, std::cerr);
-  if (*config_cmd) return RunConfigDoc(std::cout);
+  if (*config_cmd) return RunConfig(config, std::cout, std::cerr);
   return 2;
 }
