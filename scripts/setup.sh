@@ -21,6 +21,8 @@ packages=(
   libeigen3-dev libtbb-dev libceres-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev zlib1g-dev
   python3
+  # The export test reads `stillpoint export` files back with NumPy.
+  python3-numpy
   # OpenBLAS runtime: the matrix products use it when present (Eigen otherwise).
   libopenblas0-openmp
 )

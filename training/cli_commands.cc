@@ -22,6 +22,7 @@
 #include "training/run_directory.h"
 #include "training/signals.h"
 #include "training/trainer.h"
+#include "training/weights_file.h"
 
 namespace stillpoint {
 namespace {
@@ -164,6 +165,8 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
         state = LoadCheckpoint(checkpoint_path);
         Config config = Config::FromYaml(StillpointSchema(), state.config_yaml,
                                          checkpoint_path + " (stored config)", args.overrides);
+        // The checkpoint holds the weights: model.init_from is not read again.
+        config.Set("model.init_from=");
         if (args.iterations > 0) {
           config.Set("eval.max_iterations=" + std::to_string(args.iterations));
         }
@@ -297,6 +300,37 @@ int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err) {
         WriteComparisonReport(root, header, &report);
         out << report.table << "\nreport: " << report.markdown_path << " and "
             << report.html_path << "\n";
+        return kOk;
+      });
+}
+
+int RunExport(const ExportArgs& args, std::ostream& out, std::ostream& err) {
+  CheckpointState state;
+  std::string path;
+  return Guarded(
+      err,
+      [&] {
+        SP_CHECK(args.format == "safetensors" || args.format == "npz", "--format: '", args.format,
+                 "' is not safetensors or npz");
+        const bool directory = std::filesystem::is_directory(args.run);
+        const std::string checkpoint =
+            directory ? (std::filesystem::path(args.run) / "checkpoint.ckpt").string() : args.run;
+        state = LoadCheckpoint(checkpoint);
+        path = !args.out.empty()
+                   ? args.out
+                   : ((directory ? std::filesystem::path(args.run)
+                                 : std::filesystem::path(args.run).parent_path()) /
+                      ("weights." + args.format))
+                         .string();
+      },
+      [&] {
+        if (args.format == "safetensors") {
+          WriteSafetensors(path, state.model);
+        } else {
+          WriteNpz(path, state.model);
+        }
+        out << "wrote " << state.model.size() << " tensors (step " << state.step << ") to "
+            << path << "\n";
         return kOk;
       });
 }

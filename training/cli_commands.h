@@ -58,6 +58,16 @@ struct ReportArgs {
 };
 int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err);
 
+// `stillpoint export RUN --format safetensors|npz [--out FILE]`: the
+// parameters of a run (its checkpoint) in a format PyTorch and NumPy read
+// (training/weights_file.h); FILE defaults to RUN/weights.<format>.
+struct ExportArgs {
+  std::string run;  // run directory or checkpoint file
+  std::string format;
+  std::string out;
+};
+int RunExport(const ExportArgs& args, std::ostream& out, std::ostream& err);
+
 struct RetrieveArgs {
   std::string patterns_path;
   std::string queries_path;

@@ -171,6 +171,10 @@ ConfigSchema BuildSchema() {
            "during train.pretrain_steps",
            1, 4096)
       .Double("model.dropout", 0.0, "Dropout inside the cell (masks frozen per solve)", 0.0, 0.99)
+      .String("model.init_from", "",
+              "Initial parameters from a .safetensors or .npz file (stillpoint export), matched "
+              "by name; every parameter must be present, with its shape (a path relative to the "
+              "config file); empty: the random initialisation")
       .Double("model.ln_eps", m.cell_options.ln_eps, "Epsilon of the layer norms", 0.0, 1.0)
       .Double("model.embedding_init_std", m.embedding_init_std,
               "Standard deviation of the token and position tables", 0.0, kInf);

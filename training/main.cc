@@ -74,6 +74,13 @@ int main(int argc, char** argv) {
   report_cmd->add_option("--out", report.out_dir,
                          "Directory of the report (default: the first free runs/report[-N])");
 
+  ExportArgs export_args;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a run's parameters as safetensors (PyTorch) or npz (NumPy)");
+  export_cmd->add_option("run", export_args.run, "Run directory or .ckpt file")->required();
+  export_cmd->add_option("--format", export_args.format, "safetensors or npz")->required();
+  export_cmd->add_option("--out", export_args.out, "Output file (default RUN/weights.FORMAT)");
+
   RetrieveArgs retrieve;
   CLI::App* retrieve_cmd = app.add_subcommand(
       "retrieve", "Solve the Hopfield fixed point xi = X softmax(beta X^T xi) for each query");
@@ -162,6 +169,7 @@ int main(int argc, char** argv) {
   if (*eval_cmd) return RunEval(eval, std::cout, std::cerr);
   if (*compare_cmd) return RunCompare(compare, std::cout, std::cerr);
   if (*report_cmd) return RunReport(report, std::cout, std::cerr);
+  if (*export_cmd) return RunExport(export_args, std::cout, std::cerr);
   if (*retrieve_cmd) return RunRetrieve(retrieve, std::cout, std::cerr);
   if (*bench_cmd) return RunBench(bench, std::cout, std::cerr);
   if (*config_cmd) return RunConfig(config, std::cout, std::cerr);
