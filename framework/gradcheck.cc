@@ -50,6 +50,27 @@ std::ostream& operator<<(std::ostream& out, const GradCheckResult& result) {
   return out;
 }
 
+namespace {
+
+// Sets result->all_zero when every compared gradient is exactly zero, and
+// then fails the check (unless allowed) with a warning at the top of log.
+void MarkAllZero(const std::vector<EntryError>& errors, const GradCheckOptions& options,
+                 const std::string& likely_cause, GradCheckResult* result, std::ostream& log) {
+  if (errors.empty()) return;
+  for (const EntryError& e : errors) {
+    if (e.analytic != 0.0 || e.numeric != 0.0) return;
+  }
+  result->all_zero = true;
+  log << "  warning: every compared gradient (" << errors.size()
+      << " entries) is exactly zero, so the check proves nothing; likely cause: " << likely_cause
+      << (options.allow_all_zero ? " (allowed: allow_all_zero)" : "; failing (allow_all_zero "
+                                                                   "passes it)")
+      << "\n";
+  if (!options.allow_all_zero) result->ok = false;
+}
+
+}  // namespace
+
 GradCheckResult CheckGradients(const VarFunction& f, const VarList& inputs,
                                const GradCheckOptions& options) {
   VarList leaves = FreshLeaves(inputs);
@@ -110,6 +131,8 @@ GradCheckResult CheckGradients(const VarFunction& f, const VarList& inputs,
             [](const EntryError& a, const EntryError& b) { return a.abs_error > b.abs_error; });
   std::ostringstream log;
   log << std::setprecision(10);
+  MarkAllZero(errors, options, "f reads values that are not its inputs (a module's own "
+              "parameters? use CheckParameterGradients)", &result, log);
   const std::size_t shown = std::min<std::size_t>(errors.size(), options.max_reported);
   for (std::size_t k = 0; k < shown; ++k) {
     const EntryError& e = errors[k];
@@ -157,6 +180,81 @@ GradCheckResult CheckSecondOrderGradients(const VarFunction& f, const VarList& i
     return total;
   };
   return CheckGradients(directional, inputs, options);
+}
+
+GradCheckResult CheckParameterGradients(Module& module, const std::function<Var()>& loss,
+                                        const GradCheckOptions& options) {
+  module.ZeroGrad();
+  {
+    GradModeGuard recording(true);
+    Var value = loss();
+    SP_CHECK(value.defined() && value.numel() == 1,
+             "CheckParameterGradients: loss must return a scalar, got ",
+             value.defined() ? value.shape().ToString() : std::string("(undefined)"));
+    backward(value);
+  }
+  GradCheckResult result;
+  std::vector<EntryError> errors;
+  std::vector<std::string> names;
+  for (auto& [name, parameter] : module.named_parameters()) {
+    if (!parameter.requires_grad()) continue;
+    SP_CHECK(parameter.dtype() == DType::kFloat64, "CheckParameterGradients: parameter ", name,
+             " is ", ToString(parameter.dtype()), "; the check needs float64 parameters");
+    const Tensor analytic = parameter.has_grad()
+                                ? parameter.grad().value().Clone()
+                                : Tensor::Zeros(parameter.shape(), DType::kFloat64);
+    Tensor& values = parameter.mutable_value();
+    names.push_back(name);
+    for (int64_t i = 0; i < values.numel(); ++i) {
+      const double original = values.at(i);
+      if (NearKink(original, options)) {
+        result.entries_skipped++;
+        continue;
+      }
+      double plus, minus;
+      {
+        NoGrad no_grad;
+        values.set(i, original + options.step);
+        plus = loss().item();
+        values.set(i, original - options.step);
+        minus = loss().item();
+        values.set(i, original);
+      }
+      const double numeric = (plus - minus) / (2.0 * options.step);
+      const double a = analytic.at(i);
+      const double abs_error = std::abs(a - numeric);
+      const double scale = std::max(std::abs(a), std::abs(numeric));
+      const double rel_error = scale > 0 ? abs_error / scale : 0.0;
+      result.entries_checked++;
+      result.max_abs_error = std::max(result.max_abs_error, abs_error);
+      if (abs_error > options.absolute_tolerance) {
+        result.max_rel_error = std::max(result.max_rel_error, rel_error);
+      }
+      if (abs_error > options.absolute_tolerance &&
+          abs_error > options.relative_tolerance * scale) {
+        result.ok = false;
+      }
+      errors.push_back({names.size() - 1, i, a, numeric, abs_error, rel_error});
+    }
+  }
+  module.ZeroGrad();
+  std::sort(errors.begin(), errors.end(),
+            [](const EntryError& a, const EntryError& b) { return a.abs_error > b.abs_error; });
+  std::ostringstream log;
+  log << std::setprecision(10);
+  MarkAllZero(errors, options,
+              "loss does not depend on the module's parameters (is it the module whose "
+              "parameters the loss reads?)",
+              &result, log);
+  const std::size_t shown = std::min<std::size_t>(errors.size(), options.max_reported);
+  for (std::size_t k = 0; k < shown; ++k) {
+    const EntryError& e = errors[k];
+    log << "  " << names[e.input] << "[" << e.index << "]: analytic " << e.analytic
+        << ", numeric " << e.numeric << ", abs err " << e.abs_error << ", rel err " << e.rel_error
+        << "\n";
+  }
+  result.log = log.str();
+  return result;
 }
 
 }  // namespace stillpoint

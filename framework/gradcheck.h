@@ -9,6 +9,15 @@
 // An entry fails only when BOTH its absolute and its relative error exceed
 // their tolerances (as dlib does). Inputs whose values sit within
 // kink_margin of a declared kink (e.g. 0 for relu/abs) are skipped.
+//
+// A check in which every compared gradient (analytic and numeric) is
+// exactly zero proves nothing; typically f reads values that are not its
+// inputs, such as a module's own parameters (CheckGradients perturbs copies
+// of the inputs only). It fails with a warning in the log, unless
+// allow_all_zero. For a module's parameters use CheckParameterGradients:
+//
+//   auto r = CheckParameterGradients(layer, [&] { return sum(layer.Forward(x)); });
+//   EXPECT_TRUE(r) << r;
 #pragma once
 
 #include <functional>
@@ -17,6 +26,7 @@
 #include <vector>
 
 #include "framework/autograd.h"
+#include "framework/module.h"
 
 namespace stillpoint {
 
@@ -35,6 +45,9 @@ struct GradCheckOptions {
   uint64_t seed = 7;
   // How many of the worst entries the log lists.
   int max_reported = 5;
+  // Pass a check whose compared gradients are all exactly zero (otherwise it
+  // fails: see the note above).
+  bool allow_all_zero = false;
 };
 
 struct GradCheckResult {
@@ -43,6 +56,9 @@ struct GradCheckResult {
   double max_rel_error = 0.0;
   int64_t entries_checked = 0;
   int64_t entries_skipped = 0;
+  // Every compared gradient, analytic and numeric, was exactly zero; the
+  // log then opens with a warning.
+  bool all_zero = false;
   // The worst entries: input, flat index, analytic, numeric.
   std::string log;
   explicit operator bool() const { return ok; }
@@ -56,6 +72,15 @@ using VarFunction = std::function<Var(const VarList& inputs)>;
 // set on copies, the caller's Vars are not modified).
 GradCheckResult CheckGradients(const VarFunction& f, const VarList& inputs,
                                const GradCheckOptions& options = {});
+
+// First-order check of a module's trainable parameters: compares
+// backward's gradient of loss() with respect to each of module's parameters
+// (named_parameters, float64) with central differences, perturbing the
+// parameter values in place (restored after). loss must build its graph
+// anew on every call and return a scalar. The module's gradients are zeroed
+// before and after. Failures in the log are named "parameter[index]".
+GradCheckResult CheckParameterGradients(Module& module, const std::function<Var()>& loss,
+                                        const GradCheckOptions& options = {});
 
 // Second-order check: with L as above and a fixed random v, checks the
 // gradient of  x -> sum_i <dL/dx_i, v_i>  (computed with create_graph), i.e.

@@ -112,11 +112,20 @@ std::string EnergyContext::Describe() const {
 
 // -------------------------------------------------------------- EnergyLayer
 
+Var EnergyLayer::SampleEnergies(const Var& z, const EnergyContext& ctx) const {
+  Var energy = Energy(z, ctx);
+  SP_CHECK(energy.defined() && energy.shape() == Shape{z.dim(0)}, Name(),
+           "::Energy returned shape ", energy.defined() ? energy.shape().ToString() : "(undefined)",
+           " for a state ", z.shape(), "; it must return [", z.dim(0),
+           "], one energy per sample");
+  return energy;
+}
+
 Var AutodiffEnergyGrad(const EnergyLayer& layer, const Var& z, const EnergyContext& ctx) {
   if (GradModeEnabled() && z.requires_grad()) {
     // Differentiate through z itself, so the gradient stays a function of
     // whatever z was computed from.
-    Var energy = sum(layer.Energy(z, ctx));
+    Var energy = sum(layer.SampleEnergies(z, ctx));
     GradOptions options;
     options.create_graph = true;
     Var g = grad({energy}, {z}, {}, options)[0];
@@ -130,7 +139,7 @@ Var AutodiffEnergyGrad(const EnergyLayer& layer, const Var& z, const EnergyConte
   Var g;
   {
     GradModeGuard tape_on(true);
-    Var energy = sum(layer.Energy(leaf, ctx));
+    Var energy = sum(layer.SampleEnergies(leaf, ctx));
     GradOptions options;
     options.create_graph = record;
     g = grad({energy}, {leaf}, {}, options)[0];
@@ -208,7 +217,7 @@ BatchedEnergy MakeBatchedEnergy(const EnergyLayer& layer,
     NoGrad no_grad;
     EnergyContext selected = ctx.Select(ids);
     Var state(z.Reshape(WithBatch(z.dim(0), state_shape)));
-    if (energy != nullptr) energy->CopyFrom(layer_ptr->Energy(state, selected).value());
+    if (energy != nullptr) energy->CopyFrom(layer_ptr->SampleEnergies(state, selected).value());
     if (gradient != nullptr) {
       gradient->CopyFrom(layer_ptr->EnergyGrad(state, selected).value());
     }
@@ -248,7 +257,7 @@ namespace {
 
 std::vector<double> EnergiesOf(const EnergyLayer& layer, const Var& z, const EnergyContext& ctx) {
   NoGrad no_grad;
-  return layer.Energy(Var(z.value()), ctx).value().ToVector();
+  return layer.SampleEnergies(Var(z.value()), ctx).value().ToVector();
 }
 
 }  // namespace
@@ -285,7 +294,7 @@ Var SolveEnergy(const EnergyLayer& layer,
                                                       const std::vector<int64_t>& ids) {
     std::vector<int64_t> shape = {z.dim(0)};
     for (int64_t d : state_shape.dims()) shape.push_back(d);
-    return layer_ptr->Energy(reshape(z, Shape(shape)), ctx.Select(ids));
+    return layer_ptr->SampleEnergies(reshape(z, Shape(shape)), ctx.Select(ids));
   };
   out.implicit = SolveImplicit(MakeUpdateCell(layer, ctx, state_shape), z0.value(),
                                options.implicit, energy, ImplicitInputsOf(layer, ctx));
@@ -413,7 +422,7 @@ EnergyTrace TraceUpdates(const EnergyLayer& layer,
   const int64_t per_sample = z0.numel() / std::max<int64_t>(batch, 1);
   EnergyTrace trace;
   Var z(z0.Clone());
-  trace.energies.push_back(layer.Energy(z, ctx).value().ToVector());
+  trace.energies.push_back(layer.SampleEnergies(z, ctx).value().ToVector());
   for (int t = 0; t < options.max_steps; ++t) {
     Var next = layer.Update(z, ctx);
     std::vector<double> step(batch, 0.0);
@@ -427,7 +436,7 @@ EnergyTrace TraceUpdates(const EnergyLayer& layer,
       step[s] = std::sqrt(sum_sq);
     }
     z = next;
-    trace.energies.push_back(layer.Energy(z, ctx).value().ToVector());
+    trace.energies.push_back(layer.SampleEnergies(z, ctx).value().ToVector());
     trace.step_norms.push_back(step);
     trace.steps = t + 1;
     if (options.tolerance > 0.0 &&

@@ -150,6 +150,12 @@ class EnergyLayer : public Module {
   // implicit backward differentiate it).
   virtual Var Energy(const Var& z, const EnergyContext& ctx) const = 0;
 
+  // Energy with its contract checked: an Error naming the layer when the
+  // result is not [B] for a state of B samples (a scalar, e.g. a sum over
+  // the batch, would otherwise be accepted and its gradient silently
+  // mixed across samples). The solvers and the default gradient call this.
+  Var SampleEnergies(const Var& z, const EnergyContext& ctx) const;
+
   // dE/dz, shaped like z. Default: AutodiffEnergyGrad. An override must
   // equal the autodiff gradient (tests compare them) and use differentiable
   // ops, so the update built on it can be differentiated.

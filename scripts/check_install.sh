@@ -50,4 +50,22 @@ assert result["nearest"].tolist() == [0, 1], result
 print("check_install.sh: imported stillpoint", stillpoint.__version__, "from", sys.argv[1])
 ' "$site")
 fi
+
+# A user's own energy attention registered in a program of their own and
+# trained from YAML (examples/custom_layer_from_yaml), against the same prefix.
+if ! cmake -S examples/custom_layer_from_yaml -B "$work/custom_layer" -G Ninja \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_PREFIX_PATH="$work/prefix" \
+  >"$work/configure_custom.log" 2>&1; then
+  cat "$work/configure_custom.log" >&2
+  echo "check_install.sh: configuring examples/custom_layer_from_yaml failed" >&2
+  exit 1
+fi
+cmake --build "$work/custom_layer" -j "$jobs"
+(cd "$work" && "$work/custom_layer/train_lse_attention" \
+  "$root/examples/custom_layer_from_yaml/config.yaml" log.progress=none >custom_layer.log) || {
+  cat "$work/custom_layer.log" >&2
+  echo "check_install.sh: examples/custom_layer_from_yaml did not learn" >&2
+  exit 1
+}
+tail -1 "$work/custom_layer.log"
 echo "check_install.sh: OK"

@@ -3,6 +3,7 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <yaml-cpp/yaml.h>
 #include <filesystem>
 #include <functional>
 #include <iomanip>
@@ -11,6 +12,8 @@
 
 #include "training/checkpoint.h"
 #include "training/compare.h"
+#include "training/compare_report.h"
+#include "training/config_reference.h"
 #include "training/config_schema.h"
 #include "training/distributed.h"
 #include "training/experiment.h"
@@ -22,6 +25,7 @@
 #include "training/run_directory.h"
 #include "training/signals.h"
 #include "training/trainer.h"
+#include "training/weights_file.h"
 
 namespace stillpoint {
 namespace {
@@ -180,6 +184,8 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
         state = LoadCheckpoint(checkpoint_path);
         Config config = Config::FromYaml(StillpointSchema(), state.config_yaml,
                                          checkpoint_path + " (stored config)", args.overrides);
+        // The checkpoint holds the weights: model.init_from is not read again.
+        config.Set("model.init_from=");
         if (args.iterations > 0) {
           config.Set("eval.max_iterations=" + std::to_string(args.iterations));
         }
@@ -273,6 +279,83 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
       });
 }
 
+int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err) {
+  CompareReport report;
+  ReportHeader header;
+  std::string root;
+  return Guarded(
+      err,
+      [&] {
+        SP_CHECK(!args.runs.empty(), "report: name at least one run directory");
+        std::string listed, task;
+        for (const std::string& given : args.runs) {
+          std::string path = given;
+          while (path.size() > 1 && path.back() == '/') path.pop_back();
+          for (const std::string& run : FindRunDirectories(path)) {
+            const std::string name =
+                run == path ? path : std::filesystem::relative(run, path).string();
+            VariantResult v = LoadVariantResult(run, name);
+            const std::string config_path = run + "/config.yaml";
+            if (std::filesystem::exists(config_path)) {
+              try {
+                const YAML::Node config = YAML::LoadFile(config_path);
+                if (config["task"] && config["task"]["kind"] && task.empty()) {
+                  task = config["task"]["kind"].as<std::string>();
+                }
+                if (config["seed"] && !std::filesystem::exists(run + "/variant.json")) {
+                  v.seed = config["seed"].as<int64_t>();
+                }
+              } catch (const YAML::Exception& e) {
+                throw ConfigError(config_path + ": malformed (" + e.msg + ")");
+              }
+            }
+            report.variants.push_back(std::move(v));
+          }
+          listed += (listed.empty() ? "`" : ", `") + path + "`";
+        }
+        header.description = "Runs " + listed + (task.empty() ? "" : "; task `" + task + "`") +
+                             " (stillpoint report).";
+        root = args.out_dir.empty() ? NextFreeRunDirectory("runs/report") : args.out_dir;
+      },
+      [&] {
+        WriteComparisonReport(root, header, &report);
+        out << report.table << "\nreport: " << report.markdown_path << " and "
+            << report.html_path << "\n";
+        return kOk;
+      });
+}
+
+int RunExport(const ExportArgs& args, std::ostream& out, std::ostream& err) {
+  CheckpointState state;
+  std::string path;
+  return Guarded(
+      err,
+      [&] {
+        SP_CHECK(args.format == "safetensors" || args.format == "npz", "--format: '", args.format,
+                 "' is not safetensors or npz");
+        const bool directory = std::filesystem::is_directory(args.run);
+        const std::string checkpoint =
+            directory ? (std::filesystem::path(args.run) / "checkpoint.ckpt").string() : args.run;
+        state = LoadCheckpoint(checkpoint);
+        path = !args.out.empty()
+                   ? args.out
+                   : ((directory ? std::filesystem::path(args.run)
+                                 : std::filesystem::path(args.run).parent_path()) /
+                      ("weights." + args.format))
+                         .string();
+      },
+      [&] {
+        if (args.format == "safetensors") {
+          WriteSafetensors(path, state.model);
+        } else {
+          WriteNpz(path, state.model);
+        }
+        out << "wrote " << state.model.size() << " tensors (step " << state.step << ") to "
+            << path << "\n";
+        return kOk;
+      });
+}
+
 int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err) {
   Tensor patterns, queries;
   ForwardSolverOptions options = RetrievalSolverOptions();
@@ -313,6 +396,38 @@ int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err) 
         out << queries.dim(0) << " queries against " << patterns.dim(0) << " patterns: "
             << result.summary.BriefReport() << "; " << result.seconds << " s; wrote "
             << args.out_dir << "/fixed_points.csv and stats.json\n";
+        return kOk;
+      });
+}
+
+int RunConfig(const ConfigArgs& args, std::ostream& out, std::ostream& err) {
+  std::string text;
+  return Guarded(
+      err,
+      [&] {
+        const int forms = int(args.doc) + int(args.json_schema) + int(args.keys);
+        SP_CHECK(forms <= 1, "config: --doc, --json-schema and --keys exclude each other");
+        if (!args.config_path.empty()) {
+          SP_CHECK(forms == 0, "config: --doc, --json-schema and --keys describe the schema; "
+                   "they take no config file");
+          text = Config::FromFile(StillpointSchema(), args.config_path, args.overrides).ToYaml();
+          return;
+        }
+        SP_CHECK(!args.resolved, "config --resolved needs a config file: stillpoint config "
+                 "CONFIG [overrides] --resolved");
+        SP_CHECK(args.overrides.empty(), "config: overrides need a config file");
+        if (args.doc) {
+          text = ConfigReferenceMarkdown();
+        } else if (args.json_schema) {
+          text = ConfigJsonSchema(StillpointSchema());
+        } else if (args.keys) {
+          text = ConfigKeyList(StillpointSchema());
+        } else {
+          text = ConfigReferenceText(StillpointSchema());
+        }
+      },
+      [&] {
+        out << text;
         return kOk;
       });
 }

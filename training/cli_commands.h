@@ -65,6 +65,26 @@ struct CompareArgs {
 int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
                CompareReport* report = nullptr);
 
+// `stillpoint report RUN...`: the comparison report (training/compare_report.h)
+// of existing run directories: each RUN is a run directory (holding
+// summary.json) or a directory holding several (a comparison). Written to
+// out_dir, or to the first free runs/report[-N].
+struct ReportArgs {
+  std::vector<std::string> runs;
+  std::string out_dir;
+};
+int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err);
+
+// `stillpoint export RUN --format safetensors|npz [--out FILE]`: the
+// parameters of a run (its checkpoint) in a format PyTorch and NumPy read
+// (training/weights_file.h); FILE defaults to RUN/weights.<format>.
+struct ExportArgs {
+  std::string run;  // run directory or checkpoint file
+  std::string format;
+  std::string out;
+};
+int RunExport(const ExportArgs& args, std::ostream& out, std::ostream& err);
+
 struct RetrieveArgs {
   std::string patterns_path;
   std::string queries_path;
@@ -77,6 +97,20 @@ struct RetrieveArgs {
   std::string dtype = "float32";
 };
 int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err);
+
+// `stillpoint config`: with a config file, the resolved config (every
+// default filled in, overrides applied; --resolved says so explicitly);
+// without one, the reference of every key as plain text, as Markdown
+// (--doc), as a JSON Schema (--json-schema) or as key paths (--keys).
+struct ConfigArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool resolved = false;
+  bool doc = false;
+  bool json_schema = false;
+  bool keys = false;
+};
+int RunConfig(const ConfigArgs& args, std::ostream& out, std::ostream& err);
 
 int RunConfigDoc(std::ostream& out);
 

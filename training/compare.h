@@ -20,8 +20,13 @@
 //                        lists them all; the report then opens with one
 //                        table attention x kind.
 //
+// Seeds (compare.seeds): each variant trains once per seed, in
+// RUN_DIR/<variant>/seed-<N>; the report pools a variant's seeds (mean ±
+// standard deviation in the tables, shaded bands in the plots). Without
+// compare.seeds each variant trains once with `seed`, in RUN_DIR/<variant>.
+//
 // The report (RUN_DIR/report.md and report.html with the plots inline, plus
-// one run directory per variant) holds, per variant: parameters, final
+// one run directory per variant; training/compare_report.h) holds, per variant: parameters, final
 // train/test loss and accuracy, median wall time per step, peak tensor
 // memory, forward and backward solver iterations, residuals beside their
 // tolerance and status counts (the energy block's solve for energy
@@ -47,6 +52,7 @@ namespace stillpoint {
 
 struct VariantResult {
   std::string name;
+  int64_t seed = 0;  // the config's seed this run trained with
   std::vector<std::string> overrides;  // applied to the base config
   std::string run_dir;
   TrainSummary train;

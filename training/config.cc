@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cfloat>
+#include <charconv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -24,17 +25,32 @@ std::string Where(const std::string& source, const YAML::Mark& mark) {
   return out.str();
 }
 
+// The shortest text that reads back as the same double ("0.2", not
+// "0.20000000000000001"), in positional notation from 1e-4 to 1e15
+// ("1000000", not "1e+06").
 std::string FormatNumber(double value) {
-  std::ostringstream out;
-  out.precision(17);
-  out << value;
-  return out.str();
+  char buffer[400];
+  const double magnitude = std::fabs(value);
+  const auto result =
+      magnitude >= 1e-4 && magnitude < 1e15
+          ? std::to_chars(buffer, buffer + sizeof(buffer), value, std::chars_format::fixed)
+          : std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return std::string(buffer, result.ptr);
 }
 
 std::string JoinQuoted(const std::vector<std::string>& items) {
   std::string text;
   for (std::size_t i = 0; i < items.size(); ++i) text += (i ? ", '" : "'") + items[i] + "'";
   return text;
+}
+
+// "'x' is not one of 'a', 'b'; did you mean 'a'?" (the suggestion when one
+// choice is close, ClosestName).
+std::string NotAChoice(const std::string& text, const std::vector<std::string>& choices) {
+  std::string message = "'" + text + "' is not one of " + JoinQuoted(choices);
+  const std::string closest = ClosestName(text, choices);
+  if (!closest.empty()) message += "; did you mean '" + closest + "'?";
+  return message;
 }
 
 std::size_t EditDistance(const std::string& a, const std::string& b) {
@@ -139,13 +155,13 @@ std::string CheckItem(const ConfigKey& key, const std::string& text, bool list_i
     }
     case ConfigType::kEnum:
       if (std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end()) {
-        return "'" + text + "' is not one of " + JoinQuoted(key.choices);
+        return NotAChoice(text, key.choices);
       }
       return "";
     case ConfigType::kString:
       if (!key.choices.empty() &&
           std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end()) {
-        return "'" + text + "' is not one of " + JoinQuoted(key.choices);
+        return NotAChoice(text, key.choices);
       }
       return "";
     default:
@@ -374,8 +390,8 @@ class ConfigBuilder {
         if (key.type == ConfigType::kStringList && !key.choices.empty() &&
             std::find(key.choices.begin(), key.choices.end(), item.Scalar()) ==
                 key.choices.end()) {
-          throw ConfigError(where + ": key '" + key.path + "': '" + item.Scalar() +
-                            "' is not one of " + JoinQuoted(key.choices));
+          throw ConfigError(where + ": key '" + key.path + "': " +
+                            NotAChoice(item.Scalar(), key.choices));
         }
         value.items.push_back(item.Scalar());
       }

@@ -171,6 +171,10 @@ ConfigSchema BuildSchema() {
            "during train.pretrain_steps",
            1, 4096)
       .Double("model.dropout", 0.0, "Dropout inside the cell (masks frozen per solve)", 0.0, 0.99)
+      .String("model.init_from", "",
+              "Initial parameters from a .safetensors or .npz file (stillpoint export), matched "
+              "by name; every parameter must be present, with its shape (a path relative to the "
+              "config file); empty: the random initialisation")
       .Double("model.ln_eps", m.cell_options.ln_eps, "Epsilon of the layer norms", 0.0, 1.0)
       .Double("model.embedding_init_std", m.embedding_init_std,
               "Standard deviation of the token and position tables", 0.0, kInf)
@@ -352,6 +356,10 @@ ConfigSchema BuildSchema() {
       .StringList("compare.kinds", {"explicit", "tied", "implicit", "energy"}, {},
                   "The kinds of the grid: explicit, tied, implicit, implicit_<backward mode>, "
                   "energy")
+      .DoubleList("compare.seeds", {},
+                  "Train each variant once per seed (whole numbers, each replacing `seed`) and "
+                  "report mean ± standard deviation over them; empty: once, with `seed`",
+                  0, static_cast<double>(kBig))
       .Int("compare.probe_batch_size", 32,
            "Probe batch of the gradient check after training: every variant with an implicit "
            "layer, its gradient against the reference (ift, GMRES to 1e-10)",

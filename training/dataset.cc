@@ -289,6 +289,11 @@ std::vector<double> ParseCsvNumbers(const std::string& line, const std::string& 
   return values;
 }
 
+// The number of comma-separated cells of a line.
+int64_t CsvCellCount(const std::string& line) {
+  return static_cast<int64_t>(std::count(line.begin(), line.end(), ',')) + 1;
+}
+
 int64_t AsClass(double value, int64_t num_classes, bool allow_ignore, const std::string& path,
                 int64_t line_number, int64_t column, const char* what) {
   // Checked before the conversion, which is undefined for a double beyond
@@ -354,6 +359,24 @@ DigitsSplit LoadDigits(const std::string& path, double test_fraction, uint64_t s
           std::make_unique<InMemoryDataset>(info, std::move(test))};
 }
 
+bool IsCsvHeader(const std::string& line) {
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t comma = line.find(',', begin);
+    const std::string cell =
+        line.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    const auto first = cell.find_first_not_of(" \t\r");
+    if (first == std::string::npos) return false;
+    const auto last = cell.find_last_not_of(" \t\r");
+    const std::string text = cell.substr(first, last - first + 1);
+    char* end = nullptr;
+    std::strtod(text.c_str(), &end);
+    if (end == text.c_str() + text.size()) return false;  // a number
+    if (comma == std::string::npos) return true;
+    begin = comma + 1;
+  }
+}
+
 std::unique_ptr<InMemoryDataset> LoadCsvDataset(const CsvDatasetOptions& options) {
   const std::string& path = options.path;
   SP_CHECK(options.length >= 1, path, ": csv dataset needs length >= 1");
@@ -373,11 +396,18 @@ std::unique_ptr<InMemoryDataset> LoadCsvDataset(const CsvDatasetOptions& options
   std::string line;
   int64_t line_number = 0;
   bool first = true;
+  int64_t header_columns = 0;  // 0: no header row
   while (std::getline(lines, line)) {
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (first && header_columns == 0 && IsCsvHeader(line)) {
+      header_columns = CsvCellCount(line);
+      continue;
+    }
     const std::vector<double> values = ParseCsvNumbers(line, path, line_number);
     const int64_t count = static_cast<int64_t>(values.size());
+    SP_CHECK(header_columns == 0 || count == header_columns, path, ":", line_number, ": ", count,
+             " columns, but the header row names ", header_columns);
     const bool per_token = count == inputs + options.length;
     SP_CHECK(per_token || count == inputs + 1, path, ":", line_number, ": expected ",
              inputs + options.length, " columns (inputs and per-token targets) or ", inputs + 1,

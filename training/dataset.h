@@ -138,7 +138,14 @@ struct DigitsSplit {
 };
 DigitsSplit LoadDigits(const std::string& path, double test_fraction, uint64_t seed);
 
-// A user's CSV: one example per line, no header. With token inputs the first
+// Whether a CSV line is a header row: every cell is a non-empty name that
+// does not read as a number ("x0,x1,label"). Only a file's first non-blank
+// line can be one; a line mixing names and numbers is data (and an error).
+bool IsCsvHeader(const std::string& line);
+
+// A user's CSV: one example per line, optionally after a header row of
+// column names (IsCsvHeader; it must name as many columns as the rows
+// have). With token inputs the first
 // `length` columns are token ids; with features the first length *
 // feature_dim columns are numbers. The remaining columns are targets: either
 // `length` per-token classes (kIgnoreTarget allowed) or one class label.

@@ -1,4 +1,5 @@
 #include "training/experiment.h"
+#include "training/weights_file.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -150,6 +151,14 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
     return std::make_shared<SequenceClassifier>(o);
   };
   e.model = make(options);
+  const std::string init_from = ResolvePath(config.GetString("model.init_from"), config_path);
+  if (!init_from.empty()) {
+    try {
+      e.model->LoadParameters(ReadWeightsFile(init_from));
+    } catch (const Error& error) {
+      throw ConfigError(config.Origin("model.init_from") + ": model.init_from: " + error.what());
+    }
+  }
   e.make_replica = [make, options](int64_t replica) {
     ModelOptions o = options;
     // Distinct dropout masks per replica (each cell draws from seed, seed + 1).

@@ -15,6 +15,7 @@
 #include "training/config.h"
 #include "training/demos/demo_cli.h"
 #include "training/distributed.h"
+#include "training/provenance.h"
 
 
 int main(int argc, char** argv) {
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   std::ostream silent(nullptr);
   std::ostream& out = IsMainRank() ? std::cout : silent;
   std::ostream& err = IsMainRank() ? std::cerr : silent;
+  SetCommandLine(argc, argv);
   CLI::App app{
       "stillpoint: deep implicit layers. Attention as an energy, solved to its fixed point, "
       "differentiated implicitly; train, evaluate and compare from YAML configs.\n"
@@ -75,6 +77,22 @@ int main(int argc, char** argv) {
   compare_cmd->add_flag("--overwrite", compare.overwrite,
                         "Replace the comparison in log.dir (without it a non-empty log.dir is "
                         "refused; with no log.dir a new runs/<config name>-N is used)");
+
+  ReportArgs report;
+  CLI::App* report_cmd = app.add_subcommand(
+      "report", "Write a comparison report (report.md, report.html) of existing run directories");
+  report_cmd->add_option("runs", report.runs,
+                         "Run directories, or directories holding them (a comparison)")
+      ->required();
+  report_cmd->add_option("--out", report.out_dir,
+                         "Directory of the report (default: the first free runs/report[-N])");
+
+  ExportArgs export_args;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export", "Write a run's parameters as safetensors (PyTorch) or npz (NumPy)");
+  export_cmd->add_option("run", export_args.run, "Run directory or .ckpt file")->required();
+  export_cmd->add_option("--format", export_args.format, "safetensors or npz")->required();
+  export_cmd->add_option("--out", export_args.out, "Output file (default RUN/weights.FORMAT)");
 
   RetrieveArgs retrieve;
   CLI::App* retrieve_cmd = app.add_subcommand(
@@ -129,10 +147,18 @@ int main(int argc, char** argv) {
                         "Under mpirun: KiB of gradient per reduction bucket")
       ->capture_default_str();
 
-  bool doc = false;
-  CLI::App* config_cmd =
-      app.add_subcommand("config", "Print the configuration reference (every key)");
-  config_cmd->add_flag("--doc", doc, "Markdown, as in docs/config.md");
+  ConfigArgs config;
+  CLI::App* config_cmd = app.add_subcommand(
+      "config", "Print a config resolved (every default filled in), or the reference of every key");
+  config_cmd->add_option("config", config.config_path,
+                         "YAML config file: print it resolved, overrides applied");
+  config_cmd->add_option("overrides", config.overrides, "Dotted overrides");
+  config_cmd->add_flag("--resolved", config.resolved,
+                       "Print the resolved config of CONFIG (the default when one is given)");
+  config_cmd->add_flag("--doc", config.doc, "The reference as Markdown, as in docs/config.md");
+  config_cmd->add_flag("--json-schema", config.json_schema,
+                       "A JSON Schema of config files, for editors' YAML support");
+  config_cmd->add_flag("--keys", config.keys, "Every key path, one a line");
 
   const SeedDemoCommands seed_demos(app);  // demo, correct
 
@@ -163,9 +189,11 @@ int main(int argc, char** argv) {
   if (*train_cmd) return RunTrain(train, out, err);
   if (*eval_cmd) return RunEval(eval, out, err);
   if (*compare_cmd) return RunCompare(compare, out, err);
+  if (*report_cmd) return RunReport(report, out, err);
+  if (*export_cmd) return RunExport(export_args, out, err);
   if (*retrieve_cmd) return RunRetrieve(retrieve, out, err);
   if (*bench_cmd) return RunBench(bench, out, err);
-  if (*config_cmd) return RunConfigDoc(out);
+  if (*config_cmd) return RunConfig(config, out, err);
   if (seed_demos.Selected()) return seed_demos.Run(out, err);
   return 2;
 }

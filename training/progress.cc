@@ -1,46 +1,137 @@
 #include "training/progress.h"
 
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
 namespace stillpoint {
+namespace {
 
-Progress::Progress(std::ostream* out, const std::string& mode, int64_t total_steps,
-                   int64_t first_step)
-    : out_(out), total_(total_steps), first_step_(first_step),
-      start_(std::chrono::steady_clock::now()) {
-  const bool terminal = out_ == &std::cout && ::isatty(STDOUT_FILENO);
-  if (!out_ || mode == "none") return;
-  bar_ = mode == "bar" || (mode == "auto" && terminal);
-  lines_ = !bar_;
+// Set by SIGWINCH (the terminal was resized): the next bar reads its width
+// again. Only an atomic store in the handler.
+std::atomic<bool> terminal_resized{false};
+
+void OnResize(int) { terminal_resized.store(true); }
+
+void InstallResizeHandler() {
+  static const bool installed = [] {
+    struct sigaction action {};
+    action.sa_handler = OnResize;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // a resize does not interrupt reads and writes
+    sigaction(SIGWINCH, &action, nullptr);
+    return true;
+  }();
+  (void)installed;
 }
 
-void Progress::Update(int64_t step, double loss, double accuracy, double solver_iterations,
-                      bool show_solver) {
+std::string MinutesSeconds(double seconds) {
+  const int64_t s = static_cast<int64_t>(seconds);
+  std::ostringstream out;
+  if (s >= 3600)
+    out << s / 3600 << ":" << std::setw(2) << std::setfill('0') << (s % 3600) / 60;
+  else
+    out << s / 60;
+  out << ":" << std::setw(2) << std::setfill('0') << s % 60;
+  return out.str();
+}
+
+}  // namespace
+
+int Progress::TerminalColumns(int fd) {
+  struct winsize size {};
+  if (::ioctl(fd, TIOCGWINSZ, &size) != 0 || size.ws_col == 0) return 0;
+  return size.ws_col;
+}
+
+Progress::Progress(std::ostream* out,
+                   const std::string& mode,
+                   int64_t total_steps,
+                   int64_t first_step,
+                   ProgressTerminal terminal)
+    : out_(out),
+      bar_out_(terminal.bar ? terminal.bar : &std::cerr),
+      columns_(std::move(terminal.columns)),
+      total_(total_steps),
+      first_step_(first_step),
+      start_(std::chrono::steady_clock::now()),
+      last_update_(start_),
+      last_update_step_(first_step) {
+  if (!out_ || mode == "none") return;
+  const bool terminal_attached =
+      out_ == &std::cout && bar_out_ == &std::cerr && ::isatty(STDERR_FILENO);
+  bar_ = mode == "bar" || (mode == "auto" && terminal_attached);
+  lines_ = !bar_;
+  if (bar_) {
+    if (!columns_) {
+      columns_ = [] {
+        const int columns = TerminalColumns(STDERR_FILENO);
+        return columns > 0 ? columns : 80;
+      };
+    }
+    InstallResizeHandler();
+    width_ = columns_();
+  }
+}
+
+void Progress::Update(
+    int64_t step, double loss, double accuracy, double solver_iterations, bool show_solver) {
   if (!bar_ && !lines_) return;
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const auto now = std::chrono::steady_clock::now();
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
   const int64_t done = step - first_step_;
   const double eta = done > 0 ? elapsed / done * static_cast<double>(total_ - step) : 0.0;
+  // Wall time per step since the last update (evaluations included).
+  const int64_t steps_since = step - last_update_step_;
+  const double ms_per_step =
+      steps_since > 0
+          ? 1000.0 * std::chrono::duration<double>(now - last_update_).count() / steps_since
+          : 0.0;
+  last_update_ = now;
+  last_update_step_ = step;
   std::ostringstream text;
   text << std::fixed << "step " << step << "/" << total_ << "  loss " << std::setprecision(4)
        << loss << "  acc " << std::setprecision(1) << 100.0 * accuracy << "%";
   if (show_solver) text << "  fwd iters " << std::setprecision(1) << solver_iterations;
-  text << "  ETA " << static_cast<int64_t>(eta) / 60 << ":" << std::setw(2) << std::setfill('0')
-       << static_cast<int64_t>(eta) % 60;
+  text << "  " << std::setprecision(1) << ms_per_step << " ms/step  " << MinutesSeconds(elapsed)
+       << " elapsed  ETA " << MinutesSeconds(eta);
   if (bar_) {
-    constexpr int kWidth = 24;
-    const int filled = total_ > 0 ? static_cast<int>(kWidth * step / total_) : kWidth;
-    *out_ << "\r[" << std::string(filled, '#') << std::string(kWidth - filled, '.') << "] "
-          << text.str() << "   " << std::flush;
-    bar_open_ = true;
+    last_text_ = text.str();
+    last_step_ = step;
+    DrawBar();
   } else {
     *out_ << text.str() << "\n" << std::flush;
   }
+}
+
+void Progress::DrawBar() {
+  if (terminal_resized.exchange(false)) width_ = columns_();
+  // One column stays free: writing the last column wraps on some terminals.
+  const int usable = std::max(1, width_ - 1);
+  std::string text = last_text_;
+  // The bar takes what the text leaves, from 40 down to 10 columns; below
+  // that it is left out, and then the text is cut.
+  const int room = usable - static_cast<int>(text.size()) - 3;  // "[", "] "
+  std::string line;
+  if (room >= 10) {
+    const int bar_width = std::min(room, 40);
+    const int filled = total_ > 0
+                           ? static_cast<int>(bar_width * std::min(last_step_, total_) / total_)
+                           : bar_width;
+    line = "[" + std::string(filled, '#') + std::string(bar_width - filled, '.') + "] " + text;
+  } else {
+    line = text.substr(0, static_cast<std::size_t>(usable));
+  }
+  // \r to the line's start, the line, then clear what an earlier, longer
+  // line left to its right.
+  *bar_out_ << "\r" << line << "\033[K" << std::flush;
+  bar_open_ = true;
 }
 
 void Progress::Eval(int64_t step, double loss, double accuracy) {
@@ -53,15 +144,14 @@ void Progress::Eval(int64_t step, double loss, double accuracy) {
 
 void Progress::Message(const std::string& text) {
   if (!out_) return;
-  EndBarLine();
+  if (bar_open_) *bar_out_ << "\r\033[K" << std::flush;  // the bar line, cleared
   *out_ << text << "\n" << std::flush;
+  if (bar_open_) DrawBar();
 }
 
-void Progress::Finish() { EndBarLine(); }
-
-void Progress::EndBarLine() {
+void Progress::Finish() {
   if (bar_open_) {
-    *out_ << "\n";
+    *bar_out_ << "\n" << std::flush;
     bar_open_ = false;
   }
 }

@@ -170,9 +170,17 @@ Tensor ReadCsvMatrix(const std::string& path, DType dtype) {
   int64_t columns = -1, rows = 0, line_number = 0;
   std::istringstream lines(text);
   std::string line;
+  bool seen_line = false;
   while (std::getline(lines, line)) {
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    // A header row of column names: its width is the rows' width.
+    if (!seen_line && IsCsvHeader(line)) {
+      seen_line = true;
+      columns = static_cast<int64_t>(std::count(line.begin(), line.end(), ',')) + 1;
+      continue;
+    }
+    seen_line = true;
     int64_t count = 0;
     // Cells split by hand: getline would drop an empty last cell ("1,2,").
     std::size_t begin = 0;
@@ -196,7 +204,7 @@ Tensor ReadCsvMatrix(const std::string& path, DType dtype) {
       begin = comma + 1;
     }
     SP_CHECK(columns < 0 || count == columns, path, ":", line_number, ": ", count,
-             " columns, but earlier rows have ", columns);
+             " columns, but earlier rows (or the header row) have ", columns);
     columns = count;
     ++rows;
   }

@@ -1,7 +1,9 @@
 #include "training/svg_plot.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <sstream>
 
@@ -13,6 +15,11 @@ namespace {
 // A colour-blind-safe palette (Okabe-Ito).
 const char* kColors[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
                          "#E69F00", "#56B4E9", "#000000", "#F0E442"};
+
+// Average advance of a character of the 12 px sans-serif legend text; the
+// legend is sized from it so long names are not cut at the SVG's edge.
+constexpr double kCharWidth = 7.0;
+constexpr double kLegendRow = 18.0;
 
 std::string Escape(const std::string& text) {
   std::string out;
@@ -37,37 +44,97 @@ std::string Escape(const std::string& text) {
   return out;
 }
 
-// "Nice" tick positions covering [low, high] (about `count` of them).
-std::vector<double> Ticks(double low, double high, int count) {
-  const double span = high - low;
-  const double raw = span / std::max(1, count);
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = magnitude;
-  for (double m : {1.0, 2.0, 5.0, 10.0}) {
-    if (m * magnitude >= raw) {
-      step = m * magnitude;
-      break;
-    }
-  }
+}  // namespace
+
+std::vector<double> LinearTicks(double low, double high) {
   std::vector<double> ticks;
-  for (double t = std::ceil(low / step) * step; t <= high + 1e-9 * step; t += step) {
-    ticks.push_back(std::abs(t) < 1e-12 * step ? 0.0 : t);
+  if (!(high > low) || !std::isfinite(low) || !std::isfinite(high)) return ticks;
+  const double span = high - low;
+  // The largest round step that still gives at least four ticks.
+  double step = std::pow(10.0, std::floor(std::log10(span)));
+  for (int guard = 0; guard < 8; ++guard) {
+    const int64_t count =
+        static_cast<int64_t>(std::floor(high / step + 1e-9) - std::ceil(low / step - 1e-9)) + 1;
+    if (count >= 4) break;
+    // 10 -> 5 -> 2 -> 1 times a power of ten.
+    const double mantissa = step / std::pow(10.0, std::floor(std::log10(step) + 1e-9));
+    step *= mantissa > 4.5 ? 0.4 : 0.5;
   }
+  const int64_t first = static_cast<int64_t>(std::ceil(low / step - 1e-9));
+  const int64_t last = static_cast<int64_t>(std::floor(high / step + 1e-9));
+  for (int64_t i = first; i <= last; ++i) ticks.push_back(static_cast<double>(i) * step);
   return ticks;
 }
 
-std::string FormatTick(double value) {
-  std::ostringstream out;
-  out.precision(4);
-  out << value;
-  return out.str();
+std::vector<double> LogTicks(double low, double high) {
+  std::vector<double> ticks;
+  if (!(low > 0) || !(high > low)) return ticks;
+  const int first = static_cast<int>(std::floor(std::log10(low) + 1e-9));
+  const int last = static_cast<int>(std::ceil(std::log10(high) - 1e-9));
+  const auto in_range = [&](double v) { return v >= low * (1 - 1e-9) && v <= high * (1 + 1e-9); };
+  for (int k = first; k <= last; ++k) {
+    if (in_range(std::pow(10.0, k))) ticks.push_back(std::pow(10.0, k));
+  }
+  if (ticks.size() < 3) {
+    ticks.clear();
+    for (int k = first; k <= last; ++k) {
+      for (double m : {1.0, 2.0, 5.0}) {
+        const double v = m * std::pow(10.0, k);
+        if (in_range(v)) ticks.push_back(v);
+      }
+    }
+  }
+  if (ticks.size() < 3) ticks = LinearTicks(low, high);
+  return ticks;
 }
 
-}  // namespace
+std::string TickLabel(double value) {
+  // Ticks are integer multiples of a round spacing, computed in floating
+  // point (3 * 0.1 = 0.30000000000000004): twelve significant digits remove
+  // that error, and the shortest form of the result is the round value.
+  char rounded[32];
+  std::snprintf(rounded, sizeof(rounded), "%.12g", value);
+  const double clean = std::strtod(rounded, nullptr);
+  if (clean == 0) return "0";
+  const double magnitude = std::abs(clean);
+  const std::chars_format format = magnitude >= 1e-4 && magnitude < 1e9
+                                       ? std::chars_format::fixed
+                                       : std::chars_format::scientific;
+  char buffer[64];
+  const auto result = std::to_chars(buffer, buffer + sizeof(buffer), clean, format);
+  return std::string(buffer, result.ptr);
+}
+
+PlotSeries EvaluatedPoints(const std::string& name,
+                           const std::vector<double>& x,
+                           const std::vector<double>& y,
+                           double scale,
+                           bool markers) {
+  PlotSeries series;
+  series.name = name;
+  series.markers = markers;
+  for (std::size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
+    if (!std::isfinite(x[i]) || !std::isfinite(y[i])) continue;
+    series.x.push_back(x[i]);
+    series.y.push_back(scale * y[i]);
+  }
+  return series;
+}
 
 std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions& options) {
-  const double left = 70, right = 160, top = 40, bottom = 50;
-  const double plot_w = options.width - left - right, plot_h = options.height - top - bottom;
+  const double left = 70, top = 40, bottom = 50;
+  std::size_t longest = 0;
+  for (const PlotSeries& s : series) longest = std::max(longest, s.name.size());
+  const double legend_w = 50 + kCharWidth * static_cast<double>(longest);
+  const double plot_w = options.width - left - 20;
+  const double plot_h = options.height - top - bottom;
+  // Beside the plot when it fits in half the width, else below it.
+  const bool legend_below = legend_w > 0.5 * options.width;
+  const double total_w =
+      legend_below ? std::max<double>(options.width, left + legend_w) : options.width + legend_w;
+  const double total_h =
+      options.height + (legend_below ? kLegendRow * static_cast<double>(series.size()) + 8 : 0);
+
   auto ty = [&](double y) { return options.log_y ? std::log10(y) : y; };
   auto tx = [&](double x) { return options.log_x ? std::log10(x) : x; };
   auto usable = [&](double x, double y) {
@@ -76,18 +143,29 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
   };
   double x_min = std::numeric_limits<double>::infinity(), x_max = -x_min;
   double y_min = x_min, y_max = -x_min;
+  auto include_y = [&](double y) {
+    y_min = std::min(y_min, ty(y));
+    y_max = std::max(y_max, ty(y));
+  };
   for (const PlotSeries& s : series) {
     for (std::size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
       if (!usable(s.x[i], s.y[i])) continue;
       x_min = std::min(x_min, tx(s.x[i]));
       x_max = std::max(x_max, tx(s.x[i]));
-      y_min = std::min(y_min, ty(s.y[i]));
-      y_max = std::max(y_max, ty(s.y[i]));
+      include_y(s.y[i]);
+      if (i < s.y_low.size() && i < s.y_high.size() && usable(s.x[i], s.y_low[i]) &&
+          usable(s.x[i], s.y_high[i])) {
+        include_y(s.y_low[i]);
+        include_y(s.y_high[i]);
+      }
     }
   }
   const bool empty = !std::isfinite(x_min);
   if (empty) x_min = 0, x_max = 1, y_min = 0, y_max = 1;
-  if (x_max == x_min) x_max = x_min + 1;
+  if (x_max == x_min) {
+    x_min -= 0.5;
+    x_max += 0.5;
+  }
   if (y_max == y_min) {
     y_min -= 0.5;
     y_max += 0.5;
@@ -95,32 +173,38 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
   const double pad = 0.05 * (y_max - y_min);
   y_min -= pad;
   y_max += pad;
+  // x and y in data units (not log10 of them); x_min .. y_max are on the
+  // (possibly log) axes.
   auto px = [&](double x) { return left + (tx(x) - x_min) / (x_max - x_min) * plot_w; };
-  // A tick position t is already on the (possibly log) axis.
-  auto tick_x = [&](double t) { return left + (t - x_min) / (x_max - x_min) * plot_w; };
   auto py = [&](double y) { return top + (1 - (ty(y) - y_min) / (y_max - y_min)) * plot_h; };
 
   std::ostringstream svg;
   svg.precision(6);
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << options.width << "\" height=\""
-      << options.height << "\" viewBox=\"0 0 " << options.width << " " << options.height
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << total_w << "\" height=\""
+      << total_h << "\" viewBox=\"0 0 " << total_w << " " << total_h
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << left + plot_w / 2 << "\" y=\"22\" text-anchor=\"middle\" "
       << "font-size=\"15\">" << Escape(options.title) << "</text>\n";
   // Grid and ticks.
-  for (double t : Ticks(x_min, x_max, 6)) {
-    const std::string label = options.log_x ? FormatTick(std::pow(10.0, t)) : FormatTick(t);
-    svg << "<line x1=\"" << tick_x(t) << "\" y1=\"" << top << "\" x2=\"" << tick_x(t)
-        << "\" y2=\"" << top + plot_h << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << tick_x(t)
-        << "\" y=\"" << top + plot_h + 16 << "\" text-anchor=\"middle\">" << label << "</text>\n";
+  const std::vector<double> x_ticks = options.log_x
+                                          ? LogTicks(std::pow(10.0, x_min), std::pow(10.0, x_max))
+                                          : LinearTicks(x_min, x_max);
+  for (double t : x_ticks) {
+    svg << "<line x1=\"" << px(t) << "\" y1=\"" << top << "\" x2=\"" << px(t) << "\" y2=\""
+        << top + plot_h << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << px(t) << "\" y=\""
+        << top + plot_h + 16 << "\" text-anchor=\"middle\">" << TickLabel(t)
+        << "</text>\n";
   }
-  for (double t : Ticks(y_min, y_max, 5)) {
-    const double y = top + (1 - (t - y_min) / (y_max - y_min)) * plot_h;
-    const std::string label = options.log_y ? FormatTick(std::pow(10.0, t)) : FormatTick(t);
+  const std::vector<double> y_ticks = options.log_y
+                                          ? LogTicks(std::pow(10.0, y_min), std::pow(10.0, y_max))
+                                          : LinearTicks(y_min, y_max);
+  for (std::size_t i = 0; i < y_ticks.size(); ++i) {
+    const double t = y_ticks[i];
+    const double y = py(t);
     svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + plot_w << "\" y2=\""
         << y << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << left - 6 << "\" y=\"" << y + 4
-        << "\" text-anchor=\"end\">" << label << "</text>\n";
+        << "\" text-anchor=\"end\">" << TickLabel(t) << "</text>\n";
   }
   svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << plot_w << "\" height=\""
       << plot_h << "\" fill=\"none\" stroke=\"#333\"/>\n"
@@ -134,10 +218,35 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
     svg << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << top + plot_h / 2
         << "\" text-anchor=\"middle\" fill=\"#999\">no finite data</text>\n";
   }
-  // Series: one polyline per unbroken run of usable points.
   for (std::size_t k = 0; k < series.size(); ++k) {
     const PlotSeries& s = series[k];
     const char* color = kColors[k % (sizeof(kColors) / sizeof(kColors[0]))];
+    // The band: one polygon per unbroken run of usable low/high pairs.
+    if (!s.y_low.empty() && !s.y_high.empty()) {
+      std::vector<std::size_t> run;
+      auto flush_band = [&] {
+        if (run.size() >= 2) {
+          svg << "<polygon fill=\"" << color << "\" fill-opacity=\"0.18\" stroke=\"none\" "
+              << "points=\"";
+          for (std::size_t i : run) svg << px(s.x[i]) << "," << py(s.y_high[i]) << " ";
+          for (auto it = run.rbegin(); it != run.rend(); ++it) {
+            svg << px(s.x[*it]) << "," << py(s.y_low[*it]) << " ";
+          }
+          svg << "\"/>\n";
+        }
+        run.clear();
+      };
+      for (std::size_t i = 0; i < s.x.size(); ++i) {
+        if (i < s.y_low.size() && i < s.y_high.size() && usable(s.x[i], s.y_low[i]) &&
+            usable(s.x[i], s.y_high[i])) {
+          run.push_back(i);
+        } else {
+          flush_band();
+        }
+      }
+      flush_band();
+    }
+    // The line: one polyline per unbroken run of usable points.
     std::string points;
     auto flush = [&] {
       if (!points.empty()) {
@@ -161,11 +270,12 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
       }
     }
     flush();
-    const double ly = top + 14 + 18.0 * k;
-    svg << "<line x1=\"" << left + plot_w + 12 << "\" y1=\"" << ly - 4 << "\" x2=\""
-        << left + plot_w + 32 << "\" y2=\"" << ly - 4 << "\" stroke=\"" << color
-        << "\" stroke-width=\"2.5\"/>\n<text x=\"" << left + plot_w + 38 << "\" y=\"" << ly
-        << "\">" << Escape(s.name) << "</text>\n";
+    const double lx = legend_below ? left : left + plot_w + 12;
+    const double ly = legend_below ? options.height + 8 + kLegendRow * static_cast<double>(k)
+                                   : top + 14 + kLegendRow * static_cast<double>(k);
+    svg << "<line x1=\"" << lx << "\" y1=\"" << ly - 4 << "\" x2=\"" << lx + 20 << "\" y2=\""
+        << ly - 4 << "\" stroke=\"" << color << "\" stroke-width=\"2.5\"/>\n<text x=\"" << lx + 26
+        << "\" y=\"" << ly << "\">" << Escape(s.name) << "</text>\n";
   }
   svg << "</svg>\n";
   return svg.str();

@@ -1,7 +1,10 @@
 // Line charts as standalone SVG text: several named series on shared axes,
-// with ticks, grid, axis labels and a legend. Used for the run directory's
-// curves and the comparison report. Non-finite points are skipped (a gap in
-// the line), so a diverged run still plots.
+// with ticks at round values, grid, axis labels (with their units) and a
+// legend sized to its longest entry. Used for the run directory's curves and
+// the comparison report. Non-finite points are skipped (a gap in the line),
+// so a diverged run still plots; a column that holds values only on some
+// rows (held-out accuracy, written at evaluations) is passed through
+// EvaluatedPoints first, so its points join into one line.
 #pragma once
 
 #include <string>
@@ -14,19 +17,42 @@ struct PlotSeries {
   std::vector<double> x;
   std::vector<double> y;
   bool markers = false;  // draw a dot at each point (for short series)
+  // Optional band drawn shaded behind the line (e.g. mean +- standard
+  // deviation over seeds): empty, or one low and one high value per x.
+  std::vector<double> y_low = {};
+  std::vector<double> y_high = {};
 };
 
 struct PlotOptions {
   std::string title;
-  std::string x_label;
-  std::string y_label;
-  bool log_y = false;  // only positive y values are drawn
+  std::string x_label;  // with the unit, e.g. "step"
+  std::string y_label;  // with the unit, e.g. "accuracy (%)"
+  bool log_y = false;   // only positive y values are drawn
+  // The plot area's size; the legend is added to the right of it, or below
+  // it when it would take more than half the width.
   int width = 640;
   int height = 400;
   bool log_x = false;  // only positive x values are drawn
 };
 
 std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions& options);
+
+// The points (x[i], scale * y[i]) whose y is finite: a column written only on
+// some rows becomes one connected line instead of isolated points.
+PlotSeries EvaluatedPoints(const std::string& name, const std::vector<double>& x,
+                           const std::vector<double>& y, double scale = 1.0, bool markers = true);
+
+// Tick positions at round values covering [low, high]: multiples of 1, 2 or
+// 5 times a power of ten, the largest such spacing that gives at least 4
+// of them (so at most 11).
+std::vector<double> LinearTicks(double low, double high);
+// Ticks of a log axis covering [low, high] (positive): powers of ten, with 2
+// and 5 times them when fewer than three decades are covered, and linear
+// round values when the span is within one decade.
+std::vector<double> LogTicks(double low, double high);
+// A tick label: a round value in its shortest form ("0.3", "25", "100000",
+// "1e-06"), never "0.30000000000000004".
+std::string TickLabel(double value);
 
 // Writes text to path (atomically); throws an Error naming the path.
 void WriteTextFile(const std::string& path, const std::string& text);

@@ -33,6 +33,7 @@
 #include "training/run_directory.h"
 #include "training/schedule.h"
 #include "training/signals.h"
+#include "training/summary_json.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {
@@ -130,6 +131,9 @@ SolverStats ShardedStats(const DataParallel& data_parallel,
   return total;
 }
 
+// The run's curves from its metrics file; rewritten at every evaluation so
+// a long run can be watched. Held-out values exist on evaluation rows only:
+// EvaluatedPoints joins them into one line.
 void WritePlots(const std::string& run_dir) {
   const auto m = ReadRunMetrics(run_dir);
   auto column = [&](const std::string& name) {
@@ -137,20 +141,21 @@ void WritePlots(const std::string& run_dir) {
     return it == m.end() ? std::vector<double>{} : it->second;
   };
   const std::vector<double> step = column("step");
-  PlotOptions loss{"Loss", "step", "cross-entropy", true};
+  PlotOptions loss{"Loss", "step", "cross-entropy (nats)", true};
   WriteTextFile(run_dir + "/loss.svg",
-                LinePlotSvg({{"train", step, column("loss")},
-                             {"test", step, column("test_loss"), true}},
+                LinePlotSvg({EvaluatedPoints("train", step, column("loss"), 1.0, false),
+                             EvaluatedPoints("test", step, column("test_loss"))},
                             loss));
-  PlotOptions accuracy{"Accuracy", "step", "accuracy", false};
+  PlotOptions accuracy{"Accuracy", "step", "accuracy (%)", false};
   WriteTextFile(run_dir + "/accuracy.svg",
-                LinePlotSvg({{"train", step, column("accuracy")},
-                             {"test", step, column("test_accuracy"), true}},
+                LinePlotSvg({EvaluatedPoints("train", step, column("accuracy"), 100.0, false),
+                             EvaluatedPoints("test", step, column("test_accuracy"), 100.0)},
                             accuracy));
   PlotOptions solver{"Solver iterations", "step", "iterations (mean over samples)", false};
   WriteTextFile(run_dir + "/solver.svg",
-                LinePlotSvg({{"forward", step, column("fwd_iters_mean")},
-                             {"backward", step, column("bwd_iters_mean")}},
+                LinePlotSvg({EvaluatedPoints("forward", step, column("fwd_iters_mean"), 1.0, false),
+                             EvaluatedPoints("backward", step, column("bwd_iters_mean"), 1.0,
+                                             false)},
                             solver));
 }
 
@@ -215,6 +220,11 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"backward_tolerance_met\": " << ToleranceMetJson(s.backward)
       << ",\n  \"backward_status\": " << StatusJson(s.backward)
       << ",\n  \"backward_unconverged_steps\": " << s.unconverged_backward_steps
+      << ",\n  \"solvers\": {\"forward\": " << SolverStatsJson(s.forward)
+      << ", \"backward\": " << SolverStatsJson(s.backward)
+      << ", \"attention_forward\": " << SolverStatsJson(s.attention_forward)
+      << ", \"attention_backward\": " << SolverStatsJson(s.attention_backward) << "}"
+      << ",\n  \"provenance\": " << ProvenanceJson(s.provenance)
       << ",\n  \"gradient_check\": ";
   if (s.gradient_check.ran) {
     const GradientCheck& g = s.gradient_check;
@@ -305,6 +315,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   SequenceModel& model = *e.model;
   TrainSummary summary;
   summary.run_dir = RunDirectory(c, e.config_path);
+  summary.provenance = CollectProvenance(c);
   // Held until Train returns: one writer per run directory.
   std::optional<RunDirectoryLock> lock;
   OnMainRank([&] { lock.emplace(summary.run_dir); });
@@ -663,6 +674,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         }
       }
       metrics.Write(row);
+      if (do_eval && c.GetBool("log.plots")) WritePlots(summary.run_dir);
       progress.Update(step, row["loss"], row["accuracy"], forward.iterations_mean, implicit);
       window_loss = window_correct = window_count = window_steps = 0;
     }
@@ -689,10 +701,12 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   }
   if (!writes) return summary;  // rank 0 writes the run directory
   if (c.GetBool("log.plots")) WritePlots(summary.run_dir);
+  summary.provenance.end_time = UtcNow();
   WriteTextFile(summary.run_dir + "/summary.json", SummaryJson(summary));
   std::ostringstream md;
   md << "# Run summary\n\n" << summary.BriefReport() << "\n\nModel: " << model.Name() << ", "
-     << summary.num_parameters << " parameters.\n";
+     << summary.num_parameters << " parameters.\n\nProvenance: "
+     << ProvenanceMarkdown(summary.provenance) << "\n";
   if (!last_forward.brief.empty()) {
     md << "\nLast forward solve: " << last_forward.brief << "\n\nForward residual "
        << ResidualCell(last_forward) << "; samples: " << StatusCell(last_forward) << "\n";

@@ -31,6 +31,7 @@
 
 #include "training/experiment.h"
 #include "training/gradient_check.h"
+#include "training/provenance.h"
 
 namespace stillpoint {
 
@@ -67,6 +68,8 @@ struct TrainSummary {
   // SIGINT or SIGTERM stopped the run after a step (training/signals.h); the
   // checkpoint and summary of the step reached were written. 0 otherwise.
   int stop_signal = 0;
+  // Version, revision, command line, overrides, machine, start and end.
+  Provenance provenance;
 
   std::string BriefReport() const;
 };

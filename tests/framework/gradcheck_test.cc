@@ -80,5 +80,77 @@ TEST(GradCheckTest, RejectsFloat32Inputs) {
   EXPECT_THROW(CheckGradients([](const VarList& in) { return exp(in[0]); }, {x}), Error);
 }
 
+// A module whose forward scales its input by its parameter w: out = w * x,
+// with dL/dw optionally off by a factor.
+class Scale : public Module {
+ public:
+  explicit Scale(double factor) : factor_(factor) {
+    w_ = RegisterParameter("w", Tensor::Full({3}, 0.7, DType::kFloat64));
+  }
+  std::string Name() const override { return "Scale"; }
+  Var Forward(const Var& x) const {
+    const double factor = factor_;
+    Tensor out = x.value().Clone();
+    for (int64_t i = 0; i < out.numel(); ++i) out.set(i, out.at(i) * w_.value().at(i));
+    return RecordOp("scale", out, {x, w_},
+                    [factor](const VarList& in, const Var&, const Var& g) {
+                      return VarList{mul(g, in[1]), mul_scalar(mul(g, in[0]), factor)};
+                    });
+  }
+
+ private:
+  double factor_;
+  Var w_;
+};
+
+// The trap CheckGradients cannot see by itself: f ignores the checked input
+// and reads the module's own parameter, so every gradient is exactly 0.
+// It now fails, saying so, unless allowed.
+TEST(GradCheckTest, AllZeroGradientsFailWithAWarning) {
+  Scale module(1.0);
+  const Var x = RandomInput({3}, 5);
+  VarFunction reads_parameter = [&](const VarList& in) {
+    (void)in;  // the copy of the parameter is not what forward reads
+    return module.Forward(x);
+  };
+  const Var parameter_copy(module.parameters()[0].value().Clone());
+  GradCheckResult r = CheckGradients(reads_parameter, {parameter_copy});
+  EXPECT_FALSE(r);
+  EXPECT_TRUE(r.all_zero);
+  std::ostringstream text;
+  text << r;
+  EXPECT_NE(text.str().find("every compared gradient (3 entries) is exactly zero"),
+            std::string::npos)
+      << text.str();
+  EXPECT_NE(text.str().find("CheckParameterGradients"), std::string::npos);
+  GradCheckOptions allow;
+  allow.allow_all_zero = true;
+  r = CheckGradients(reads_parameter, {parameter_copy}, allow);
+  EXPECT_TRUE(r);
+  EXPECT_TRUE(r.all_zero);
+  // A gradient that is not all zero is unaffected.
+  EXPECT_FALSE(CheckGradients([&](const VarList& in) { return module.Forward(in[0]); }, {x}).all_zero);
+}
+
+TEST(GradCheckTest, CheckParameterGradientsComparesTheModulesOwnParameters) {
+  const Var x = RandomInput({3}, 6);
+  Scale right(1.0), wrong(1.5);
+  const GradCheckResult good =
+      CheckParameterGradients(right, [&] { return sum(square(right.Forward(x))); });
+  EXPECT_TRUE(good) << good;
+  EXPECT_EQ(good.entries_checked, 3);
+  const GradCheckResult bad =
+      CheckParameterGradients(wrong, [&] { return sum(square(wrong.Forward(x))); });
+  EXPECT_FALSE(bad) << bad;
+  EXPECT_NE(bad.log.find("w["), std::string::npos) << bad.log;
+  // The parameters are restored and the gradients cleared.
+  EXPECT_EQ(wrong.parameters()[0].value().at(1), 0.7);
+  EXPECT_FALSE(wrong.parameters()[0].has_grad());
+  // A loss that does not read the parameters: all zero, failed.
+  const GradCheckResult unrelated = CheckParameterGradients(right, [&] { return sum(square(x)); });
+  EXPECT_FALSE(unrelated);
+  EXPECT_TRUE(unrelated.all_zero);
+}
+
 }  // namespace
 }  // namespace stillpoint

@@ -257,5 +257,30 @@ TEST(EnergyLayerTest, EnumStrings) {
   EXPECT_FALSE(StringToEnergySolveMode("fixed", &mode));
 }
 
+// An Energy that returns one number for the whole batch (a sum over the
+// samples) instead of [B] is refused, naming the layer.
+class BatchSummedEnergy : public EnergyLayer {
+ public:
+  std::string Name() const override { return "BatchSummedEnergy"; }
+  Var Energy(const Var& z, const EnergyContext&) const override {
+    return mul_scalar(sum(square(z)), 0.5);
+  }
+};
+
+TEST(EnergyLayerTest, AnEnergyNotShapedBatchIsRefused) {
+  BatchSummedEnergy layer;
+  Rng rng(3);
+  const Var z(RandomNormal({4, 2}, 0, 1, DType::kFloat64, rng));
+  try {
+    layer.EnergyGrad(z, EnergyContext());
+    ADD_FAILURE() << "a scalar energy was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("BatchSummedEnergy::Energy returned shape []"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("it must return [4]"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace stillpoint

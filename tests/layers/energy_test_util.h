@@ -82,50 +82,24 @@ inline std::ostream& operator<<(std::ostream& out, const ParameterCheck& check) 
              << check.log;
 }
 
-// Compares backward's gradient of loss() with respect to every trainable
-// parameter of module against central differences (perturbing the values in
-// place). loss must rebuild its graph on every call and return a scalar.
-// An entry fails when both |a - n| > abs_tol and |a - n| > rel_tol max(|a|, |n|).
+// stillpoint::CheckParameterGradients (framework/gradcheck.h) with the step
+// and tolerances given positionally; called with the module and the loss
+// alone, the framework's function is chosen.
 inline ParameterCheck CheckParameterGradients(Module& module,
                                               const std::function<Var()>& loss,
-                                              double step = 1e-6,
-                                              double rel_tol = 1e-6,
-                                              double abs_tol = 1e-8) {
+                                              double step,
+                                              double rel_tol,
+                                              double abs_tol) {
+  GradCheckOptions options;
+  options.step = step;
+  options.relative_tolerance = rel_tol;
+  options.absolute_tolerance = abs_tol;
+  options.max_reported = 20;
+  const GradCheckResult result = stillpoint::CheckParameterGradients(module, loss, options);
   ParameterCheck check;
-  module.ZeroGrad();
-  Var value = loss();
-  backward(value);
-  std::ostringstream log;
-  for (auto& [name, parameter] : module.named_parameters()) {
-    if (!parameter.requires_grad()) continue;
-    Tensor analytic = parameter.has_grad() ? parameter.grad().value().Clone()
-                                           : Tensor::Zeros(parameter.shape(), DType::kFloat64);
-    Tensor& values = parameter.mutable_value();
-    for (int64_t i = 0; i < values.numel(); ++i) {
-      const double original = values.at(i);
-      double plus, minus;
-      {
-        NoGrad no_grad;
-        values.set(i, original + step);
-        plus = loss().item();
-        values.set(i, original - step);
-        minus = loss().item();
-        values.set(i, original);
-      }
-      const double numeric = (plus - minus) / (2.0 * step);
-      const double a = analytic.at(i);
-      const double error = std::abs(a - numeric);
-      const double scale = std::max(std::abs(a), std::abs(numeric));
-      const double rel = scale > 0.0 ? error / scale : 0.0;
-      if (error > abs_tol) check.max_rel_error = std::max(check.max_rel_error, rel);
-      if (error > abs_tol && error > rel_tol * scale) {
-        check.ok = false;
-        log << "  " << name << "[" << i << "]: analytic " << a << ", numeric " << numeric << "\n";
-      }
-    }
-  }
-  module.ZeroGrad();
-  check.log = log.str();
+  check.ok = result.ok;
+  check.max_rel_error = result.max_rel_error;
+  check.log = result.log;
   return check;
 }
 

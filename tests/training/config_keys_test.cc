@@ -38,6 +38,7 @@
 #include "training/experiment.h"
 #include "training/metrics.h"
 #include "training/trainer.h"
+#include "training/weights_file.h"
 
 namespace stillpoint {
 namespace {
@@ -69,6 +70,16 @@ class ConfigKeysTest : public ::testing::Test {
     WriteCsv("test_b.csv", 14);
     config_path_ = (dir_ / "base.yaml").string();
     std::ofstream(config_path_) << BaseYaml();
+    // Weights for model.init_from: the base model's initialisation, halved.
+    Experiment base =
+        BuildExperiment(Config::FromFile(StillpointSchema(), config_path_), config_path_);
+    NamedTensors halved = base.model->NamedValues();
+    for (auto& [name, tensor] : halved) {
+      std::vector<double> values = tensor.ToVector();
+      for (double& v : values) v *= 0.5;
+      tensor = Tensor::FromVector(tensor.shape(), values, tensor.dtype());
+    }
+    WriteSafetensors(Path("init.safetensors"), halved);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -283,6 +294,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"model.num_layers", {{"model.kind=explicit"}, "3"}},
       {"model.unroll_steps", {{"model.kind=tied"}, "3"}},
       {"model.dropout", {{}, "0.2"}},
+      {"model.init_from", {{}, path("init.safetensors")}},
       {"model.regularization.jacobian_weight", {{}, "0.5"}},
       {"model.regularization.jacobian_probes", {jacobian, "3"}},
       {"model.regularization.jacobian_frequency", {jacobian, "0.5"}},
@@ -321,6 +333,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"log.progress", {{}, "none"}},
       {"compare.variants", {{}, "[explicit, tied]", ProbeKind::kCompare}},
       {"compare.probe_batch_size", {{}, "2", ProbeKind::kCompare}},
+      {"compare.seeds", {{}, "[5, 6]", ProbeKind::kCompare}},
       {"compare.attention", {{}, "[softmax]", ProbeKind::kCompare}},
       {"compare.kinds",
        {{"compare.attention=[softmax]"}, "[explicit, tied]", ProbeKind::kCompare}},

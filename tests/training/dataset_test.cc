@@ -210,6 +210,30 @@ TEST_F(FileTest, CsvTokensWithPerTokenTargets) {
   EXPECT_EQ(data->Get(1).targets, (std::vector<int64_t>{1, 3, 3}));
 }
 
+// A header row of column names is read as such; a line mixing names and
+// numbers is not a header, and a header must name as many columns as the rows.
+TEST_F(FileTest, CsvHeaderRowIsSkipped) {
+  const std::string path =
+      Write("csv_header", "t0,t1,t2,y0,y1,y2\n0,1,2,2,1,0\n3,3,1,1,3,3\n");
+  CsvDatasetOptions options{path, 3, 0, 4, 4};
+  auto data = LoadCsvDataset(options);
+  ASSERT_EQ(data->size(), 2);
+  EXPECT_EQ(data->Get(0).tokens, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_TRUE(IsCsvHeader("x0, x1 ,label"));
+  EXPECT_FALSE(IsCsvHeader("x0,1,label"));
+  EXPECT_FALSE(IsCsvHeader("1e3,2"));
+  EXPECT_FALSE(IsCsvHeader("a,,b"));
+  options.path = Write("csv_mixed", "t0,1,2,2,1,0\n0,1,2,2,1,0\n");
+  EXPECT_NE(ErrorOf([&] { LoadCsvDataset(options); }).find(":1: column 1"), std::string::npos);
+  options.path = Write("csv_narrow_header", "a,b,c,d\n0,1,2,2,1,0\n");
+  const std::string message = ErrorOf([&] { LoadCsvDataset(options); });
+  EXPECT_NE(message.find(":2: 6 columns, but the header row names 4"), std::string::npos)
+      << message;
+  // A second header-like line is data, and an error.
+  options.path = Write("csv_two_headers", "a,b,c,d,e,f\na,b,c,d,e,f\n0,1,2,2,1,0\n");
+  EXPECT_NE(ErrorOf([&] { LoadCsvDataset(options); }).find(":2: column 1"), std::string::npos);
+}
+
 TEST_F(FileTest, CsvErrorsNameLineAndColumn) {
   const std::string path = Write("csv_bad", "0,1,2,1\n0,x,2,1\n");
   CsvDatasetOptions options{path, 3, 0, 4, 4};

@@ -138,6 +138,21 @@ TEST_F(RetrieveCliTest, WritesFixedPointsAndStats) {
   EXPECT_EQ(stats["per_query"][1]["status"].as<std::string>(), "CONVERGED");
 }
 
+// Pattern and query files may open with a header row of column names.
+TEST_F(RetrieveCliTest, CsvHeaderRowsAreSkipped) {
+  RetrieveArgs args;
+  args.patterns_path = Write("ph.csv", "x,y\n1,0\n0,1\n-1,0\n");
+  args.queries_path = Write("qh.csv", "x,y\n0.2,0.7\n");
+  args.out_dir = (dir_ / "out_header").string();
+  args.beta = 20;
+  std::ostringstream out, err;
+  ASSERT_EQ(RunRetrieve(args, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("1 queries against 3 patterns"), std::string::npos) << out.str();
+  args.queries_path = Write("qh3.csv", "x,y,z\n0.2,0.7\n");
+  EXPECT_EQ(RunRetrieve(args, out, err), 2);
+  EXPECT_NE(err.str().find("qh3.csv:2: 2 columns"), std::string::npos) << err.str();
+}
+
 TEST_F(RetrieveCliTest, BadCsvIsAnInputErrorNamingFileAndLine) {
   RetrieveArgs args;
   args.patterns_path = Write("ragged.csv", "1,0\n0,1,2\n");

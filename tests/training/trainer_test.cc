@@ -19,7 +19,6 @@
 #include "training/config_schema.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"
-#include "training/progress.h"
 
 namespace stillpoint {
 namespace {
@@ -653,40 +652,6 @@ TEST_F(TrainerTest, JacobianPenaltyWorksWithShards) {
   EXPECT_TRUE(differs_from_plain);
 }
 
-// The progress display: a bar redrawn in place (carriage returns) on a
-// terminal, one line per update otherwise, nothing but messages for "none".
-TEST(ProgressTest, BarLinesAndNone) {
-  auto run = [](const std::string& mode) {
-    std::ostringstream out;
-    Progress progress(&out, mode, 4, 0);
-    for (int step = 1; step <= 4; ++step) progress.Update(step, 1.0 / step, 0.25 * step, 7.5, true);
-    progress.Message("eval at step 4");
-    progress.Finish();
-    return out.str();
-  };
-  const std::string bar = run("bar");
-  EXPECT_EQ(std::count(bar.begin(), bar.end(), '\r'), 4) << bar;
-  EXPECT_NE(bar.find("\r[" + std::string(24, '#') + "] step 4/4  loss 0.2500  acc 100.0%"),
-            std::string::npos)
-      << bar;
-  EXPECT_NE(bar.find(std::string("[") + std::string(6, '#') + std::string(18, '.') + "] step 1/4"),
-            std::string::npos)
-      << bar;
-  EXPECT_NE(bar.find("fwd iters 7.5  ETA 0:00"), std::string::npos) << bar;
-  // The message starts on a line of its own after the bar.
-  EXPECT_NE(bar.find("   \neval at step 4\n"), std::string::npos) << bar;
-
-  const std::string lines = run("lines");
-  EXPECT_EQ(lines.find('\r'), std::string::npos) << lines;
-  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 5) << lines;
-  EXPECT_EQ(lines.rfind("step 1/4  loss 1.0000  acc 25.0%  fwd iters 7.5  ETA ", 0), 0u) << lines;
-
-  EXPECT_EQ(run("none"), "eval at step 4\n");
-  // "auto" on a stream that is not the terminal's standard output: lines.
-  const std::string automatic = run("auto");
-  EXPECT_EQ(automatic.find('\r'), std::string::npos) << automatic;
-  EXPECT_EQ(std::count(automatic.begin(), automatic.end(), '\n'), 5) << automatic;
-}
 
 TEST(ConfigDocsTest, DocsConfigMdIsGeneratedFromTheSchema) {
   std::ifstream file(std::string(STILLPOINT_SOURCE_DIR) + "/docs/config.md");

@@ -1,0 +1,587 @@
+#include "training/compare_report.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "training/config_schema.h"
+#include "training/metrics.h"
+#include "training/summary_json.h"
+#include "training/svg_plot.h"
+
+namespace stillpoint {
+namespace {
+
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string Scientific(double value) {
+  if (!std::isfinite(value)) return "-";
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%.2e", value);
+  return buffer;
+}
+
+std::string Fixed(double value, int digits) {
+  if (!std::isfinite(value)) return "-";
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  return out.str();
+}
+
+// The finite values' mean and sample standard deviation (NaN for the
+// deviation of fewer than two).
+std::pair<double, double> MeanStd(const std::vector<double>& values) {
+  double sum = 0;
+  int n = 0;
+  for (double v : values) {
+    if (std::isfinite(v)) sum += v, ++n;
+  }
+  if (n == 0) return {kNaN, kNaN};
+  const double mean = sum / n;
+  if (n < 2) return {mean, kNaN};
+  double squares = 0;
+  for (double v : values) {
+    if (std::isfinite(v)) squares += (v - mean) * (v - mean);
+  }
+  return {mean, std::sqrt(squares / (n - 1))};
+}
+
+// "x" for one run, "mean ± std" for several; format turns a value into text.
+template <typename Format>
+std::string PooledCell(const std::vector<double>& values,
+                       Format format,
+                       const std::string& suffix = "") {
+  const auto [mean, std_dev] = MeanStd(values);
+  if (!std::isfinite(mean)) return "-";
+  if (values.size() < 2 || !std::isfinite(std_dev)) return format(mean) + suffix;
+  return format(mean) + " ± " + format(std_dev) + suffix;
+}
+
+// The runs of one variant name (one per seed).
+struct Group {
+  std::string name;
+  std::vector<const VariantResult*> runs;
+  std::vector<const std::map<std::string, std::vector<double>>*> metrics;
+
+  template <typename Get>
+  std::vector<double> Values(Get get) const {
+    std::vector<double> values;
+    for (const VariantResult* run : runs) values.push_back(get(*run));
+    return values;
+  }
+};
+
+// The markdown table `table` (header, |---| line, rows) as HTML rows.
+std::string MarkdownTableToHtml(const std::string& table) {
+  std::ostringstream html;
+  html << "<table>\n";
+  std::istringstream rows(table);
+  std::string row;
+  int index = 0;
+  while (std::getline(rows, row)) {
+    if (index++ == 1) continue;  // the |---| line
+    html << "<tr>";
+    std::istringstream cells(row);
+    std::string cell;
+    std::getline(cells, cell, '|');
+    while (std::getline(cells, cell, '|')) {
+      const auto a = cell.find_first_not_of(' '), b = cell.find_last_not_of(' ');
+      html << (index == 1 ? "<th>" : "<td>")
+           << (a == std::string::npos ? "" : cell.substr(a, b - a + 1))
+           << (index == 1 ? "</th>" : "</td>");
+    }
+    html << "</tr>\n";
+  }
+  html << "</table>\n";
+  return html.str();
+}
+
+// Markdown prose as HTML paragraphs (`code` and *emphasis* kept).
+std::string ProseToHtml(const std::string& text) {
+  std::string html = "<p>";
+  bool code = false, emphasis = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '`') {
+      html += code ? "</code>" : "<code>";
+      code = !code;
+    } else if (c == '*' && !code) {
+      html += emphasis ? "</em>" : "<em>";
+      emphasis = !emphasis;
+    } else if (c == '\n' && i + 1 < text.size() && text[i + 1] == '\n') {
+      html += "</p>\n<p>";
+      ++i;
+    } else if (c == '<') {
+      html += "&lt;";
+    } else if (c == '>') {
+      html += "&gt;";
+    } else if (c == '&') {
+      html += "&amp;";
+    } else {
+      html += c;
+    }
+  }
+  return html + "</p>\n";
+}
+
+// A curve figure's numbers: one row per x value (of any series), one column
+// per series ("-" where a series has no point; mean ± std for a band).
+std::string CurveTable(const std::vector<PlotSeries>& series,
+                       const std::string& x_name,
+                       const std::string& unit) {
+  std::vector<double> xs;
+  for (const PlotSeries& s : series) xs.insert(xs.end(), s.x.begin(), s.x.end());
+  std::sort(xs.begin(), xs.end());
+  xs.erase(std::unique(xs.begin(), xs.end()), xs.end());
+  std::ostringstream table;
+  table << "| " << x_name << " |";
+  for (const PlotSeries& s : series) table << " " << s.name << " |";
+  table << "\n|---|";
+  for (std::size_t i = 0; i < series.size(); ++i) table << "---|";
+  table << "\n";
+  for (double x : xs) {
+    table << "| " << TickLabel(x) << " |";
+    for (const PlotSeries& s : series) {
+      std::string cell = "-";
+      for (std::size_t i = 0; i < s.x.size(); ++i) {
+        if (s.x[i] != x || !std::isfinite(s.y[i])) continue;
+        cell = Fixed(s.y[i], 2) + unit;
+        if (i < s.y_high.size() && std::isfinite(s.y_high[i])) {
+          cell = Fixed(s.y[i], 2) + " ± " + Fixed(s.y_high[i] - s.y[i], 2) + unit;
+        }
+      }
+      table << " " << cell << " |";
+    }
+    table << "\n";
+  }
+  return table.str();
+}
+
+// The series of a group's runs as one: at each x of the first run, the mean
+// over the runs that have it, with a band of +- one standard deviation when
+// there are several runs.
+PlotSeries Pool(const std::string& name, const std::vector<PlotSeries>& runs, bool markers) {
+  PlotSeries pooled;
+  pooled.name = name;
+  pooled.markers = markers;
+  if (runs.empty()) return pooled;
+  if (runs.size() == 1) {
+    pooled.x = runs[0].x;
+    pooled.y = runs[0].y;
+    return pooled;
+  }
+  for (std::size_t i = 0; i < runs[0].x.size(); ++i) {
+    const double x = runs[0].x[i];
+    std::vector<double> ys;
+    for (const PlotSeries& run : runs) {
+      for (std::size_t j = 0; j < run.x.size(); ++j) {
+        if (run.x[j] == x) ys.push_back(run.y[j]);
+      }
+    }
+    const auto [mean, std_dev] = MeanStd(ys);
+    pooled.x.push_back(x);
+    pooled.y.push_back(mean);
+    pooled.y_low.push_back(std::isfinite(std_dev) ? mean - std_dev : kNaN);
+    pooled.y_high.push_back(std::isfinite(std_dev) ? mean + std_dev : kNaN);
+  }
+  return pooled;
+}
+
+PlotSeries PairsSeries(const std::string& name,
+                       const std::vector<std::pair<double, double>>& pairs) {
+  PlotSeries s{name, {}, {}, true};
+  for (const auto& [x, y] : pairs) {
+    s.x.push_back(x);
+    s.y.push_back(100.0 * y);
+  }
+  return s;
+}
+
+std::vector<double> Column(const std::map<std::string, std::vector<double>>& metrics,
+                           const std::string& key) {
+  const auto it = metrics.find(key);
+  return it == metrics.end() ? std::vector<double>{} : it->second;
+}
+
+// "mean iterations | max relative residual" of a solve, or "- | -".
+std::string StatsCells(const Group& g, SolverStats TrainSummary::*stats) {
+  const SolverStats& first = g.runs[0]->train.*stats;
+  if (first.converged + first.not_converged + first.inexact == 0) return "- | -";
+  return PooledCell(
+             g.Values([&](const VariantResult& v) { return (v.train.*stats).iterations_mean; }),
+             [](double x) { return Fixed(x, 1); }) +
+         " | " + ResidualCell(first);
+}
+
+// The attention x kind table: one row per attention, one column per kind;
+// each cell "held-out accuracy, ms/step, steps to the target accuracy".
+std::string GridTable(const std::vector<Group>& groups, const ReportHeader& header) {
+  std::ostringstream grid;
+  grid << "| attention |";
+  for (const std::string& kind : header.grid_kinds) grid << " " << kind << " |";
+  grid << "\n|---|";
+  for (std::size_t i = 0; i < header.grid_kinds.size(); ++i) grid << "---|";
+  grid << "\n";
+  for (const std::string& attention : header.grid_attentions) {
+    grid << "| " << attention << " |";
+    for (const std::string& kind : header.grid_kinds) {
+      const Group* cell = nullptr;
+      for (const Group& g : groups) {
+        if (g.name == attention + "/" + kind) cell = &g;
+      }
+      if (cell == nullptr) {
+        grid << " - |";
+        continue;
+      }
+      std::vector<double> reached;
+      for (const VariantResult* run : cell->runs) {
+        if (std::isfinite(run->steps_to_target)) reached.push_back(run->steps_to_target);
+      }
+      std::string steps = "not reached";
+      if (!reached.empty()) {
+        steps = PooledCell(
+            reached, [](double x) { return Fixed(x, 0); }, " steps");
+        if (reached.size() < cell->runs.size()) {
+          steps += " (" + std::to_string(reached.size()) + " of " +
+                   std::to_string(cell->runs.size()) + " seeds)";
+        }
+      }
+      grid << " "
+           << PooledCell(
+                  cell->Values(
+                      [](const VariantResult& v) { return 100.0 * v.train.final_eval.accuracy; }),
+                  [](double x) { return Fixed(x, 2); }, "%")
+           << ", "
+           << PooledCell(
+                  cell->Values(
+                      [](const VariantResult& v) { return 1000.0 * v.train.seconds_per_step; }),
+                  [](double x) { return Fixed(x, 1); }, " ms")
+           << ", " << steps << " |";
+    }
+    grid << "\n";
+  }
+  return grid.str();
+}
+
+const char kGridExplanation[] =
+    "Each cell: final held-out accuracy, median ms per training step, and the first evaluated "
+    "step (train.eval_every) at which held-out accuracy reached 98%.";
+
+const char kTableExplanation[] =
+    "Columns: *params* the number of trained parameters; *train loss* the mean cross-entropy "
+    "(nats) of the last logged window, *test loss* and *test acc* (percent of held-out target "
+    "tokens predicted) at the final evaluation; *ms/step* the median wall time of a training "
+    "step; *peak tensor MiB* the peak of bytes held by tensors during training; *fwd*/*bwd* "
+    "iterations and residuals are those of the outer fixed-point solve and its adjoint in the "
+    "last training step (residuals relative, max over samples, beside the tolerance they had to "
+    "meet: NOT MET marks a missed tolerance, n/a a residual that an inexact backward mode does "
+    "not measure); *status* the samples per termination, INEXACT for a backward pass that is an "
+    "approximation by design; *attn* the inner solves of the energy attentions inside the cell "
+    "(mean over them, worst residual); *attn max weight* the mean largest attention weight at "
+    "the first iterate -> at the fixed point, at the last evaluation, where a jump to above 0.9 "
+    "is a collapse; *grad cos vs ref* and *grad rel err vs ref* compare the gradient each "
+    "variant with an implicit layer trains with (its backward mode and adjoint solver) with a "
+    "reference solved to a relative adjoint residual of 1e-10 by GMRES, at the same weights and "
+    "fixed points, on a probe batch after training; the gradient-quality figure shows the same "
+    "at every evaluation during training.";
+
+const char kPoolingExplanation[] =
+    "Variants trained with several seeds (compare.seeds) show mean ± sample standard deviation "
+    "over the seeds, and their curves the mean with a shaded band of ± one standard deviation; "
+    "solver residual and status cells are those of the first seed.";
+
+}  // namespace
+
+void WriteComparisonReport(const std::string& root,
+                           const ReportHeader& header,
+                           CompareReport* report) {
+  std::filesystem::create_directories(root);
+  // Each run's metrics, read once for the time to accuracy and the plots.
+  std::vector<std::map<std::string, std::vector<double>>> run_metrics;
+  for (const VariantResult& v : report->variants) run_metrics.push_back(ReadRunMetrics(v.run_dir));
+  // ---- time to accuracy and the last collapse diagnostics
+  for (std::size_t r = 0; r < report->variants.size(); ++r) {
+    VariantResult& v = report->variants[r];
+    const std::vector<double> steps = Column(run_metrics[r], "step"),
+                              accuracy = Column(run_metrics[r], "test_accuracy");
+    const std::vector<double> first = Column(run_metrics[r], "attn_max_weight_first"),
+                              fixed = Column(run_metrics[r], "attn_max_weight");
+    for (std::size_t i = 0; i < first.size() && i < fixed.size(); ++i) {
+      if (std::isfinite(first[i]) && std::isfinite(fixed[i])) {
+        v.max_weight_first = first[i];
+        v.max_weight_fixed_point = fixed[i];
+      }
+    }
+    v.steps_to_target = kNaN;
+    v.seconds_to_target = kNaN;
+    for (std::size_t i = 0; i < steps.size() && i < accuracy.size(); ++i) {
+      if (std::isfinite(accuracy[i]) && accuracy[i] >= kTargetAccuracy) {
+        v.steps_to_target = steps[i];
+        v.seconds_to_target = steps[i] * v.train.seconds_per_step;
+        break;
+      }
+    }
+  }
+  // ---- the runs by variant name, in order of first appearance
+  std::vector<Group> groups;
+  for (std::size_t r = 0; r < report->variants.size(); ++r) {
+    const VariantResult& v = report->variants[r];
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const Group& g) { return g.name == v.name; });
+    if (it == groups.end()) {
+      groups.push_back({v.name, {}, {}});
+      it = groups.end() - 1;
+    }
+    it->runs.push_back(&v);
+    it->metrics.push_back(&run_metrics[r]);
+  }
+  bool pooled = false;
+  for (const Group& g : groups) pooled = pooled || g.runs.size() > 1;
+
+  // ---- table
+  std::ostringstream table;
+  table << "| variant | " << (pooled ? "seeds | " : "")
+        << "params | train loss | test loss | test acc | ms/step | peak tensor MiB "
+           "| fwd iters | fwd residual | fwd status | bwd iters | bwd residual | bwd status "
+           "| attn iters | attn residual | attn bwd iters | attn bwd residual | attn max weight "
+           "| grad cos vs ref | grad rel err vs ref |\n"
+        << "|---|" << (pooled ? "---|" : "")
+        << "---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  auto fixed = [](int digits) { return [digits](double x) { return Fixed(x, digits); }; };
+  for (const Group& g : groups) {
+    const TrainSummary& t = g.runs[0]->train;
+    const VariantResult& v = *g.runs[0];
+    const bool solved = t.forward.iterations_max > 0;
+    const bool backward_ran = !t.backward.status_counts.empty();
+    table << "| " << g.name << " | ";
+    if (pooled) table << g.runs.size() << " | ";
+    table << t.num_parameters << " | "
+          << PooledCell(g.Values([](const VariantResult& x) { return x.train.final_train_loss; }),
+                        fixed(4))
+          << " | "
+          << PooledCell(g.Values([](const VariantResult& x) { return x.train.final_eval.loss; }),
+                        fixed(4))
+          << " | "
+          << PooledCell(g.Values([](const VariantResult& x) {
+               return 100.0 * x.train.final_eval.accuracy;
+             }),
+                        fixed(2), "%")
+          << " | "
+          << PooledCell(
+                 g.Values([](const VariantResult& x) { return 1000.0 * x.train.seconds_per_step; }),
+                 fixed(1))
+          << " | "
+          << PooledCell(g.Values([](const VariantResult& x) { return x.train.pool_peak_mb; }),
+                        fixed(1))
+          << " | "
+          << (solved ? PooledCell(g.Values([](const VariantResult& x) {
+               return x.train.forward.iterations_mean;
+             }),
+                                  fixed(1))
+                     : "-")
+          << " | " << (solved ? ResidualCell(t.forward) : "-") << " | "
+          << (solved ? StatusCell(t.forward) : "-") << " | "
+          << (backward_ran ? PooledCell(g.Values([](const VariantResult& x) {
+               return x.train.backward.iterations_mean;
+             }),
+                                        fixed(1))
+                           : "-")
+          << " | " << ResidualCell(t.backward) << " | " << StatusCell(t.backward) << " | "
+          << StatsCells(g, &TrainSummary::attention_forward) << " | "
+          << StatsCells(g, &TrainSummary::attention_backward) << " | "
+          << (std::isfinite(v.max_weight_fixed_point)
+                  ? Fixed(v.max_weight_first, 2) + " -> " + Fixed(v.max_weight_fixed_point, 2)
+                  : std::string("-"))
+          << " | "
+          << PooledCell(g.Values([](const VariantResult& x) { return x.gradient_cosine_vs_ift; }),
+                        fixed(4))
+          << " | "
+          << PooledCell(
+                 g.Values([](const VariantResult& x) { return x.gradient_relative_error_vs_ift; }),
+                 Scientific)
+          << " |\n";
+  }
+  report->table = table.str();
+  report->grid = header.grid_attentions.empty() ? "" : GridTable(groups, header);
+
+  // ---- plots
+  std::vector<PlotSeries> loss, accuracy, depth, length, gradient;
+  bool any_length = false;
+  for (const Group& g : groups) {
+    std::vector<PlotSeries> l, a, d, n, q;
+    for (std::size_t i = 0; i < g.runs.size(); ++i) {
+      const auto& m = *g.metrics[i];
+      l.push_back(EvaluatedPoints(g.name, Column(m, "step"), Column(m, "loss"), 1.0, false));
+      a.push_back(EvaluatedPoints(g.name, Column(m, "step"), Column(m, "test_accuracy"), 100.0));
+      q.push_back(EvaluatedPoints(g.name, Column(m, "step"), Column(m, "grad_cos")));
+      d.push_back(PairsSeries(g.name, g.runs[i]->accuracy_vs_depth));
+      n.push_back(PairsSeries(g.name, g.runs[i]->accuracy_vs_length));
+      any_length = any_length || !g.runs[i]->accuracy_vs_length.empty();
+    }
+    loss.push_back(Pool(g.name, l, false));
+    accuracy.push_back(Pool(g.name, a, true));
+    depth.push_back(Pool(g.name, d, true));
+    length.push_back(Pool(g.name, n, true));
+    PlotSeries pooled_gradient = Pool(g.name, q, true);
+    if (!pooled_gradient.x.empty()) gradient.push_back(pooled_gradient);
+  }
+  struct Figure {
+    std::string file, title, x, y;
+    std::vector<PlotSeries>* series;
+    bool log_y;
+    std::string table_x;  // non-empty: the numbers follow the plot as a table
+  };
+  std::vector<Figure> figures = {
+      {"loss.svg", "Training loss", "step", "cross-entropy (nats)", &loss, true, ""},
+      {"accuracy.svg", "Held-out accuracy during training", "step", "held-out accuracy (%)",
+       &accuracy, false, ""},
+      {"accuracy_vs_depth.svg",
+       "Test-time compute: accuracy vs solver iterations (implicit) / depth (tied, explicit)",
+       "solver iterations or layers", "held-out accuracy (%)", &depth, false,
+       "iterations or layers"}};
+  if (!gradient.empty()) {
+    figures.push_back({"gradient_quality.svg",
+                       "Gradient quality: cosine between the gradient used and the reference "
+                       "(ift, GMRES to 1e-10) at every evaluation",
+                       "step", "cosine similarity", &gradient, false, ""});
+  }
+  if (any_length) {
+    figures.push_back({"accuracy_vs_length.svg", "Length extrapolation", "sequence length (tokens)",
+                       "held-out accuracy (%)", &length, false, "sequence length"});
+  }
+  std::ostringstream md, html;
+  md << "# stillpoint comparison\n\n" << header.description << "\n\n";
+  html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>stillpoint "
+          "comparison</title>\n<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
+          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
+          "text-align:right}</style></head><body>\n<h1>stillpoint comparison</h1>\n"
+       << ProseToHtml(header.description);
+  if (!report->grid.empty()) {
+    md << report->grid << "\n" << kGridExplanation << "\n\n";
+    html << MarkdownTableToHtml(report->grid) << ProseToHtml(kGridExplanation);
+  }
+  md << report->table << "\n" << kTableExplanation << "\n\n";
+  html << MarkdownTableToHtml(report->table) << ProseToHtml(kTableExplanation);
+  if (pooled) {
+    md << kPoolingExplanation << "\n\n";
+    html << ProseToHtml(kPoolingExplanation);
+  }
+  {
+    std::string provenance = "Each run's stillpoint version, git revision, command, overrides, "
+                             "machine and times (from its summary.json):\n\n";
+    for (const VariantResult& v : report->variants) {
+      provenance += "- " + v.name + " (seed " + std::to_string(v.seed) +
+                    "): " + ProvenanceMarkdown(v.train.provenance) + "\n";
+    }
+    md << "## Provenance\n\n" << provenance << "\n";
+    html << "<h2>Provenance</h2>\n<ul>\n";
+    for (const VariantResult& v : report->variants) {
+      std::string item = ProseToHtml(v.name + " (seed " + std::to_string(v.seed) +
+                                     "): " + ProvenanceMarkdown(v.train.provenance));
+      html << "<li>" << item.substr(3, item.size() - 8) << "</li>\n";
+    }
+    html << "</ul>\n";
+  }
+  for (const Figure& f : figures) {
+    PlotOptions options{f.title, f.x, f.y, f.log_y, 760, 420};
+    const std::string svg = LinePlotSvg(*f.series, options);
+    WriteTextFile(root + "/" + f.file, svg);
+    md << "![" << f.title << "](" << f.file << ")\n\n";
+    html << "<h2>" << f.title << "</h2>\n" << svg;
+    if (!f.table_x.empty()) {
+      const std::string curve = CurveTable(*f.series, f.table_x, "%");
+      md << "Held-out accuracy:\n\n" << curve << "\n";
+      html << "<p>Held-out accuracy:</p>\n" << MarkdownTableToHtml(curve);
+    }
+  }
+  html << "</body></html>\n";
+  report->markdown_path = root + "/report.md";
+  report->html_path = root + "/report.html";
+  WriteTextFile(report->markdown_path, md.str());
+  WriteTextFile(report->html_path, html.str());
+}
+
+void SaveVariantResult(const VariantResult& v) {
+  std::ostringstream out;
+  auto pairs = [&](const std::vector<std::pair<double, double>>& values) {
+    out << "[";
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      out << (i ? ", " : "") << "[" << JsonNumber(values[i].first) << ", "
+          << JsonNumber(values[i].second) << "]";
+    }
+    out << "]";
+  };
+  out << "{\n  \"name\": " << JsonString(v.name) << ",\n  \"seed\": " << v.seed
+      << ",\n  \"overrides\": [";
+  for (std::size_t i = 0; i < v.overrides.size(); ++i) {
+    out << (i ? ", " : "") << JsonString(v.overrides[i]);
+  }
+  out << "],\n  \"gradient_cosine_vs_ift\": " << JsonNumber(v.gradient_cosine_vs_ift)
+      << ",\n  \"gradient_relative_error_vs_ift\": " << JsonNumber(v.gradient_relative_error_vs_ift)
+      << ",\n  \"accuracy_vs_depth\": ";
+  pairs(v.accuracy_vs_depth);
+  out << ",\n  \"accuracy_vs_length\": ";
+  pairs(v.accuracy_vs_length);
+  out << "\n}\n";
+  WriteTextFile((std::filesystem::path(v.run_dir) / "variant.json").string(), out.str());
+}
+
+VariantResult LoadVariantResult(const std::string& run_dir, const std::string& fallback_name) {
+  VariantResult v;
+  v.name = fallback_name;
+  v.run_dir = run_dir;
+  v.train = ReadTrainSummary(run_dir);
+  v.gradient_cosine_vs_ift = kNaN;
+  v.gradient_relative_error_vs_ift = kNaN;
+  const std::string path = (std::filesystem::path(run_dir) / "variant.json").string();
+  if (!std::filesystem::exists(path)) return v;
+  try {
+    const YAML::Node root = YAML::LoadFile(path);
+    if (!root.IsMap()) throw ConfigError(path + ": expected a JSON object");
+    if (root["name"]) v.name = root["name"].as<std::string>();
+    if (root["seed"]) v.seed = root["seed"].as<int64_t>();
+    for (const auto& o : root["overrides"]) v.overrides.push_back(o.as<std::string>());
+    auto number = [&](const char* key) {
+      return root[key] && !root[key].IsNull() ? root[key].as<double>() : kNaN;
+    };
+    v.gradient_cosine_vs_ift = number("gradient_cosine_vs_ift");
+    v.gradient_relative_error_vs_ift = number("gradient_relative_error_vs_ift");
+    auto pairs = [&](const char* key, std::vector<std::pair<double, double>>* out) {
+      for (const auto& p : root[key]) {
+        out->emplace_back(p[0].IsNull() ? kNaN : p[0].as<double>(),
+                          p[1].IsNull() ? kNaN : p[1].as<double>());
+      }
+    };
+    pairs("accuracy_vs_depth", &v.accuracy_vs_depth);
+    pairs("accuracy_vs_length", &v.accuracy_vs_length);
+  } catch (const YAML::Exception& error) {
+    throw ConfigError(path + ": malformed (" + error.msg + ")");
+  }
+  return v;
+}
+
+std::vector<std::string> FindRunDirectories(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(path)) throw ConfigError("'" + path + "' is not a directory");
+  if (fs::exists(fs::path(path) / "summary.json")) return {path};
+  std::vector<std::string> runs;
+  for (const auto& entry : fs::recursive_directory_iterator(path)) {
+    if (entry.is_regular_file() && entry.path().filename() == "summary.json") {
+      runs.push_back(entry.path().parent_path().string());
+    }
+  }
+  std::sort(runs.begin(), runs.end());
+  if (runs.empty()) {
+    throw ConfigError("'" + path + "' holds no run (no summary.json in it or below it)");
+  }
+  return runs;
+}
+
+}  // namespace stillpoint
