@@ -283,7 +283,7 @@ int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err) {
   CompareReport report;
   ReportHeader header;
   std::string root;
-  return Guarded(
+  return GuardedCommand(
       err,
       [&] {
         SP_CHECK(!args.runs.empty(), "report: name at least one run directory");
@@ -328,7 +328,7 @@ int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err) {
 int RunExport(const ExportArgs& args, std::ostream& out, std::ostream& err) {
   CheckpointState state;
   std::string path;
-  return Guarded(
+  return GuardedCommand(
       err,
       [&] {
         SP_CHECK(args.format == "safetensors" || args.format == "npz", "--format: '", args.format,
@@ -402,7 +402,7 @@ int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err) 
 
 int RunConfig(const ConfigArgs& args, std::ostream& out, std::ostream& err) {
   std::string text;
-  return Guarded(
+  return GuardedCommand(
       err,
       [&] {
         const int forms = int(args.doc) + int(args.json_schema) + int(args.keys);
