@@ -239,6 +239,26 @@ def anderson(f, z0, iters, m=ANDERSON_MEMORY, lam=ANDERSON_LAMBDA, beta=ANDERSON
     return best_z.view(shape)
 
 
+def attach_fixed_point_adjoint(f_star, z_star, iters):
+    """The implicit backward of f_star = f(z_star): a hook on f_star replaces the incoming
+    gradient g by the adjoint w <- g + J^T w from w = g, exactly `iters` VJPs through the recorded
+    f, which autograd then pushes through f into its inputs. The hook holds f_star and z_star
+    through a list it empties, so no reference cycle keeps the graph alive after the backward
+    pass, and removes itself before its VJPs, which would otherwise call it again."""
+    held = [f_star, z_star]
+
+    def adjoint(g):
+        f, z, handle = held
+        held.clear()
+        handle.remove()
+        w = g
+        for _ in range(iters):
+            w = torch.autograd.grad(f, z, w, retain_graph=True)[0] + g
+        return w
+
+    held.append(f_star.register_hook(adjoint))
+
+
 class Model:
     def __init__(self, cfg, kind, params, iters, zero_state_row=False, record_last=False):
         self.cfg, self.kind, self.p, self.iters = cfg, kind, params, iters
@@ -276,23 +296,7 @@ class Model:
             z_star = z_star.requires_grad_()
             f_star = cell(p, "cell.", z_star, u, cfg["heads"])  # the one recorded evaluation
         if f_star.requires_grad:
-            iters = self.iters
-            # The hook lives on f_star: hold f_star and z_star through a list it empties, so
-            # no reference cycle keeps the graph alive after the backward pass.
-            # The hook is removed before its VJPs, which would otherwise call it again.
-            held = [f_star, z_star]
-
-            def adjoint(g):
-                # w <- g + J^T w from w = g, exactly `iters` VJPs through the recorded f.
-                f, z, handle = held
-                held.clear()
-                handle.remove()
-                w = g
-                for _ in range(iters):
-                    w = torch.autograd.grad(f, z, w, retain_graph=True)[0] + g
-                return w
-
-            held.append(f_star.register_hook(adjoint))
+            attach_fixed_point_adjoint(f_star, z_star, self.iters)
         return f_star
 
     def loss(self, x, y):
@@ -340,19 +344,7 @@ class EnergyModel:
         v_star = v.requires_grad_() if torch.is_grad_enabled() else v
         o = em(v_star, scores, m)  # the one recorded evaluation
         if o.requires_grad:
-            iters = self.iters
-            held = [o, v_star]
-
-            def adjoint(g):
-                f, z, handle = held
-                held.clear()
-                handle.remove()
-                w = g
-                for _ in range(iters):
-                    w = torch.autograd.grad(f, z, w, retain_graph=True)[0] + g
-                return w
-
-            held.append(o.register_hook(adjoint))
+            attach_fixed_point_adjoint(o, v_star, self.iters)
         merged = o.transpose(1, 2).reshape(B, T, d)
         y = e + linear(merged, p["block.layer.wo.weight"], p["block.layer.wo.bias"])
         h = F.layer_norm(y, (d,), p["ffn_ln.gain"], p["ffn_ln.bias"], 1e-5)
