@@ -8,6 +8,7 @@
 #include "framework/random.h"
 #include "layers/dropout.h"
 #include "layers/registry.h"
+#include "solvers/regularizers.h"
 
 namespace stillpoint {
 namespace {
@@ -226,6 +227,20 @@ Var SequenceModel::EmbedFeatures(const Var& features) const {
 void SequenceModel::SetDepthOverride(int64_t steps) {
   SP_CHECK(steps >= 0, "SequenceModel: depth override must be >= 0, got ", steps);
   depth_override_ = steps;
+}
+
+Var SequenceModel::FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng) {
+  SP_CHECK(implicit_ != nullptr && !cells_.empty(),
+           "SequenceModel: the Jacobian penalty needs an implicit model");
+  const Var& z_star = implicit_->last_result().z_star;
+  SP_CHECK(z_star.defined(), "SequenceModel: the Jacobian penalty needs a Forward first");
+  const std::shared_ptr<Cell> cell = cells_.front();
+  const int64_t rows = u.dim(0);
+  CellFn f = [&](const Var& z, const std::vector<int64_t>& ids) {
+    const bool all = static_cast<int64_t>(ids.size()) == rows;
+    return cell->Forward(z, all ? u : gather(u, 0, ids), ids);
+  };
+  return JacobianFrobeniusPenalty(f, z_star.value(), probes, rng);
 }
 
 Var SequenceModel::Encode(const std::vector<int64_t>& ids, const Shape& ids_shape) {

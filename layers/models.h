@@ -45,6 +45,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/random.h"
 #include "framework/tensor.h"
 #include "layers/cell.h"
 #include "layers/embedding.h"
@@ -165,6 +166,14 @@ class SequenceModel : public Model {
   // it.
   void SetDepthOverride(int64_t steps);
   int64_t depth_override() const { return depth_override_; }
+
+  // The Hutchinson estimate of ||J_f(z*)||_F^2 / numel of the implicit
+  // model's cell at the fixed point of its last Forward, for the injection
+  // u that Forward saw (Embed / EmbedFeatures of the same inputs): a
+  // regulariser differentiable w.r.t. the cell's parameters and u
+  // (solvers/regularizers.h), with `probes` probes drawn from rng. Throws
+  // for a model that is not implicit or has not run Forward.
+  Var FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng);
 
   const Implicit* implicit() const override { return implicit_.get(); }
   Implicit* mutable_implicit() { return implicit_.get(); }

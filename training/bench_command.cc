@@ -578,38 +578,30 @@ TransformerBench::TransformerBench(const ModelOptions& options,
                                    const NamedTensors& initial,
                                    int64_t shards,
                                    RankBench* ranks)
-    : model_(std::make_shared<SequenceModel>(options)), batch_(std::move(batch)) {
+    : model_(std::make_shared<SequenceModel>(options)) {
+  batch_.batch_size = batch.shape.dim(0);
+  batch_.length = batch.shape.dim(1);
+  batch_.tokens = std::move(batch.ids);
+  batch_.targets = std::move(batch.targets);
   if (!initial.empty()) model_->LoadParameters(initial);
   optimizer_ = Optimizer::Create(BenchOptimizerOptions(), model_->named_parameters());
-  ShardRows(batch_.shape.dim(0), shards, 0);  // a clear error before building replicas
-  // One shard is the whole batch on the model itself: a plain step.
-  shards_ = std::make_unique<DataParallel>(
-      model_, shards, [&options] { return std::make_shared<SequenceModel>(options); });
+  ShardRows(batch_.batch_size, shards, 0);  // a clear error before building replicas
+  TrainStepOptions step_options;
+  step_options.shards = shards;
+  step_options.clip_norm = 0;  // the workloads' step has no clipping (bench/SPEC.md)
+  step_ = std::make_unique<TrainStep>(model_, *optimizer_, step_options, [options](int64_t) {
+    return std::make_shared<SequenceModel>(options);
+  });
   if (ranks != nullptr && ranks->active()) {
-    ranks->Attach(*shards_, model_->parameters(), batch_.shape.dim(0));
-    ranks_ = ranks;
+    ranks->Attach(*step_, shards, model_->parameters(), batch_.batch_size);
   }
 }
 
 double TransformerBench::Step() {
-  const int64_t rows = batch_.shape.dim(0);
-  const int64_t length = batch_.shape.dim(1);
-  const DataParallel::ShardLoss shard_loss = [&](Module& replica, ShardRange shard) {
-        auto& model = static_cast<SequenceModel&>(replica);
-        const int64_t from = shard.begin * length, to = shard.end * length;
-        const std::vector<int64_t> ids(batch_.ids.begin() + from, batch_.ids.begin() + to);
-        const std::vector<int64_t> targets(batch_.targets.begin() + from,
-                                           batch_.targets.begin() + to);
-        const Var logits = model.Forward(ids, Shape{shard.size(), length});
-        // The shard's share of the mean over all tokens.
-        return mul_scalar(cross_entropy(logits, targets),
-                          static_cast<double>(shard.size()) / static_cast<double>(rows));
-  };
-  if (ranks_ == nullptr) return shards_->Step(rows, shard_loss, *optimizer_);
-  optimizer_->ZeroGrad();
-  const double loss = shards_->Backward(rows, shard_loss);
-  optimizer_->Step();
-  return ranks_->TotalLoss(loss);
+  const StepResult result = step_->Run(batch_);
+  SP_CHECK(result.failure.empty(), "bench: step ", optimizer_->step_count() + 1, ": ",
+           result.failure);
+  return result.loss;
 }
 
 // ---------------------------------------------------------------- command

@@ -141,8 +141,10 @@ class TransformerBench {
                    int64_t shards = 1,
                    RankBench* ranks = nullptr);
 
-  // Forward, mean cross-entropy, zero grad, backward, AdamW step. Returns the
-  // loss computed before the update.
+  // One training step as `stillpoint train` runs it (TrainStep: forward,
+  // mean cross-entropy, zero grad, backward, gradient norm, AdamW step; no
+  // clipping). Returns the loss computed before the update, the batch's
+  // under mpirun.
   double Step();
 
   SequenceModel& model() { return *model_; }
@@ -151,11 +153,8 @@ class TransformerBench {
  private:
   std::shared_ptr<SequenceModel> model_;
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<DataParallel> shards_;
-  TokenBatch batch_;
-  // Under mpirun: the gradients are summed across ranks (Backward, then the
-  // optimizer step).
-  RankBench* ranks_ = nullptr;
+  std::unique_ptr<TrainStep> step_;
+  Batch batch_;
 };
 
 // Analytic FLOPs of one training step (multiply-adds count 2; only the

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <iomanip>
 #include <ostream>
 
 #include "framework/check.h"
 #include "training/distributed.h"
+#include "training/distributed_training.h"
 #include "training/metrics.h"
 
 namespace stillpoint {
@@ -33,27 +33,20 @@ RankBench::~RankBench() = default;
 
 bool RankBench::active() const { return WorldSize() > 1; }
 
-void RankBench::Attach(DataParallel& data_parallel, const VarList& parameters, int64_t rows) {
+void RankBench::Attach(TrainStep& step, int64_t shards, const VarList& parameters,
+                       int64_t rows) {
   if (!active()) return;
-  const int64_t shards = data_parallel.shards();
   const int64_t total = shards * WorldSize();
   SP_CHECK(total <= rows, "bench: ", WorldSize(), " ranks x --shards ", shards, " = ", total,
            " shards, but the batch has only ", rows, " rows to share out");
-  data_parallel.set_layout(static_cast<int64_t>(WorldRank()) * shards, total);
   reducer_ = std::make_unique<GradientReducer>(parameters, shards, options_);
-  data_parallel.set_reduction(reducer_.get());
-}
-
-double RankBench::TotalLoss(double local) const {
-  if (!active()) return local;
-  double total = 0;
-  for (const std::string& bytes :
-       AllGatherStrings(std::string(reinterpret_cast<const char*>(&local), sizeof(local)))) {
-    double value = 0;
-    std::memcpy(&value, bytes.data(), sizeof(value));
-    total += value;
-  }
-  return total;
+  step.EnableRanks(static_cast<int64_t>(WorldRank()) * shards, total, reducer_.get(),
+                   [this](const std::string& failure, const std::vector<double>& shard_losses,
+                          std::pair<int64_t, int64_t> correct_counted, const SolverStats& forward,
+                          const SolverStats& backward) {
+                     return ExchangeStepTotals(++steps_, failure, shard_losses, correct_counted,
+                                               forward, backward);
+                   });
 }
 
 void RankBench::Record() {

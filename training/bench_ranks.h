@@ -1,6 +1,6 @@
 // `stillpoint bench` under mpirun (training/distributed.h).
 //
-// Training workloads: any workload whose steps run through a DataParallel
+// Training workloads: any workload whose steps run through a TrainStep
 // hands it to RankBench::Attach; the step then runs this rank's shards of
 // the job's (ranks x --shards) and sums the gradients across ranks with a
 // GradientReducer, and RankBench reports, beside the workload's own figures,
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "training/data_parallel.h"
+#include "training/train_step.h"
 #include "training/gradient_reducer.h"
 
 namespace stillpoint {
@@ -34,14 +34,13 @@ class RankBench {
 
   // Whether this is a job of several ranks.
   bool active() const;
-  // Makes data_parallel's shards this rank's share of the job's shards and
-  // gives it a GradientReducer over `parameters` (the model's). Throws
-  // Error when the batch of `rows` rows has fewer rows than the job has
-  // shards. Nothing with one rank.
-  void Attach(DataParallel& data_parallel, const VarList& parameters, int64_t rows);
-  // The batch's loss from this rank's share of it: the ranks' shares added
-  // in rank order (collective). `local` with one rank.
-  double TotalLoss(double local) const;
+  // Makes the `shards` shards of step this rank's share of the job's shards,
+  // with a GradientReducer over `parameters` (the model's) and the
+  // trainer's exchange of the step's totals (training/
+  // distributed_training.h), so the step is the one `stillpoint train`
+  // runs under mpirun. Throws Error when the batch of `rows` rows has fewer
+  // rows than the job has shards. Nothing with one rank.
+  void Attach(TrainStep& step, int64_t shards, const VarList& parameters, int64_t rows);
   // After each timed step: keeps the reduction's times.
   void Record();
 
@@ -53,6 +52,7 @@ class RankBench {
  private:
   GradientReducerOptions options_;
   std::unique_ptr<GradientReducer> reducer_;
+  int64_t steps_ = 0;  // steps run, for ExchangeStepTotals
   std::vector<double> communication_, exposed_, overlap_;
 };
 

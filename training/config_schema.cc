@@ -7,6 +7,8 @@
 #include "layers/energy_block.h"
 #include "layers/registry.h"
 #include "training/dataset.h"
+#include "training/option_schema.h"
+#include "training/trainer_options.h"
 
 namespace stillpoint {
 namespace {
@@ -260,23 +262,11 @@ ConfigSchema BuildSchema() {
   AddSolverKeys(s, "model.attention_solver.", DefaultAttentionSolverOptions());
 
   // ---- model.regularization
-  s.Double("model.regularization.jacobian_weight", 0.0,
-           "Weight of the Hutchinson estimate of ||J_f(z*)||_F^2 / numel added to the loss",
-           0.0, kInf)
-      .Int("model.regularization.jacobian_probes", 1, "Probe vectors per estimate", 1, 64)
-      .Double("model.regularization.jacobian_frequency", 1.0,
-              "Probability of adding the Jacobian term at a step", 0.0, 1.0);
+  AddOptionKeys(s, "model.regularization.", RegularizationOptions::Fields());
 
   // ---- train
-  s.Int("train.steps", 300, "Optimizer steps", 0, kBig)
-      .Int("train.batch_size", 32, "Examples per step", 1, 1 << 20)
-      .Int("train.shards", 1,
-           "Data-parallel shards of each batch: forward and backward of each shard run side by "
-           "side on a replica of the model, the threads meeting once per step (faster for small "
-           "models; results depend on the count, to rounding). Under mpirun, per rank: the "
-           "batch is cut into ranks x shards (docs/scale.md)",
-           1, 256)
-      .Enum("train.optimizer.type", ToString(o.type), {"sgd", "adam", "adamw"}, "Optimizer")
+  AddOptionKeys(s, "train.", TrainerOptions::Fields());
+  s.Enum("train.optimizer.type", ToString(o.type), {"sgd", "adam", "adamw"}, "Optimizer")
       .Double("train.optimizer.lr", o.learning_rate, "Base learning rate", 0.0, kInf)
       .Double("train.optimizer.momentum", o.momentum, "sgd: momentum", 0.0, 0.999999)
       .Bool("train.optimizer.nesterov", o.nesterov, "sgd: Nesterov momentum")
@@ -294,54 +284,13 @@ ConfigSchema BuildSchema() {
       .Int("train.schedule.warmup_steps", 20, "Linear warm-up steps", 0, kBig)
       .Int("train.schedule.step_size", 1000, "step: steps between decays", 1, kBig)
       .Double("train.schedule.gamma", 0.1, "step: decay factor", 1e-12, 1.0)
-      .Double("train.schedule.min_ratio", 0.1, "cosine: final lr / base lr", 0.0, 1.0)
-      .Double("train.clip_norm", 1.0, "Clip the global gradient norm to this (0: off)", 0.0, kInf)
-      .Int("train.pretrain_steps", 0,
-           "implicit: first train this many steps as the tied unroll of the same cell "
-           "(model.unroll_steps), then switch to the implicit solve",
-           0, kBig)
-      .Int("train.eval_every", 50, "Evaluate on the held-out set every this many steps (0: "
-                                   "only at the end)", 0, kBig)
-      .Int("train.checkpoint_every", 100, "Write a checkpoint every this many steps (0: only at "
-                                          "the end)", 0, kBig)
-      .Int("train.log_every", 10, "Write a metrics row every this many steps", 1, kBig)
-      .Enum("train.on_nonfinite", "skip", {"skip", "stop"},
-            "A non-finite loss or gradient: skip the step (parameters unchanged) or stop the "
-            "run; either way it is reported with the solver summary")
-      .Int("train.max_skipped_steps", 20, "skip: stop after this many consecutive skipped steps",
-           1, kBig)
-      .Enum("train.on_unconverged", "warn", {"ignore", "warn", "stop"},
-            "An implicit model's adjoint (backward) solve that leaves samples above its "
-            "tolerance: ignore; warn (print the fraction of samples, the residual, the "
-            "tolerance and the solver the first time, then once per evaluation); stop (end the "
-            "run before the update, exit 1, with the report). INEXACT backward modes (jfb, "
-            "phantom, unrolled, tolerance 0) never count");
+      .Double("train.schedule.min_ratio", 0.1, "cosine: final lr / base lr", 0.0, 1.0);
 
   // ---- eval
-  s.Int("eval.batch_size", 256, "Examples per evaluation batch", 1, 1 << 20)
-      .Int("eval.gradient_check_batch_size", 8,
-           "Models with an implicit layer: at every evaluation, the gradient the trainer uses is "
-           "compared with a reference (ift, GMRES to 1e-10) on a fixed probe batch of this many "
-           "training examples (cosine and relative error in the metrics, the progress output "
-           "and summary.json; 0: off)",
-           0, 1 << 20)
-      .Int("eval.max_iterations", 0,
-           "Test-time forward solver budget (0: the training budget)", 0, 1 << 20)
-      .DoubleList("eval.iterations_sweep", {},
-                  "Test-time budgets for the accuracy-vs-iterations curve (implicit); "
-                  "explicit/tied models are evaluated at matching depths",
-                  1, 1 << 20)
-      .DoubleList("eval.lengths", {}, "Sequence lengths for the length-extrapolation curve", 2,
-                  1 << 20);
+  AddOptionKeys(s, "eval.", EvalOptions::Fields());
 
   // ---- log
-  s.String("log.dir", "",
-           "Run directory (default: runs/<config file name>, or runs/<config file name>-N when "
-           "that holds a run)")
-      .StringList("log.formats", {"csv", "jsonl"}, {"csv", "jsonl"}, "Metrics file formats")
-      .Enum("log.progress", "auto", {"auto", "bar", "lines", "none"},
-            "auto: a progress bar on a terminal, periodic lines otherwise")
-      .Bool("log.plots", true, "Write SVG plots of the curves into the run directory");
+  AddOptionKeys(s, "log.", LogOptions::Fields());
 
   // ---- compare
   s.StringList("compare.variants", {"explicit", "tied", "implicit"}, {},

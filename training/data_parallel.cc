@@ -9,7 +9,6 @@
 #include "framework/leaf_gradient_observer.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "training/optimizer.h"
 
 namespace stillpoint {
 
@@ -25,6 +24,9 @@ ShardRange ShardRows(int64_t rows, int64_t shards, int64_t shard) {
 }
 
 namespace {
+
+// Fewest gradient elements per task when the shards' gradients are summed.
+constexpr int64_t kGradientElementsPerTask = 4096;
 
 // Points every parameter of `replica` at the storage of the model's
 // parameter of the same name, after checking that the two modules have the
@@ -81,7 +83,7 @@ void DataParallel::SumShardGradients() {
   // One parallel loop over the elements of all sums, not a pass over each
   // tensor in turn on one thread while the other waits: the same additions
   // in the same order, (g0 + g1) + g2 ..., as adding tensor by tensor.
-  ParallelForSegments(offsets, kParameterElementsPerTask,
+  ParallelForSegments(offsets, kGradientElementsPerTask,
                       [&](std::size_t i, int64_t begin, int64_t end) {
                         DispatchDType(sums[i].dtype(), [&](auto zero) {
                           using T = decltype(zero);
@@ -204,36 +206,6 @@ double DataParallel::Backward(int64_t rows, const ShardLoss& shard_loss) {
   } else {
     SumShardGradients();
   }
-  return loss;
-}
-
-double DataParallel::Step(int64_t rows, const ShardLoss& shard_loss, Optimizer& optimizer) {
-  SP_CHECK(reduction_ == nullptr,
-           "data parallel: Step sums the gradients itself; with a reduction use Backward");
-  const double loss = RunShards(rows, shard_loss);
-  const VarList& parameters = parameters_.front();
-  std::vector<std::vector<Tensor>> terms = ShardGradientTerms();
-  // Only the parameters that have a gradient: one that does not require
-  // grad is not the optimizer's.
-  VarList with_gradient;
-  std::vector<std::vector<Tensor>> their_terms;
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    if (terms[i].empty()) continue;
-    with_gradient.push_back(parameters[i]);
-    their_terms.push_back(std::move(terms[i]));
-  }
-  // The gradients are consumed whether or not the update succeeds, so a
-  // failed step does not leave half-summed gradients behind.
-  const auto clear = [&] {
-    for (int64_t shard = 0; shard < shards(); ++shard) ClearReplicaGradients(shard);
-  };
-  try {
-    optimizer.Step(with_gradient, their_terms);
-  } catch (...) {
-    clear();
-    throw;
-  }
-  clear();
   return loss;
 }
 

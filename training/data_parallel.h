@@ -10,6 +10,8 @@
 // well over threads, that is most of what a second core can give (W1 of
 // bench/SPEC.md; figures in bench/RESULTS.md).
 //
+// The training step (training/train_step.h) runs its shards through this:
+//
 //   DataParallel step(model, 2, [&] { return std::make_shared<SequenceModel>(options); });
 //   optimizer->ZeroGrad();
 //   const double loss = step.Backward(batch_rows, [&](Module& replica, ShardRange rows) {
@@ -35,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -42,8 +45,6 @@
 #include "framework/module.h"
 
 namespace stillpoint {
-
-class Optimizer;
 
 // Rows [begin, end) of a batch: those of shard `shard` (its index among all
 // the shards of the batch, those of other processes included).
@@ -58,6 +59,22 @@ struct ShardRange {
 // contiguous shards in order, the first rows % shards of them one row
 // longer. Throws unless 1 <= shards <= rows and 0 <= shard < shards.
 ShardRange ShardRows(int64_t rows, int64_t shards, int64_t shard);
+
+// out[j] = element begin + j of the sum of terms (two or more, of dtype
+// T), added in their order, ((t0 + t1) + t2) ...: the one place the order
+// of the shards' gradient sum is written (Backward, and the reduction
+// across processes in training/gradient_reducer.h, give the same bits).
+template <typename T>
+void AddGradientTerms(std::span<const Tensor> terms, int64_t begin, int64_t end, T* out) {
+  const int64_t n = end - begin;
+  const T* first = terms[0].data<T>() + begin;
+  const T* second = terms[1].data<T>() + begin;
+  for (int64_t j = 0; j < n; ++j) out[j] = first[j] + second[j];
+  for (std::size_t t = 2; t < terms.size(); ++t) {
+    const T* more = terms[t].data<T>() + begin;
+    for (int64_t j = 0; j < n; ++j) out[j] += more[j];
+  }
+}
 
 // Sums the shards' gradients with those of the shards that other processes
 // run (training/gradient_reducer.h), in place of DataParallel's own sum.
@@ -103,9 +120,9 @@ class DataParallel {
   int64_t total_shards() const { return total_shards_; }
   void set_layout(int64_t first_shard, int64_t total_shards);
   // Replaces the sum of the shards' gradients in Backward (nullptr: the
-  // local sum); not owned. Step needs the local sum and refuses one.
+  // local sum); not owned.
   void set_reduction(ShardGradientReduction* reduction);
-  // Each local shard's loss value in the last Backward or Step.
+  // Each local shard's loss value in the last Backward.
   const std::vector<double>& shard_losses() const { return losses_; }
   // The module that runs shard s (shard 0: the model).
   Module& replica(int64_t shard) const;
@@ -119,20 +136,6 @@ class DataParallel {
   // by a shard reaches the caller, and the model's gradients are then left
   // as they were.
   double Backward(int64_t rows, const ShardLoss& shard_loss);
-
-  // A whole training step: Backward, then optimizer.Step() on the model's
-  // parameters, then every gradient cleared (the model's and the
-  // replicas'), with the sums of the shards' gradients never formed as
-  // tensors: the optimizer adds each element's terms just before it uses
-  // them (Optimizer::Step with gradient terms), which saves a pass over
-  // every gradient (on W1 of bench/SPEC.md about 1% of the step when the
-  // machine is quiet, 2-3% when other work evicts the gradients). The
-  // parameters end bitwise as Backward then optimizer.Step() leaves them.
-  // For loops that do not look at the summed gradients: clipping them or
-  // taking their norm needs Backward. optimizer must update the model's
-  // parameters (made from model.named_parameters()). Throws as Backward
-  // does, with the parameters unchanged; the gradients are then cleared.
-  double Step(int64_t rows, const ShardLoss& shard_loss, Optimizer& optimizer);
 
  private:
   // The shards' losses summed in shard order, after each shard's forward

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
-#include <span>
 
 #include "framework/parallel.h"
 
 namespace stillpoint {
 namespace {
+
+// Fewest parameter elements per task of the update loop: large enough to
+// amortise the task, so small models update inline.
+constexpr int64_t kParameterElementsPerTask = 4096;
 
 bool EndsWith(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() &&
@@ -29,39 +32,26 @@ void Prefetch(const T* p, int64_t n, bool for_writing) {
 }
 
 // Calls update(lo, hi, g) for consecutive chunks [lo, hi) of [begin, end),
-// with g[i - lo] element i of the gradient that is the sum of terms: one
-// term is read in place; two or more are added in their order into a
-// buffer on the stack, so the update reads the sums from L1 and no tensor
-// of them is written. While a chunk is worked on, the next chunk of every
-// term and of each array in `state` (the optimizer's, indexed like the
-// parameter) is prefetched. The update reads each element of these arrays
-// once per step, long after the forward and backward passes pushed them out
-// of the caches, and its loop is too short and cut into too many small
-// tensors for the hardware prefetchers to keep up. (W1 explicit, 2
-// threads, timing probe around the update, median of 23 steps: 614-654 ->
-// 511-544 us over six alternating runs each while other work on the host
-// kept the step's data out of the shared cache. In a quiet period, with the
-// data still in the cache, a first version that prefetched each call's
-// next range at its start measured 144-148 us against 138-166.)
+// with g the gradient's elements from lo. While a chunk is worked on, the
+// next chunk of the gradient and of each array in `state` (the
+// optimizer's, indexed like the parameter) is prefetched: the update reads
+// each element of these arrays once per step, long after the forward and
+// backward passes pushed them out of the caches, and its loop is too short
+// and cut into too many small tensors for the hardware prefetchers to keep
+// up (bench/RESULTS.md, "Optimizer update prefetch").
 template <typename T, typename Update>
-void ForGradientChunks(std::span<const Tensor> terms,
+void ForGradientChunks(const T* gradient,
                        std::initializer_list<const T*> state,
                        int64_t begin,
                        int64_t end,
                        Update&& update) {
   constexpr int64_t kChunk = 512;
-  alignas(64) T sum[kChunk];
   for (int64_t lo = begin; lo < end; lo += kChunk) {
     const int64_t n = std::min(kChunk, end - lo);
     const int64_t next = lo + n, next_n = std::min(kChunk, end - next);
-    for (const Tensor& term : terms) Prefetch(term.data<T>() + next, next_n, false);
+    Prefetch(gradient + next, next_n, false);
     for (const T* array : state) Prefetch(array + next, next_n, true);
-    if (terms.size() == 1) {
-      update(lo, lo + n, terms[0].data<T>() + lo);
-      continue;
-    }
-    AddGradientTerms(terms, lo, lo + n, sum);
-    update(lo, lo + n, sum);
+    update(lo, lo + n, gradient + lo);
   }
 }
 
@@ -136,10 +126,7 @@ class Sgd : public Optimizer {
   }
 
  protected:
-  void UpdateSegment(Slot& slot,
-                     std::span<const Tensor> grad,
-                     int64_t begin,
-                     int64_t end) override {
+  void UpdateSegment(Slot& slot, const Tensor& grad, int64_t begin, int64_t end) override {
     DispatchDType(slot.parameter.dtype(), [&](auto zero) {
       using T = decltype(zero);
       const SgdCoefficients<T> c{static_cast<T>(options_.learning_rate),
@@ -148,7 +135,7 @@ class Sgd : public Optimizer {
       T* w = slot.parameter.mutable_value().data<T>();
       T* v = slot.first_moment.defined() ? slot.first_moment.data<T>() : nullptr;
       const std::initializer_list<const T*> state_with_momentum = {w, v}, state = {w};
-      ForGradientChunks<T>(grad, v ? state_with_momentum : state, begin, end,
+      ForGradientChunks<T>(grad.data<T>(), v ? state_with_momentum : state, begin, end,
                            [&](int64_t lo, int64_t hi, const T* g) {
                              SgdUpdate(c, g, w + lo, v ? v + lo : nullptr, hi - lo);
                            });
@@ -167,10 +154,7 @@ class Adam : public Optimizer {
   }
 
  protected:
-  void UpdateSegment(Slot& slot,
-                     std::span<const Tensor> grad,
-                     int64_t begin,
-                     int64_t end) override {
+  void UpdateSegment(Slot& slot, const Tensor& grad, int64_t begin, int64_t end) override {
     const double t = static_cast<double>(step_count_);
     const double correction1 = 1.0 - std::pow(options_.beta1, t);
     const double correction2 = 1.0 - std::pow(options_.beta2, t);
@@ -187,7 +171,7 @@ class Adam : public Optimizer {
       T* w = slot.parameter.mutable_value().data<T>();
       T* m = slot.first_moment.data<T>();
       T* v = slot.second_moment.data<T>();
-      ForGradientChunks<T>(grad, {w, m, v}, begin, end, [&](int64_t lo, int64_t hi, const T* g) {
+      ForGradientChunks<T>(grad.data<T>(), {w, m, v}, begin, end, [&](int64_t lo, int64_t hi, const T* g) {
         AdamUpdate(c, g, w + lo, m + lo, v + lo, hi - lo);
       });
     });
@@ -260,16 +244,13 @@ Optimizer::Optimizer(const OptimizerOptions& options, const NamedVars& parameter
     slots_.push_back(std::move(slot));
   }
   slot_offsets_.push_back(0);
-  for (std::size_t s = 0; s < slots_.size(); ++s) slot_of_node_[slots_[s].parameter.node()] = s;
   for (const Slot& slot : slots_) {
     slot_offsets_.push_back(slot_offsets_.back() + slot.parameter.numel());
   }
 }
 
 void Optimizer::Step() {
-  // Each gradient is a list of one term.
   std::vector<Tensor> grads(slots_.size());
-  std::vector<std::span<const Tensor>> terms_per_slot(slots_.size());
   for (std::size_t s = 0; s < slots_.size(); ++s) {
     const Var& g = slots_[s].parameter.grad();
     if (g.defined()) {
@@ -277,41 +258,8 @@ void Optimizer::Step() {
                slots_[s].name, "' is ", ToString(g.dtype()), " but the parameter is ",
                ToString(slots_[s].parameter.dtype()));
       grads[s] = g.value();
-      terms_per_slot[s] = std::span<const Tensor>(&grads[s], 1);
     }
   }
-  Update(terms_per_slot);
-}
-
-void Optimizer::Step(const VarList& parameters, const std::vector<GradientTerms>& terms) {
-  SP_CHECK(parameters.size() == terms.size(), "Optimizer::Step: ", parameters.size(),
-           " parameters but ", terms.size(), " lists of gradient terms");
-  std::vector<std::span<const Tensor>> terms_per_slot(slots_.size());
-  std::vector<char> listed(slots_.size(), 0);
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    const auto found = slot_of_node_.find(parameters[i].node());
-    SP_CHECK(found != slot_of_node_.end(), "Optimizer::Step: parameter ", i, " (shape ",
-             parameters[i].defined() ? parameters[i].shape().ToString() : "none",
-             ") is not one this optimizer updates");
-    const Slot& slot = slots_[found->second];
-    SP_CHECK(!listed[found->second], "Optimizer::Step: '", slot.name, "' is listed twice");
-    listed[found->second] = 1;
-    for (std::size_t t = 0; t < terms[i].size(); ++t) {
-      const Tensor& term = terms[i][t];
-      SP_CHECK(term.defined() && term.shape() == slot.parameter.shape() &&
-                   term.dtype() == slot.parameter.dtype(),
-               "Optimizer::Step: gradient term ", t, " of '", slot.name, "' is ",
-               term.defined() ? term.shape().ToString() + " " + ToString(term.dtype())
-                              : std::string("undefined"),
-               " but the parameter is ", slot.parameter.shape(), " ",
-               ToString(slot.parameter.dtype()));
-    }
-    terms_per_slot[found->second] = terms[i];
-  }
-  Update(terms_per_slot);
-}
-
-void Optimizer::Update(const std::vector<std::span<const Tensor>>& terms_per_slot) {
   ++step_count_;
   // Tasks split the flat element range of all parameters, so every task gets
   // about the same number of elements whatever the parameter sizes. Each
@@ -319,9 +267,7 @@ void Optimizer::Update(const std::vector<std::span<const Tensor>>& terms_per_slo
   // does not depend on the split.
   ParallelForSegments(slot_offsets_, kParameterElementsPerTask,
                       [&](std::size_t s, int64_t begin, int64_t end) {
-                        if (!terms_per_slot[s].empty()) {
-                          UpdateSegment(slots_[s], terms_per_slot[s], begin, end);
-                        }
+                        if (grads[s].defined()) UpdateSegment(slots_[s], grads[s], begin, end);
                       });
 }
 

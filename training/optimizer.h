@@ -15,9 +15,7 @@
 
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "framework/module.h"
@@ -61,20 +59,6 @@ class Optimizer {
   // Parameters without a gradient are left unchanged (and their moments too).
   void Step();
 
-  // The gradient of one parameter given as a sum of tensors of its shape and
-  // dtype, added in the order listed, ((t0 + t1) + t2) ...; none: the
-  // parameter has no gradient.
-  using GradientTerms = std::vector<Tensor>;
-  // One update as Step() makes it, with the gradient of parameters[i] the
-  // sum of terms[i] instead of its grad() (which is not read). Each element
-  // of a sum is formed just before it is used, so no tensor of the sums is
-  // written and read back: for data-parallel shards' gradients (DataParallel::
-  // Step) that saves a pass over every gradient. The update is bitwise the
-  // one Step() makes from grad() set to the same sums. parameters may be
-  // listed in any order and need not all be held; a parameter the optimizer
-  // does not hold, or a term of another shape or dtype, is an error, thrown
-  // before anything is updated.
-  void Step(const VarList& parameters, const std::vector<GradientTerms>& terms);
   void ZeroGrad();
 
   double learning_rate() const { return options_.learning_rate; }
@@ -96,53 +80,19 @@ class Optimizer {
     Tensor second_moment;  // Adam v (undefined for SGD)
   };
   Optimizer(const OptimizerOptions& options, const NamedVars& parameters);
-  // Updates elements [begin, end) of slot's parameter from the gradient
-  // that is the sum of grad's terms (at least one; see ForGradientChunks in
-  // optimizer.cc).
-  virtual void UpdateSegment(Slot& slot,
-                             std::span<const Tensor> grad,
-                             int64_t begin,
-                             int64_t end) = 0;
+  // Updates elements [begin, end) of slot's parameter from its gradient.
+  virtual void UpdateSegment(Slot& slot, const Tensor& grad, int64_t begin, int64_t end) = 0;
 
   OptimizerOptions options_;
   std::vector<Slot> slots_;
   int64_t step_count_ = 0;
 
  private:
-  // Increments the step count and updates each slot whose terms are given
-  // (none: no gradient): one parallel loop over all slots' elements.
-  void Update(const std::vector<std::span<const Tensor>>& terms_per_slot);
-  // Which slot updates a parameter, by its node.
-  std::unordered_map<const detail::Node*, std::size_t> slot_of_node_;
 
   // All parameters' elements seen as one flat range: slot s holds
   // [slot_offsets_[s], slot_offsets_[s + 1]).
   std::vector<int64_t> slot_offsets_;
 };
-
-// out[j] = element begin + j of the sum of terms (two or more, of dtype
-// T), added in their order, ((t0 + t1) + t2) ..., for j < end - begin. The
-// one place that order is written: DataParallel's summed gradients and
-// Optimizer::Step with gradient terms both add this way, so the two give
-// the same bits.
-template <typename T>
-void AddGradientTerms(std::span<const Tensor> terms, int64_t begin, int64_t end, T* out) {
-  const int64_t n = end - begin;
-  const T* first = terms[0].data<T>() + begin;
-  const T* second = terms[1].data<T>() + begin;
-  for (int64_t j = 0; j < n; ++j) out[j] = first[j] + second[j];
-  for (std::size_t t = 2; t < terms.size(); ++t) {
-    const T* more = terms[t].data<T>() + begin;
-    for (int64_t j = 0; j < n; ++j) out[j] += more[j];
-  }
-}
-
-// Fewest parameter elements per task of Optimizer::Step's update loop: large
-// enough to amortise the task, so small models update inline; the W1 model
-// splits into a few tasks per core. DataParallel sums the shards' gradients
-// in tasks cut the same way, so that on a machine whose cores keep pace
-// each thread then updates the elements it has just summed.
-inline constexpr int64_t kParameterElementsPerTask = 4096;
 
 // Scales all gradients so their global L2 norm is at most max_norm; returns
 // the norm before clipping (non-finite if any gradient is).

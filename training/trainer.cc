@@ -1,7 +1,5 @@
 #include "training/trainer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,18 +8,14 @@
 #include <iomanip>
 #include <iostream>
 #include <optional>
-#include <set>
 #include <sstream>
 
 #include "framework/buffer_pool.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "layers/energy_attention.h"
-#include "solvers/regularizers.h"
 #include "training/attention_report.h"
 #include "training/checkpoint.h"
 #include "training/config_schema.h"
-#include "training/data_parallel.h"
 #include "training/distributed.h"
 #include "training/distributed_training.h"
 #include "training/gradient_reducer.h"
@@ -35,6 +29,9 @@
 #include "training/signals.h"
 #include "training/summary_json.h"
 #include "training/svg_plot.h"
+#include "training/train_hooks.h"
+#include "training/train_step.h"
+#include "training/trainer_options.h"
 
 namespace stillpoint {
 namespace {
@@ -48,115 +45,11 @@ const std::vector<std::string> kColumns = {
     "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean",
     "grad_cos",       "grad_rel_err"};
 
-// Held-out examples the energy attentions' collapse diagnostics are taken
-// on at every eval (one extra traced solve per attention).
-constexpr int64_t kDiagnosticExamples = 32;
-
 bool AllFinite(const NamedVars& parameters) {
   for (const auto& [name, p] : parameters) {
     if (HasNonFinite(p.value())) return false;
   }
   return true;
-}
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
-
-// The Hutchinson estimate of ||J_f(z*)||_F^2 / numel at this batch's fixed
-// point, differentiable w.r.t. the cell's parameters and the injection.
-Var JacobianPenalty(SequenceModel& model, const Batch& batch, int probes, Rng& rng) {
-  const Var u = batch.features.defined()
-                    ? model.EmbedFeatures(constant(batch.features))
-                    : model.Embed(batch.tokens, Shape{batch.batch_size, batch.length});
-  const std::shared_ptr<Cell> cell = model.cell(0);
-  const int64_t rows = u.dim(0);
-  CellFn f = [&](const Var& z, const std::vector<int64_t>& ids) {
-    const bool all = static_cast<int64_t>(ids.size()) == rows;
-    return cell->Forward(z, all ? u : gather(u, 0, ids), ids);
-  };
-  return JacobianFrobeniusPenalty(f, model.implicit()->last_result().z_star.value(), probes, rng);
-}
-
-// A term a shard adds to its loss after its forward pass (the Jacobian
-// penalty), from its replica, its rows and its index.
-using ShardPenalty = std::function<Var(SequenceModel& replica, const Batch& rows, int64_t shard)>;
-
-// One step's forward and backward passes as data-parallel shards: the
-// loss (each shard's mean over its counted targets, weighted by its share
-// of the batch's counted targets, plus `penalty` when given) and, through
-// *correct_counted, the batch's correct predictions and counted targets.
-double ShardedBackward(DataParallel& data_parallel,
-                       const Batch& batch,
-                       std::pair<int64_t, int64_t>* correct_counted,
-                       const ShardPenalty& penalty = nullptr) {
-  int64_t counted = 0;
-  for (int64_t target : batch.targets) counted += target != kIgnoreTarget;
-  std::vector<std::pair<int64_t, int64_t>> per_shard(data_parallel.shards());
-  const double loss =
-      data_parallel.Backward(batch.batch_size, [&](Module& replica, ShardRange rows) {
-        const Batch part = SliceBatch(batch, rows.begin, rows.end);
-        SequenceModel& model = static_cast<SequenceModel&>(replica);
-        const Var logits = ForwardBatch(model, part);
-        const int64_t local = rows.shard - data_parallel.first_shard();
-        per_shard[local] = CountCorrect(logits.value(), part);
-        const int64_t shard_counted = per_shard[local].second;
-        // A shard whose targets are all ignored adds nothing to the task loss.
-        Var loss = shard_counted == 0
-                       ? mul_scalar(sum(logits), 0.0)
-                       : mul_scalar(BatchLoss(logits, part), static_cast<double>(shard_counted) /
-                                                                 static_cast<double>(counted));
-        if (penalty) loss = add(loss, penalty(model, part, rows.shard));
-        return loss;
-      });
-  *correct_counted = {0, 0};
-  for (const auto& [c, n] : per_shard) {
-    correct_counted->first += c;
-    correct_counted->second += n;
-  }
-  return loss;
-}
-
-// Solver statistics over the samples of every shard (each replica keeps
-// those of its own last solve); the brief report is shard 0's.
-SolverStats ShardedStats(const DataParallel& data_parallel,
-                         SolverStats (*stats_of)(const SequenceModel&)) {
-  SolverStats total;
-  for (int64_t shard = 0; shard < data_parallel.shards(); ++shard) {
-    total.Merge(stats_of(static_cast<const SequenceModel&>(data_parallel.replica(shard))));
-  }
-  return total;
-}
-
-// The run's curves from its metrics file; rewritten at every evaluation so
-// a long run can be watched. Held-out values exist on evaluation rows only:
-// EvaluatedPoints joins them into one line.
-void WritePlots(const std::string& run_dir) {
-  const auto m = ReadRunMetrics(run_dir);
-  auto column = [&](const std::string& name) {
-    auto it = m.find(name);
-    return it == m.end() ? std::vector<double>{} : it->second;
-  };
-  const std::vector<double> step = column("step");
-  PlotOptions loss{"Loss", "step", "cross-entropy (nats)", true};
-  WriteTextFile(run_dir + "/loss.svg",
-                LinePlotSvg({EvaluatedPoints("train", step, column("loss"), 1.0, false),
-                             EvaluatedPoints("test", step, column("test_loss"))},
-                            loss));
-  PlotOptions accuracy{"Accuracy", "step", "accuracy (%)", false};
-  WriteTextFile(run_dir + "/accuracy.svg",
-                LinePlotSvg({EvaluatedPoints("train", step, column("accuracy"), 100.0, false),
-                             EvaluatedPoints("test", step, column("test_accuracy"), 100.0)},
-                            accuracy));
-  PlotOptions solver{"Solver iterations", "step", "iterations (mean over samples)", false};
-  WriteTextFile(run_dir + "/solver.svg",
-                LinePlotSvg({EvaluatedPoints("forward", step, column("fwd_iters_mean"), 1.0, false),
-                             EvaluatedPoints("backward", step, column("bwd_iters_mean"), 1.0,
-                                             false)},
-                            solver));
 }
 
 // {"CONVERGED": 30, "MAX_ITERATIONS": 2}
@@ -173,18 +66,6 @@ std::string StatusJson(const SolverStats& stats) {
 std::string ToleranceMetJson(const SolverStats& stats) {
   if (stats.tolerance <= 0 || !stats.HasResidual()) return "null";
   return stats.ToleranceMissed() ? "false" : "true";
-}
-
-// What train.on_unconverged reports about a step's adjoint solve.
-std::string UnconvergedReport(int64_t step, const SolverStats& backward) {
-  const int64_t samples = backward.converged + backward.not_converged + backward.inexact;
-  std::ostringstream out;
-  out << "step " << step << ": the adjoint (backward) solve left " << backward.not_converged
-      << "/" << samples << " samples (" << std::fixed << std::setprecision(0)
-      << 100.0 * static_cast<double>(backward.not_converged) / static_cast<double>(samples)
-      << "%) above its tolerance: max rel residual " << ResidualCell(backward) << " ["
-      << StatusCell(backward) << "]; " << backward.brief;
-  return out.str();
 }
 
 std::string SummaryJson(const TrainSummary& s) {
@@ -341,15 +222,17 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     OnMainRank([&] { RefuseNonEmptyRunDirectory(summary.run_dir); });
   }
 
+  const TrainerOptions trainer = TrainerOptions::FromConfig(c);
+  const EvalOptions eval_options = EvalOptions::FromConfig(c);
+  const LogOptions log_options = LogOptions::FromConfig(c);
+  const RegularizationOptions regularization = RegularizationOptions::FromConfig(c);
   const NamedVars parameters = model.named_parameters();
-  VarList parameter_list;
-  for (const auto& [name, p] : parameters) parameter_list.push_back(p);
   summary.num_parameters = model.NumParameters();
   const OptimizerOptions optimizer_options = OptimizerOptionsFromConfig(c);
   auto optimizer = Optimizer::Create(optimizer_options, parameters);
   const ScheduleOptions schedule = ScheduleOptionsFromConfig(c);
   const uint64_t seed = static_cast<uint64_t>(c.GetInt("seed"));
-  Batcher batcher(*e.train, c.GetInt("train.batch_size"), seed, e.dtype);
+  Batcher batcher(*e.train, trainer.batch_size, seed, e.dtype);
   Rng rng(seed + 7919);
 
   int64_t step = 0;
@@ -372,17 +255,36 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   std::vector<std::string> columns = kColumns;
   columns.insert(columns.end(), AttentionColumns().begin(), AttentionColumns().end());
   MetricsWriter metrics =
-      writes ? MetricsWriter(summary.run_dir, columns, resumed, c.GetStringList("log.formats"))
+      writes ? MetricsWriter(summary.run_dir, columns, resumed, log_options.formats)
              : MetricsWriter::Discard(columns);
-  std::unique_ptr<DataParallel> data_parallel;
-  // The model and its data-parallel replicas, whose solvers keep warm starts.
-  auto warm_start_models = [&] {
-    std::vector<SequenceModel*> models = {&model};
-    for (int64_t shard = 1; data_parallel && shard < shards; ++shard) {
-      models.push_back(&static_cast<SequenceModel&>(data_parallel->replica(shard)));
+
+  TrainStepOptions step_options;
+  step_options.shards = shards;
+  step_options.clip_norm = trainer.clip_norm;
+  step_options.hold_unconverged = trainer.on_unconverged == "stop";
+  SP_CHECK(shards == 1 || e.make_replica != nullptr,
+           "Train: the experiment cannot build model replicas");
+  TrainStep train_step(e.model, *optimizer, step_options,
+                       [&e, first = rank_shards.first](int64_t replica) {
+                         return e.make_replica(first + replica);
+                       });
+  std::unique_ptr<GradientReducer> reducer;
+  if (ranks) {
+    reducer = std::make_unique<GradientReducer>(model.parameters(), shards);
+    train_step.EnableRanks(
+        rank_shards.first, rank_shards.total, reducer.get(),
+        [&step](const std::string& failure, const std::vector<double>& shard_losses,
+                std::pair<int64_t, int64_t> correct_counted, const SolverStats& forward,
+                const SolverStats& backward) {
+          return ExchangeStepTotals(step + 1, failure, shard_losses, correct_counted, forward,
+                                    backward);
+        });
+    // This rank's first shard draws the dropout masks of that shard's replica.
+    if (rank_shards.first > 0) {
+      const std::shared_ptr<SequenceModel> first = e.make_replica(rank_shards.first);
+      RestoreRandomStreamState(RandomStreamState({first.get()}), {&model}, "rank replica");
     }
-    return models;
-  };
+  }
   auto save_checkpoint = [&] {
     if (!AllFinite(parameters)) return false;  // never replace a good one with NaNs
     CheckpointState state;
@@ -395,49 +297,17 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     state.model = model.NamedValues();
     state.optimizer = optimizer->SaveState();
     // Every rank's shards, named by global shard (collective).
-    GatherShardState(warm_start_models(), rank_shards.first, &state.solver_state,
+    GatherShardState(train_step.models(), rank_shards.first, &state.solver_state,
                      &state.random_streams);
     if (writes) SaveCheckpoint(checkpoint_path, state);
     ++summary.checkpoints_written;
     return true;
   };
-
-  const int64_t total_steps = c.GetInt("train.steps");
-  const int64_t log_every = c.GetInt("train.log_every");
-  const int64_t eval_every = c.GetInt("train.eval_every");
-  const int64_t checkpoint_every = c.GetInt("train.checkpoint_every");
-  const int64_t pretrain_steps = c.GetInt("train.pretrain_steps");
-  const int64_t unroll_steps = c.GetInt("model.unroll_steps");
-  const double clip_norm = c.GetDouble("train.clip_norm");
-  const bool stop_on_nonfinite = c.GetString("train.on_nonfinite") == "stop";
-  const int64_t max_skipped = c.GetInt("train.max_skipped_steps");
-  const std::string on_unconverged = c.GetString("train.on_unconverged");
-  bool unconverged_reported = false;
-  int64_t unconverged_since_report = 0;
-  std::string last_unconverged;
-  const double jacobian_weight = c.GetDouble("model.regularization.jacobian_weight");
-  std::unique_ptr<GradientReducer> reducer;
-  if (shards > 1 || ranks) {
-    SP_CHECK(e.make_replica != nullptr, "Train: the experiment cannot build model replicas");
-    data_parallel = std::make_unique<DataParallel>(
-        e.model, shards,
-        [&e, next = rank_shards.first + 1]() mutable { return e.make_replica(next++); });
-  }
-  if (ranks) {
-    data_parallel->set_layout(rank_shards.first, rank_shards.total);
-    reducer = std::make_unique<GradientReducer>(model.parameters(), shards);
-    data_parallel->set_reduction(reducer.get());
-    // This rank's first shard draws the dropout masks of that shard's replica.
-    if (rank_shards.first > 0) {
-      const std::shared_ptr<SequenceModel> first = e.make_replica(rank_shards.first);
-      RestoreRandomStreamState(RandomStreamState({first.get()}), {&model}, "rank replica");
-    }
-  }
   if (resumed) {
     SelectShardState(resume_state.solver_state, resume_state.random_streams, rank_shards.first,
                      rank_shards.count, &resume_state.solver_state, &resume_state.random_streams);
-    RestoreWarmStartState(resume_state.solver_state, warm_start_models(), checkpoint_path);
-    if (!RestoreRandomStreamState(resume_state.random_streams, warm_start_models(),
+    RestoreWarmStartState(resume_state.solver_state, train_step.models(), checkpoint_path);
+    if (!RestoreRandomStreamState(resume_state.random_streams, train_step.models(),
                                   checkpoint_path) &&
         c.GetDouble("model.dropout") > 0 && options.progress) {
       *options.progress << "warning: the dropout masks after this resume differ from those of an "
@@ -446,274 +316,112 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   }
   // Written once the checkpoint (if any) has loaded into this model.
   if (writes) WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
-  const int jacobian_probes = static_cast<int>(c.GetInt("model.regularization.jacobian_probes"));
-  const double jacobian_frequency = c.GetDouble("model.regularization.jacobian_frequency");
-  const int64_t eval_batch = c.GetInt("eval.batch_size");
   const bool implicit = model.implicit() != nullptr;
-  const bool checked = HasImplicitLayer(model);
-  const int64_t check_size = checked ? c.GetInt("eval.gradient_check_batch_size") : 0;
-  const Batch check_batch =
-      check_size > 0 ? GradientProbeBatch(*e.train, check_size, e.dtype) : Batch();
+  const int64_t check_size =
+      HasImplicitLayer(model) ? eval_options.gradient_check_batch_size : 0;
 
-  Progress progress(options.progress, c.GetString("log.progress"), total_steps, step);
-  std::set<std::string> collapse_warned;  // energy attentions already warned about
+  Progress progress(options.progress, log_options.progress, trainer.steps, step);
+  NonFiniteHook nonfinite_hook(trainer, progress, metrics);
+  UnconvergedHook unconverged_hook(trainer, progress);
+  SummaryHook summary_hook(model);
+  LogHook::Context log_context;
+  log_context.trainer = trainer;
+  log_context.eval = eval_options;
+  log_context.log = log_options;
+  log_context.model = &model;
+  log_context.test = e.test.get();
+  log_context.dtype = e.dtype;
+  if (check_size > 0) {
+    log_context.gradient_check_batch = GradientProbeBatch(*e.train, check_size, e.dtype);
+  }
+  log_context.run_dir = summary.run_dir;
+  log_context.before_eval = [&] {
+    if (implicit) model.SetDepthOverride(0);
+  };
+  log_context.learning_rate = [&] { return optimizer->learning_rate(); };
+  LogHook log_hook(std::move(log_context), progress, metrics, &unconverged_hook);
+  CheckpointHook checkpoint_hook(trainer.checkpoint_every, save_checkpoint);
+  const std::vector<TrainHook*> hooks = {&nonfinite_hook, &unconverged_hook, &summary_hook,
+                                         &log_hook, &checkpoint_hook};
+  // The Jacobian penalty of an implicit model, at a random fraction of the
+  // steps after pretraining.
+  const ExtraLoss jacobian_penalty = [&](SequenceModel& replica, const Batch& rows, Rng& draws,
+                                         double scale) {
+    const Var u = rows.features.defined()
+                      ? replica.EmbedFeatures(constant(rows.features))
+                      : replica.Embed(rows.tokens, Shape{rows.batch_size, rows.length});
+    return mul_scalar(
+        replica.FixedPointJacobianPenalty(u, static_cast<int>(regularization.jacobian_probes),
+                                          draws),
+        regularization.jacobian_weight * scale);
+  };
+  const auto extra_loss_at = [&](int64_t at) -> ExtraLoss {
+    const bool use = implicit && regularization.jacobian_weight > 0 &&
+                     at >= trainer.pretrain_steps && rng.Uniform() < regularization.jacobian_frequency;
+    return use ? jacobian_penalty : nullptr;
+  };
+
   ResetBufferPoolStats();
-  std::vector<double> step_seconds;
-  double window_loss = 0, window_correct = 0, window_count = 0, window_steps = 0;
-  int64_t consecutive_skips = 0;
+  TrainLoopState state;
+  state.total_steps = trainer.steps;
+  state.summary = &summary;
   int64_t steps_this_call = 0;
-  SolverStats last_forward, last_backward;
-
-  while (step < total_steps &&
+  while (step < trainer.steps &&
          (options.stop_after_steps == 0 || steps_this_call < options.stop_after_steps) &&
-         AgreedStopRequest() == 0) {
+         AgreedStopRequest() == 0 && !state.stop) {
     const auto start = Clock::now();
     optimizer->set_learning_rate(LearningRateAt(schedule, optimizer_options.learning_rate, step));
     if (implicit) {
-      const int64_t depth = step < pretrain_steps ? unroll_steps : 0;
-      model.SetDepthOverride(depth);
-      for (int64_t shard = 1; shard < shards; ++shard) {
-        static_cast<SequenceModel&>(data_parallel->replica(shard)).SetDepthOverride(depth);
-      }
+      train_step.SetDepthOverride(step < trainer.pretrain_steps ? model.options().unroll_steps
+                                                                : 0);
     }
-    const Batch batch = batcher.Next();
-    double loss_value = 0;
-    SolverStats forward, backward_stats;
-    std::pair<int64_t, int64_t> correct_counted;
-    std::string failure;
-    double grad_norm = 0;
-    if (data_parallel == nullptr) {
-      Var logits = ForwardBatch(model, batch);
-      Var loss = BatchLoss(logits, batch);
-      const bool use_jacobian = implicit && jacobian_weight > 0 && step >= pretrain_steps &&
-                                rng.Uniform() < jacobian_frequency;
-      if (use_jacobian) {
-        loss = add(
-            loss, mul_scalar(JacobianPenalty(model, batch, jacobian_probes, rng), jacobian_weight));
-      }
-      loss_value = loss.item();
-      forward = ForwardStats(model);
-      correct_counted = CountCorrect(logits.value(), batch);
-      if (!std::isfinite(loss_value)) failure = "non-finite loss";
-      if (failure.empty()) {
-        optimizer->ZeroGrad();
-        backward(loss);
-      }
-      backward_stats = BackwardStats(model);
-    } else {
-      optimizer->ZeroGrad();
-      // The Jacobian penalty per shard: each shard's estimate is the mean over
-      // its samples, weighted by its share of the batch, with probes from a
-      // generator of its own seeded from the step's draw (so the result does
-      // not depend on which thread runs which shard).
-      ShardPenalty penalty;
-      if (implicit && jacobian_weight > 0 && step >= pretrain_steps &&
-          rng.Uniform() < jacobian_frequency) {
-        const uint64_t probe_seed = rng.NextU64();
-        penalty = [&, probe_seed](SequenceModel& replica, const Batch& part, int64_t shard) {
-          Rng shard_rng(probe_seed + static_cast<uint64_t>(shard));
-          const double share =
-              static_cast<double>(part.batch_size) / static_cast<double>(batch.batch_size);
-          return mul_scalar(JacobianPenalty(replica, part, jacobian_probes, shard_rng),
-                            jacobian_weight * share);
-        };
-      }
-      if (!ranks) {
-        loss_value = ShardedBackward(*data_parallel, batch, &correct_counted, penalty);
-        forward = ShardedStats(*data_parallel, ForwardStats);
-        backward_stats = ShardedStats(*data_parallel, BackwardStats);
-      } else {
-        // Every rank learns of a failure on any rank, and stops with it.
-        std::string error;
-        try {
-          ShardedBackward(*data_parallel, batch, &correct_counted, penalty);
-        } catch (const std::exception& ex) {
-          error = ex.what();
-        }
-        try {
-          const StepTotals totals = ExchangeStepTotals(
-              step + 1, error, data_parallel->shard_losses(), correct_counted,
-              ShardedStats(*data_parallel, ForwardStats),
-              ShardedStats(*data_parallel, BackwardStats));
-          loss_value = totals.loss;
-          correct_counted = {totals.correct, totals.counted};
-          forward = totals.forward;
-          backward_stats = totals.backward;
-          if (totals.nonfinite_rank >= 0) {
-            failure = "non-finite loss on rank " + std::to_string(totals.nonfinite_rank);
-          }
-        } catch (const RankFailure& rank_failure) {
-          summary.stopped_early = true;
-          summary.stop_reason = "step " + std::to_string(step + 1) + ": " + rank_failure.what();
-          progress.Message(summary.stop_reason + "; every rank stops");
-          break;
-        }
-      }
-      if (!std::isfinite(loss_value) && failure.empty()) failure = "non-finite loss";
+    try {
+      state.result = train_step.Run(batcher.Next(), extra_loss_at(step), &rng);
+    } catch (const RankFailure& rank_failure) {
+      summary.stopped_early = true;
+      summary.stop_reason = "step " + std::to_string(step + 1) + ": " + rank_failure.what();
+      progress.Message(summary.stop_reason + "; every rank stops");
+      break;
     }
-    if (failure.empty()) {
-      grad_norm = GradNorm(parameter_list);
-      if (!std::isfinite(grad_norm)) failure = "non-finite gradient";
-    }
-    ++step;
+    state.step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    state.step = ++step;
     ++steps_this_call;
-    if (!failure.empty()) {
-      ++summary.skipped_steps;
-      ++consecutive_skips;
-      optimizer->ZeroGrad();
-      std::ostringstream report;
-      report << "step " << step << ": " << failure << " (loss " << loss_value << ")";
-      if (!forward.brief.empty()) report << "; forward solver: " << forward.brief;
-      if (!backward_stats.brief.empty()) report << "; backward solver: " << backward_stats.brief;
-      progress.Message(report.str() + (stop_on_nonfinite ? "; stopping (train.on_nonfinite: stop)"
-                                                         : "; step skipped, parameters unchanged"));
-      metrics.Write({{"step", double(step)}, {"loss", loss_value}, {"skipped", 1.0}});
-      if (stop_on_nonfinite || consecutive_skips >= max_skipped) {
-        summary.stopped_early = true;
-        summary.stop_reason = stop_on_nonfinite
-                                  ? report.str()
-                                  : std::to_string(consecutive_skips) +
-                                        " consecutive skipped steps; last: " + report.str();
-        break;
-      }
-      continue;
+    for (TrainHook* hook : hooks) {
+      if (!hook->StepEnded(state)) break;
     }
-    consecutive_skips = 0;
-    if (backward_stats.not_converged > 0) {
-      ++summary.unconverged_backward_steps;
-      last_unconverged = UnconvergedReport(step, backward_stats);
-      if (on_unconverged == "stop") {
-        progress.Message(last_unconverged + "; stopping before the update (train.on_unconverged: "
-                                            "stop)");
-        summary.stopped_early = true;
-        summary.stop_reason = last_unconverged;
-        // The summaries describe the solves that stopped the run.
-        last_forward = forward;
-        last_backward = backward_stats;
-        break;
-      }
-      if (on_unconverged == "warn" && !unconverged_reported) {
-        progress.Message(last_unconverged +
-                         " (train.on_unconverged: warn; reported again once per evaluation)");
-        unconverged_reported = true;
-      } else {
-        ++unconverged_since_report;
-      }
-    }
-    if (clip_norm > 0) ClipGradNorm(parameter_list, clip_norm);
-    optimizer->Step();
-    step_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    last_forward = forward;
-    last_backward = backward_stats;
-    summary.attention_forward = AttentionForwardStats(model);
-    summary.attention_backward = AttentionBackwardStats(model);
-
-    const auto [correct, counted] = correct_counted;
-    window_loss += loss_value;
-    window_correct += static_cast<double>(correct);
-    window_count += static_cast<double>(counted);
-    window_steps += 1;
-    summary.final_train_loss = loss_value;
-    summary.final_train_accuracy = counted ? double(correct) / double(counted) : 0.0;
-
-    const bool do_eval = (eval_every > 0 && step % eval_every == 0) || step == total_steps;
-    if (step % log_every == 0 || do_eval) {
-      std::map<std::string, double> row = {
-          {"step", double(step)},
-          {"lr", optimizer->learning_rate()},
-          {"loss", window_loss / window_steps},
-          {"accuracy", window_count ? window_correct / window_count : 0.0},
-          {"grad_norm", grad_norm},
-          {"step_ms", 1000.0 * step_seconds.back()},
-          {"peak_rss_mb", PeakResidentMegabytes()},
-          {"pool_peak_mb", GetBufferPoolStats().peak_bytes_in_use / 1048576.0},
-          {"skipped", 0.0}};
-      if (implicit && step > pretrain_steps) {
-        row["fwd_iters_mean"] = forward.iterations_mean;
-        row["fwd_iters_max"] = forward.iterations_max;
-        row["fwd_residual"] = forward.residual_max;
-        row["fwd_unconverged"] = double(forward.not_converged);
-        row["bwd_iters_mean"] = backward_stats.iterations_mean;
-        row["bwd_iters_max"] = backward_stats.iterations_max;
-        // Inexact modes measure no residual: the column stays empty.
-        if (backward_stats.HasResidual()) row["bwd_residual"] = backward_stats.residual_max;
-        row["bwd_unconverged"] = double(backward_stats.not_converged);
-      }
-      for (const auto& [column, value] :
-           AttentionSolverColumns(summary.attention_forward, summary.attention_backward)) {
-        row[column] = value;
-      }
-      if (do_eval) {
-        if (implicit) model.SetDepthOverride(0);
-        std::vector<std::string> warnings;
-        for (const auto& [column, value] : AttentionDiagnosticColumns(
-                 model, *e.test, kDiagnosticExamples, e.dtype, &collapse_warned, &warnings)) {
-          row[column] = value;
-        }
-        for (const std::string& warning : warnings) progress.Message(warning);
-        if (row.count("attn_max_weight")) progress.Message(AttentionSummaryLine(row));
-        const EvalResult eval = Evaluate(model, *e.test, eval_batch, e.dtype);
-        row["test_loss"] = eval.loss;
-        row["test_accuracy"] = eval.accuracy;
-        if (implicit) row["test_fwd_iters_mean"] = eval.forward.iterations_mean;
-        summary.final_eval = eval;
-        progress.Eval(step, eval.loss, eval.accuracy);
-        if (check_size > 0) {
-          summary.gradient_check = CheckGradient(model, check_batch);
-          summary.gradient_check_step = step;
-          row["grad_cos"] = summary.gradient_check.cosine;
-          row["grad_rel_err"] = summary.gradient_check.relative_error;
-          progress.Message("step " + std::to_string(step) + ": " + summary.gradient_check.Line());
-        }
-        if (on_unconverged == "warn" && unconverged_since_report > 0) {
-          progress.Message(std::to_string(unconverged_since_report) +
-                           " more step(s) with unconverged adjoint samples since the last "
-                           "report; the latest: " +
-                           last_unconverged);
-          unconverged_since_report = 0;
-        }
-      }
-      metrics.Write(row);
-      if (do_eval && c.GetBool("log.plots")) WritePlots(summary.run_dir);
-      progress.Update(step, row["loss"], row["accuracy"], forward.iterations_mean, implicit);
-      window_loss = window_correct = window_count = window_steps = 0;
-    }
-    if (checkpoint_every > 0 && step % checkpoint_every == 0) save_checkpoint();
   }
   if (implicit) model.SetDepthOverride(0);
   progress.Finish();
   save_checkpoint();
-  if (AgreedStopRequest() != 0 && step < total_steps) {
+  if (AgreedStopRequest() != 0 && step < trainer.steps) {
     summary.stop_signal = AgreedStopRequest();
     summary.stop_reason = std::string("stopped by ") + SignalName(summary.stop_signal) +
                           " at step " + std::to_string(step) + " of " +
-                          std::to_string(total_steps);
+                          std::to_string(trainer.steps);
   }
 
   summary.steps = step;
-  summary.seconds_per_step = Median(step_seconds);
+  summary.seconds_per_step = summary_hook.MedianStepSeconds();
   summary.peak_rss_mb = PeakResidentMegabytes();
   summary.pool_peak_mb = GetBufferPoolStats().peak_bytes_in_use / 1048576.0;
-  summary.forward = last_forward;
-  summary.backward = last_backward;
-  if (summary.final_eval.examples == 0 && step >= total_steps) {
-    summary.final_eval = Evaluate(model, *e.test, eval_batch, e.dtype);
+  if (summary.final_eval.examples == 0 && step >= trainer.steps) {
+    summary.final_eval = Evaluate(model, *e.test, eval_options.batch_size, e.dtype);
   }
   if (!writes) return summary;  // rank 0 writes the run directory
-  if (c.GetBool("log.plots")) WritePlots(summary.run_dir);
+  if (log_options.plots) LogHook::WritePlots(summary.run_dir);
   summary.provenance.end_time = UtcNow();
   WriteTextFile(summary.run_dir + "/summary.json", SummaryJson(summary));
   std::ostringstream md;
   md << "# Run summary\n\n" << summary.BriefReport() << "\n\nModel: " << model.Name() << ", "
      << summary.num_parameters << " parameters.\n\nProvenance: "
      << ProvenanceMarkdown(summary.provenance) << "\n";
-  if (!last_forward.brief.empty()) {
-    md << "\nLast forward solve: " << last_forward.brief << "\n\nForward residual "
-       << ResidualCell(last_forward) << "; samples: " << StatusCell(last_forward) << "\n";
+  if (!summary.forward.brief.empty()) {
+    md << "\nLast forward solve: " << summary.forward.brief << "\n\nForward residual "
+       << ResidualCell(summary.forward) << "; samples: " << StatusCell(summary.forward) << "\n";
   }
-  if (!last_backward.brief.empty()) {
-    md << "\nLast backward solve: " << last_backward.brief << "\n\nBackward residual "
-       << ResidualCell(last_backward) << "; samples: " << StatusCell(last_backward) << "\n";
+  if (!summary.backward.brief.empty()) {
+    md << "\nLast backward solve: " << summary.backward.brief << "\n\nBackward residual "
+       << ResidualCell(summary.backward) << "; samples: " << StatusCell(summary.backward) << "\n";
   }
   if (summary.gradient_check.ran) {
     md << "\nAt step " << summary.gradient_check_step << ", " << summary.gradient_check.Line()

@@ -12,10 +12,6 @@
 //   - replicas share the model's parameter storage; a replica of another
 //     structure, a failing shard and a non-scalar loss are clear errors, and
 //     a failing shard leaves the model's gradients as they were;
-//   - Step (the optimizer adding the shards' gradients as it updates) leaves
-//     the parameters bitwise as Backward then the optimizer's Step() do, and
-//     clears every gradient; a failing shard leaves the parameters as they
-//     were;
 //   - `stillpoint bench` with --shards 2 trains the same trajectory as
 //     without.
 #include "training/data_parallel.h"
@@ -171,43 +167,6 @@ INSTANTIATE_TEST_SUITE_P(Models,
                            return info.param == ModelKind::kExplicit ? "Explicit" : "Implicit";
                          });
 
-// Three float32 steps of AdamW on a small model (2 and 3 shards, 1 and 2
-// threads): DataParallel::Step against Backward + Optimizer::Step().
-TEST_P(DataParallelGradientTest, StepUpdatesBitwiseAsBackwardThenTheOptimizersStep) {
-  const ModelOptions options = TinyOptions(GetParam(), DType::kFloat32);
-  const TokenBatch batch = ReversalBatch(TinyShapes(), 5);
-  for (int64_t shards : {2, 3}) {
-    for (int threads : {1, 2}) {
-      ScopedNumThreads scoped(threads);
-      auto reference = std::make_shared<SequenceModel>(options);
-      auto model = std::make_shared<SequenceModel>(options);
-      DataParallel reference_step(reference, shards,
-                                  [&] { return std::make_shared<SequenceModel>(options); });
-      DataParallel step(model, shards, [&] { return std::make_shared<SequenceModel>(options); });
-      auto reference_optimizer =
-          Optimizer::Create(OptimizerOptions{}, reference->named_parameters());
-      auto optimizer = Optimizer::Create(OptimizerOptions{}, model->named_parameters());
-      for (int k = 0; k < 3; ++k) {
-        reference_optimizer->ZeroGrad();
-        const double expected = reference_step.Backward(6, TokenLoss(batch));
-        reference_optimizer->Step();
-        EXPECT_EQ(step.Step(6, TokenLoss(batch), *optimizer), expected) << "step " << k;
-      }
-      const VarList expected = reference->parameters();
-      const VarList actual = model->parameters();
-      ASSERT_EQ(actual.size(), expected.size());
-      for (std::size_t i = 0; i < actual.size(); ++i) {
-        ASSERT_TRUE(BitwiseEqual(actual[i].value(), expected[i].value()))
-            << shards << " shards, " << threads << " threads, parameter " << i;
-        EXPECT_FALSE(actual[i].has_grad()) << "parameter " << i;
-      }
-      for (int64_t shard = 1; shard < shards; ++shard) {
-        for (const Var& p : step.replica(shard).parameters()) EXPECT_FALSE(p.has_grad());
-      }
-    }
-  }
-}
-
 TEST(DataParallelTest, ReplicasShareTheModelsParameterStorage) {
   const ModelOptions options = TinyOptions(ModelKind::kExplicit, DType::kFloat64);
   auto model = std::make_shared<SequenceModel>(options);
@@ -284,16 +243,6 @@ TEST(DataParallelTest, AFailingShardLeavesTheModelsGradientsAsTheyWere) {
     EXPECT_NE(std::string(e.what()).find("must be a scalar"), std::string::npos) << e.what();
   }
   EXPECT_THROW(step.Backward(1, good), Error);  // 1 row, 2 shards
-
-  // Step: a failing shard updates nothing.
-  auto optimizer = Optimizer::Create(OptimizerOptions{}, model->named_parameters());
-  std::vector<Tensor> values;
-  for (const Var& p : parameters) values.push_back(p.value().Clone());
-  EXPECT_THROW(step.Step(6, failing, *optimizer), std::runtime_error);
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    ASSERT_TRUE(BitwiseEqual(parameters[i].value(), values[i])) << "parameter " << i;
-  }
-  EXPECT_EQ(optimizer->step_count(), 0);
 }
 
 // Two float32 parameters: w, whose shard gradients are chosen so the order

@@ -1,0 +1,113 @@
+#include "training/trainer_options.h"
+
+#include <limits>
+
+#include "training/option_schema.h"
+
+namespace stillpoint {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::max();
+constexpr int64_t kBig = int64_t{1} << 40;
+
+}  // namespace
+
+const OptionFields<TrainerOptions>& TrainerOptions::Fields() {
+  using O = TrainerOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Int("steps", &O::steps, 0, kBig, "Optimizer steps")
+           .Int("batch_size", &O::batch_size, 1, 1 << 20, "Examples per step")
+           .Int("shards", &O::shards, 1, 256,
+                "Data-parallel shards of each batch: forward and backward of each shard run side "
+                "by side on a replica of the model, the threads meeting once per step (faster for "
+                "small models; results depend on the count, to rounding). Under mpirun, per rank: "
+                "the batch is cut into ranks x shards (docs/scale.md)")
+           .Double("clip_norm", &O::clip_norm, 0.0, kInf,
+                   "Clip the global gradient norm to this (0: off)")
+           .Int("pretrain_steps", &O::pretrain_steps, 0, kBig,
+                "implicit: first train this many steps as the tied unroll of the same cell "
+                "(model.unroll_steps), then switch to the implicit solve")
+           .Int("eval_every", &O::eval_every, 0, kBig,
+                "Evaluate on the held-out set every this many steps (0: only at the end)")
+           .Int("checkpoint_every", &O::checkpoint_every, 0, kBig,
+                "Write a checkpoint every this many steps (0: only at the end)")
+           .Int("log_every", &O::log_every, 1, kBig, "Write a metrics row every this many steps")
+           .Choice("on_nonfinite", &O::on_nonfinite, {"skip", "stop"},
+                   "A non-finite loss or gradient: skip the step (parameters unchanged) or stop "
+                   "the run; either way it is reported with the solver summary")
+           .Int("max_skipped_steps", &O::max_skipped_steps, 1, kBig,
+                "skip: stop after this many consecutive skipped steps")
+           .Choice("on_unconverged", &O::on_unconverged, {"ignore", "warn", "stop"},
+                   "An implicit model's adjoint (backward) solve that leaves samples above its "
+                   "tolerance: ignore; warn (print the fraction of samples, the residual, the "
+                   "tolerance and the solver the first time, then once per evaluation); stop "
+                   "(end the run before the update, exit 1, with the report). INEXACT backward "
+                   "modes (jfb, phantom, unrolled, tolerance 0) never count");
+  return *fields;
+}
+
+TrainerOptions TrainerOptions::FromConfig(const Config& config) {
+  return ReadOptionKeys(config, "train.", Fields());
+}
+
+const OptionFields<EvalOptions>& EvalOptions::Fields() {
+  using O = EvalOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Int("batch_size", &O::batch_size, 1, 1 << 20, "Examples per evaluation batch")
+           .Int("gradient_check_batch_size", &O::gradient_check_batch_size, 0, 1 << 20,
+                "Models with an implicit layer: at every evaluation, the gradient the trainer "
+                "uses is compared with a reference (ift, GMRES to 1e-10) on a fixed probe batch "
+                "of this many training examples (cosine and relative error in the metrics, the "
+                "progress output and summary.json; 0: off)")
+           .Int("max_iterations", &O::max_iterations, 0, 1 << 20,
+                "Test-time forward solver budget (0: the training budget)")
+           .DoubleList("iterations_sweep", &O::iterations_sweep, 1, 1 << 20,
+                       "Test-time budgets for the accuracy-vs-iterations curve (implicit); "
+                       "explicit/tied models are evaluated at matching depths")
+           .DoubleList("lengths", &O::lengths, 2, 1 << 20,
+                       "Sequence lengths for the length-extrapolation curve");
+  return *fields;
+}
+
+EvalOptions EvalOptions::FromConfig(const Config& config) {
+  return ReadOptionKeys(config, "eval.", Fields());
+}
+
+const OptionFields<LogOptions>& LogOptions::Fields() {
+  using O = LogOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->String("dir", &O::dir,
+                    "Run directory (default: runs/<config file name>, or runs/<config file "
+                    "name>-N when that holds a run)")
+           .StringList("formats", &O::formats, {"csv", "jsonl"}, "Metrics file formats")
+           .Choice("progress", &O::progress, {"auto", "bar", "lines", "none"},
+                   "auto: a progress bar on a terminal, periodic lines otherwise")
+           .Bool("plots", &O::plots, "Write SVG plots of the curves into the run directory");
+  return *fields;
+}
+
+LogOptions LogOptions::FromConfig(const Config& config) {
+  return ReadOptionKeys(config, "log.", Fields());
+}
+
+const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
+  using O = RegularizationOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Double("jacobian_weight", &O::jacobian_weight, 0.0, kInf,
+                    "Weight of the Hutchinson estimate of ||J_f(z*)||_F^2 / numel added to the "
+                    "loss")
+           .Int("jacobian_probes", &O::jacobian_probes, 1, 64, "Probe vectors per estimate")
+           .Double("jacobian_frequency", &O::jacobian_frequency, 0.0, 1.0,
+                   "Probability of adding the Jacobian term at a step");
+  return *fields;
+}
+
+RegularizationOptions RegularizationOptions::FromConfig(const Config& config) {
+  return ReadOptionKeys(config, "model.regularization.", Fields());
+}
+
+}  // namespace stillpoint

@@ -1,0 +1,68 @@
+// The trainer's settings, each struct declaring its fields once
+// (framework/option_fields.h): the config keys train.*, eval.* and log.*
+// (except train.optimizer.* and train.schedule.*, training/optimizer.h and
+// schedule.h) are made from these declarations (training/config_schema.cc)
+// and read back by FromConfig.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "framework/option_fields.h"
+#include "training/config.h"
+
+namespace stillpoint {
+
+// train.*
+struct TrainerOptions {
+  int64_t steps = 300;
+  int64_t batch_size = 32;
+  int64_t shards = 1;
+  double clip_norm = 1.0;
+  int64_t pretrain_steps = 0;
+  int64_t eval_every = 50;
+  int64_t checkpoint_every = 100;
+  int64_t log_every = 10;
+  std::string on_nonfinite = "skip";    // skip | stop
+  int64_t max_skipped_steps = 20;
+  std::string on_unconverged = "warn";  // ignore | warn | stop
+
+  static const OptionFields<TrainerOptions>& Fields();
+  static TrainerOptions FromConfig(const Config& config);
+};
+
+// eval.*
+struct EvalOptions {
+  int64_t batch_size = 256;
+  int64_t gradient_check_batch_size = 8;
+  int64_t max_iterations = 0;
+  std::vector<double> iterations_sweep;
+  std::vector<double> lengths;
+
+  static const OptionFields<EvalOptions>& Fields();
+  static EvalOptions FromConfig(const Config& config);
+};
+
+// log.*
+struct LogOptions {
+  std::string dir;
+  std::vector<std::string> formats = {"csv", "jsonl"};
+  std::string progress = "auto";  // auto | bar | lines | none
+  bool plots = true;
+
+  static const OptionFields<LogOptions>& Fields();
+  static LogOptions FromConfig(const Config& config);
+};
+
+// model.regularization.*: the Jacobian penalty of implicit models.
+struct RegularizationOptions {
+  double jacobian_weight = 0.0;
+  int64_t jacobian_probes = 1;
+  double jacobian_frequency = 1.0;
+
+  static const OptionFields<RegularizationOptions>& Fields();
+  static RegularizationOptions FromConfig(const Config& config);
+};
+
+}  // namespace stillpoint
