@@ -21,6 +21,7 @@
 // keys under a section and reads a resolved config back into the struct.
 #pragma once
 
+#include <charconv>
 #include <cstdint>
 #include <functional>
 #include <sstream>
@@ -31,7 +32,49 @@
 
 namespace stillpoint {
 
+// The shortest text that reads back as the same double: 0.1, 1e-06, 40.
+inline std::string ShortestNumberText(double value) {
+  char buffer[64];
+  const auto result =
+      std::to_chars(buffer, buffer + sizeof(buffer), value, std::chars_format::general);
+  return std::string(buffer, result.ptr);
+}
+
 enum class OptionKind { kBool, kInt, kDouble, kString, kEnum, kStringList, kDoubleList };
+
+// The values a numeric field accepts: [min, max] with either end open, and
+// optionally 0 besides (a field whose 0 turns a feature off). NaN is never
+// inside; with max the largest double, infinity is not either.
+struct OptionBounds {
+  double min = 0;
+  double max = 0;
+  bool min_open = false;
+  bool max_open = false;
+  bool zero_allowed = false;
+
+  static OptionBounds Closed(double min, double max) { return {min, max}; }
+  // (min, max], e.g. a damping factor in (0, 1].
+  static OptionBounds OpenClosed(double min, double max) { return {min, max, true, false}; }
+  static OptionBounds Open(double min, double max) { return {min, max, true, true}; }
+  // The same bounds, with 0 allowed too.
+  OptionBounds OrZero() const {
+    OptionBounds bounds = *this;
+    bounds.zero_allowed = true;
+    return bounds;
+  }
+
+  bool Contains(double value) const {
+    if (zero_allowed && value == 0) return true;
+    const bool above = min_open ? value > min : value >= min;
+    const bool below = max_open ? value < max : value <= max;
+    return above && below;  // false for NaN
+  }
+  // "[0, 1]", "(0, 1]", "0 or [1, 1.7976931348623157e+308]".
+  std::string Text() const {
+    return std::string(zero_allowed ? "0 or " : "") + (min_open ? "(" : "[") +
+           ShortestNumberText(min) + ", " + ShortestNumberText(max) + (max_open ? ")" : "]");
+  }
+};
 
 template <typename Options>
 class OptionFields {
@@ -40,12 +83,14 @@ class OptionFields {
     std::string name;  // the key below its section, e.g. "max_iterations"
     std::string doc;
     OptionKind kind = OptionKind::kInt;
-    // kInt, kDouble, kDoubleList (each item): the closed range of values.
-    double min = 0;
-    double max = 0;
+    // kInt, kDouble, kDoubleList (each item): the values accepted.
+    OptionBounds bounds;
     // kEnum: the names of the values; kStringList: the allowed items
     // (empty: any).
     std::vector<std::string> choices;
+    // Whether the field is a config key (NotInConfig: a setting for code
+    // only, still validated and printed).
+    bool in_config = true;
     // kBool (0/1), kInt, kDouble.
     std::function<double(const Options&)> get_number;
     std::function<void(Options&, double)> set_number;
@@ -63,7 +108,6 @@ class OptionFields {
     // anderson, [csv, jsonl].
     std::string Text(const Options& options) const {
       std::ostringstream out;
-      out.precision(17);
       switch (kind) {
         case OptionKind::kBool:
           return get_number(options) != 0 ? "true" : "false";
@@ -71,8 +115,7 @@ class OptionFields {
           out << static_cast<int64_t>(get_number(options));
           return out.str();
         case OptionKind::kDouble:
-          out << get_number(options);
-          return out.str();
+          return ShortestNumberText(get_number(options));
         case OptionKind::kString:
         case OptionKind::kEnum:
           return get_text(options);
@@ -86,7 +129,9 @@ class OptionFields {
         case OptionKind::kDoubleList: {
           out << "[";
           const std::vector<double> items = get_numbers(options);
-          for (std::size_t i = 0; i < items.size(); ++i) out << (i ? ", " : "") << items[i];
+          for (std::size_t i = 0; i < items.size(); ++i) {
+            out << (i ? ", " : "") << ShortestNumberText(items[i]);
+          }
           out << "]";
           return out.str();
         }
@@ -100,25 +145,34 @@ class OptionFields {
   OptionFields& Int(const std::string& name, Integer Options::*member, int64_t min, int64_t max,
                     const std::string& doc) {
     static_assert(std::is_integral_v<Integer> && !std::is_same_v<Integer, bool>);
+    return Int(name, member,
+               OptionBounds::Closed(static_cast<double>(min), static_cast<double>(max)), doc);
+  }
+  template <typename Integer>
+  OptionFields& Int(const std::string& name, Integer Options::*member, const OptionBounds& bounds,
+                    const std::string& doc) {
+    static_assert(std::is_integral_v<Integer> && !std::is_same_v<Integer, bool>);
     Field field = Make(name, OptionKind::kInt, doc);
-    field.min = static_cast<double>(min);
-    field.max = static_cast<double>(max);
+    field.bounds = bounds;
     field.get_number = [member](const Options& o) { return static_cast<double>(o.*member); };
     field.set_number = [member](Options& o, double v) { o.*member = static_cast<Integer>(v); };
     return Add(std::move(field));
   }
   OptionFields& Double(const std::string& name, double Options::*member, double min, double max,
                        const std::string& doc) {
+    return Double(name, member, OptionBounds::Closed(min, max), doc);
+  }
+  OptionFields& Double(const std::string& name, double Options::*member,
+                       const OptionBounds& bounds, const std::string& doc) {
     Field field = Make(name, OptionKind::kDouble, doc);
-    field.min = min;
-    field.max = max;
+    field.bounds = bounds;
     field.get_number = [member](const Options& o) { return o.*member; };
     field.set_number = [member](Options& o, double v) { o.*member = v; };
     return Add(std::move(field));
   }
   OptionFields& Bool(const std::string& name, bool Options::*member, const std::string& doc) {
     Field field = Make(name, OptionKind::kBool, doc);
-    field.max = 1;
+    field.bounds = OptionBounds::Closed(0, 1);
     field.get_number = [member](const Options& o) { return o.*member ? 1.0 : 0.0; };
     field.set_number = [member](Options& o, double v) { o.*member = v != 0; };
     return Add(std::move(field));
@@ -158,6 +212,36 @@ class OptionFields {
     field.set_text = [member](Options& o, const std::string& v) { o.*member = v; };
     return Add(std::move(field));
   }
+  // A list of enum values, named by `to_string` among `values`.
+  template <typename E>
+  OptionFields& EnumList(const std::string& name, std::vector<E> Options::*member,
+                         const std::vector<E>& values, const char* (*to_string)(E),
+                         const std::string& doc) {
+    Field field = Make(name, OptionKind::kStringList, doc);
+    for (E value : values) field.choices.push_back(to_string(value));
+    field.get_texts = [member, to_string](const Options& o) {
+      std::vector<std::string> names;
+      for (E value : o.*member) names.push_back(to_string(value));
+      return names;
+    };
+    field.set_texts = [member, values, to_string, name](Options& o,
+                                                        const std::vector<std::string>& texts) {
+      std::vector<E> parsed;
+      for (const std::string& text : texts) {
+        bool found = false;
+        for (E value : values) {
+          if (text == to_string(value)) {
+            parsed.push_back(value);
+            found = true;
+            break;
+          }
+        }
+        if (!found) throw std::invalid_argument(name + ": unknown value '" + text + "'");
+      }
+      o.*member = parsed;
+    };
+    return Add(std::move(field));
+  }
   OptionFields& StringList(const std::string& name, std::vector<std::string> Options::*member,
                            const std::vector<std::string>& choices, const std::string& doc) {
     Field field = Make(name, OptionKind::kStringList, doc);
@@ -169,11 +253,16 @@ class OptionFields {
   OptionFields& DoubleList(const std::string& name, std::vector<double> Options::*member,
                            double min, double max, const std::string& doc) {
     Field field = Make(name, OptionKind::kDoubleList, doc);
-    field.min = min;
-    field.max = max;
+    field.bounds = OptionBounds::Closed(min, max);
     field.get_numbers = [member](const Options& o) { return o.*member; };
     field.set_numbers = [member](Options& o, const std::vector<double>& v) { o.*member = v; };
     return Add(std::move(field));
+  }
+
+  // Keeps the field declared last out of the config schema.
+  OptionFields& NotInConfig() {
+    fields_.back().in_config = false;
+    return *this;
   }
 
   const std::vector<Field>& fields() const { return fields_; }
@@ -211,15 +300,6 @@ class OptionFields {
     fields_.push_back(std::move(field));
     return *this;
   }
-  static std::string Range(const Field& field) {
-    std::ostringstream out;
-    out.precision(17);
-    out << "[" << field.min << ", " << field.max << "]";
-    return out.str();
-  }
-  static bool InRange(const Field& field, double value) {
-    return value >= field.min && value <= field.max;  // false for NaN
-  }
   static bool IsChoice(const Field& field, const std::string& value) {
     if (field.choices.empty()) return true;
     for (const std::string& choice : field.choices) {
@@ -231,15 +311,15 @@ class OptionFields {
     switch (field.kind) {
       case OptionKind::kInt:
       case OptionKind::kDouble:
-        if (!InRange(field, field.get_number(options))) {
-          return field.name + " = " + field.Text(options) + " is outside " + Range(field);
+        if (!field.bounds.Contains(field.get_number(options))) {
+          return field.name + " = " + field.Text(options) + " is outside " + field.bounds.Text();
         }
         return "";
       case OptionKind::kDoubleList:
         for (double value : field.get_numbers(options)) {
-          if (!InRange(field, value)) {
+          if (!field.bounds.Contains(value)) {
             return field.name + " holds " + field.Text(options) + ", outside " +
-                   Range(field);
+                   field.bounds.Text();
           }
         }
         return "";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "solvers/enum_names.h"
@@ -185,128 +186,125 @@ bool ForwardSolverOptions::FixedBudget() const {
   return false;
 }
 
-namespace {
-
-// Collects the first violated condition as "ForwardSolverOptions: <field> = <value>: <why>".
-class Validator {
- public:
-  template <typename T>
-  void Check(bool ok, const char* field, T value, const char* requirement) {
-    if (ok || failed_) return;
-    std::ostringstream out;
-    out << "ForwardSolverOptions: " << field << " = " << value << " but it must be " << requirement;
-    message_ = out.str();
-    failed_ = true;
-  }
-  bool failed() const { return failed_; }
-  const std::string& message() const { return message_; }
-
- private:
-  bool failed_ = false;
-  std::string message_;
-};
-
-bool Finite(double x) { return std::isfinite(x); }
-
-}  // namespace
+const OptionFields<ForwardSolverOptions>& ForwardSolverOptions::Fields() {
+  using O = ForwardSolverOptions;
+  constexpr double kInf = std::numeric_limits<double>::max();
+  constexpr int kMaxIterations = 1 << 20;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Enum("type", &O::type, AllForwardSolverTypes(), stillpoint::ToString,
+                  "Forward solver")
+           .Int("max_iterations", &O::max_iterations, 0, kMaxIterations,
+                "Iteration budget per solve")
+           .Enum("stop_mode", &O::stop_mode,
+                 {StopMode::kAbsolute, StopMode::kRelative, StopMode::kEither},
+                 stillpoint::ToString, "Which residual decides convergence")
+           .Double("absolute_tolerance", &O::absolute_tolerance, 0.0, kInf,
+                   "Stop when ||f(z) - z|| <= this (absolute or either)")
+           .Double("relative_tolerance", &O::relative_tolerance, 0.0, kInf,
+                   "Stop when ||f(z) - z|| / (||f(z)|| + eps) <= this (relative or "
+                   "either)")
+           .Double("relative_epsilon", &O::relative_epsilon, 0.0, kInf,
+                   "Added to ||f(z)|| in the relative residual")
+           .NotInConfig()
+           .Int("stagnation_window", &O::stagnation_window, 0, kMaxIterations,
+                "Iterations without enough improvement before STAGNATED (DIVERGED when the "
+                "residual rose at each of them; 0: never)")
+           .Double("stagnation_min_improvement", &O::stagnation_min_improvement,
+                   OptionBounds{0.0, 1.0, false, true},
+                   "The relative drop of the best residual that counts as improvement")
+           .NotInConfig()
+           .Double("divergence_factor", &O::divergence_factor,
+                   OptionBounds{1.0, kInf, true, false}.OrZero(),
+                   "Protective break: DIVERGED when the residual exceeds this x the initial one "
+                   "(0: off)")
+           .Double("picard_damping", &O::picard_damping, OptionBounds::OpenClosed(0.0, 1.0),
+                   "picard: z <- (1 - tau) z + tau f(z)")
+           .Int("anderson_memory", &O::anderson_memory, 1, 64, "anderson: history size m")
+           .Double("anderson_lambda", &O::anderson_lambda, 0.0, kInf,
+                   "anderson: Tikhonov regularisation")
+           .Double("anderson_beta", &O::anderson_beta, OptionBounds::OpenClosed(0.0, 1.0),
+                   "anderson: mixing")
+           .Enum("anderson_type", &O::anderson_type, {AndersonType::kTypeII, AndersonType::kTypeI},
+                 stillpoint::ToString, "anderson: type II (default) or type I")
+           .Double("anderson_safeguard_factor", &O::anderson_safeguard_factor,
+                   OptionBounds::Closed(1.0, kInf).OrZero(),
+                   "anderson: reject a step raising the residual by this factor and restart (0: "
+                   "off)")
+           .Int("broyden_memory", &O::broyden_memory, 1, 256, "broyden: rank-one updates kept")
+           .Double("broyden_initial_scale", &O::broyden_initial_scale, 0.0, kInf,
+                   "broyden: alpha of the initial inverse Jacobian -alpha I (1: the first step is "
+                   "a plain fixed-point step; 0: automatic, a first step of at most half of "
+                   "max(|z0|, 1))")
+           .Enum("broyden_variant", &O::broyden_variant,
+                 {BroydenVariant::kGood, BroydenVariant::kBad}, stillpoint::ToString,
+                 "broyden: which update")
+           .Bool("broyden_line_search", &O::broyden_line_search, "broyden: Armijo line search")
+           .Double("armijo_c", &O::armijo_c, OptionBounds::Open(0.0, 0.5),
+                   "Line search: accept step t when ||F(z + t p)||^2 <= (1 - 2 c t) ||F(z)||^2")
+           .NotInConfig()
+           .Int("line_search_max_backtracks", &O::line_search_max_backtracks, 0, 60,
+                "Line search: halvings of the step tried")
+           .NotInConfig()
+           .Double("line_search_shrink", &O::line_search_shrink, OptionBounds::Open(0.0, 1.0),
+                   "Line search: step factor per backtrack")
+           .NotInConfig()
+           .Int("gmres_restart", &O::gmres_restart, 1, 512,
+                "newton_krylov: Krylov vectors kept")
+           .Int("gmres_max_iterations", &O::gmres_max_iterations, 1, kMaxIterations,
+                "newton_krylov: inner GMRES iterations per Newton step")
+           .NotInConfig()
+           .Enum("forcing_type", &O::forcing_type,
+                 {ForcingTermType::kConstant, ForcingTermType::kEisenstatWalker},
+                 stillpoint::ToString, "newton_krylov: inner tolerance rule")
+           .NotInConfig()
+           .Double("newton_forcing", &O::newton_forcing, OptionBounds::Open(0.0, 1.0),
+                   "newton_krylov: forcing term eta (the cap for eisenstat_walker)")
+           .Double("jvp_finite_difference_step", &O::jvp_finite_difference_step, 0.0, kInf,
+                   "newton_krylov: finite-difference step of J v when the problem has no jvp "
+                   "(0: sqrt of the dtype's machine epsilon)")
+           .NotInConfig()
+           .Enum("ceres_line_search_direction", &O::ceres_line_search_direction,
+                 {CeresLineSearchDirection::kLbfgs, CeresLineSearchDirection::kNonlinearCg},
+                 stillpoint::ToString, "ceres_lbfgs: search direction")
+           .NotInConfig()
+           .Enum("ceres_trust_region_strategy", &O::ceres_trust_region_strategy,
+                 {CeresTrustRegionStrategy::kLevenbergMarquardt, CeresTrustRegionStrategy::kDogleg},
+                 stillpoint::ToString, "ceres_trust_region: strategy")
+           .NotInConfig()
+           .Int("ceres_max_state_size", &O::ceres_max_state_size, 1, kMaxIterations,
+                "ceres_trust_region: largest state per sample (it forms a dense Jacobian)")
+           .NotInConfig()
+           .EnumList("fallback_chain", &O::fallback_chain, AllForwardSolverTypes(),
+                     stillpoint::ToString,
+                     "Solvers tried in order for samples that end DIVERGED / NON_FINITE / "
+                     "LINEAR_ALGEBRA_FAILURE or above fallback_residual_threshold")
+           .Double("fallback_residual_threshold", &O::fallback_residual_threshold, 0.0, kInf,
+                   "Relative residual above which a sample is handed to the fallback chain");
+  return *fields;
+}
 
 bool ForwardSolverOptions::IsValid(std::string* error) const {
-  Validator v;
-  v.Check(max_iterations >= 0, "max_iterations", max_iterations, ">= 0");
-  v.Check(Finite(absolute_tolerance) && absolute_tolerance >= 0, "absolute_tolerance",
-          absolute_tolerance, "finite and >= 0");
-  v.Check(Finite(relative_tolerance) && relative_tolerance >= 0, "relative_tolerance",
-          relative_tolerance, "finite and >= 0");
-  v.Check(Finite(relative_epsilon) && relative_epsilon >= 0, "relative_epsilon", relative_epsilon,
-          "finite and >= 0");
-  v.Check(stagnation_window >= 0, "stagnation_window", stagnation_window, ">= 0 (0 disables)");
-  v.Check(stagnation_min_improvement >= 0 && stagnation_min_improvement < 1,
-          "stagnation_min_improvement", stagnation_min_improvement, "in [0, 1)");
-  v.Check(divergence_factor == 0 || divergence_factor > 1, "divergence_factor", divergence_factor,
-          "> 1, or 0 to disable");
-  v.Check(picard_damping > 0 && picard_damping <= 1, "picard_damping", picard_damping, "in (0, 1]");
-  v.Check(anderson_memory >= 1 && anderson_memory <= 64, "anderson_memory", anderson_memory,
-          "in [1, 64]");
-  v.Check(Finite(anderson_lambda) && anderson_lambda >= 0, "anderson_lambda", anderson_lambda,
-          "finite and >= 0");
-  v.Check(anderson_beta > 0 && anderson_beta <= 1, "anderson_beta", anderson_beta, "in (0, 1]");
-  v.Check(anderson_safeguard_factor == 0 || anderson_safeguard_factor >= 1,
-          "anderson_safeguard_factor", anderson_safeguard_factor, ">= 1, or 0 to disable");
-  v.Check(broyden_memory >= 1 && broyden_memory <= 256, "broyden_memory", broyden_memory,
-          "in [1, 256]");
-  v.Check(Finite(broyden_initial_scale) && broyden_initial_scale >= 0, "broyden_initial_scale",
-          broyden_initial_scale, "finite and >= 0 (0: automatic)");
-  v.Check(armijo_c > 0 && armijo_c < 0.5, "armijo_c", armijo_c, "in (0, 0.5)");
-  v.Check(line_search_max_backtracks >= 0 && line_search_max_backtracks <= 60,
-          "line_search_max_backtracks", line_search_max_backtracks, "in [0, 60]");
-  v.Check(line_search_shrink > 0 && line_search_shrink < 1, "line_search_shrink",
-          line_search_shrink, "in (0, 1)");
-  v.Check(gmres_restart >= 1 && gmres_restart <= 512, "gmres_restart", gmres_restart,
-          "in [1, 512]");
-  v.Check(gmres_max_iterations >= 1, "gmres_max_iterations", gmres_max_iterations, ">= 1");
-  v.Check(newton_forcing > 0 && newton_forcing < 1, "newton_forcing", newton_forcing, "in (0, 1)");
-  v.Check(Finite(jvp_finite_difference_step) && jvp_finite_difference_step >= 0,
-          "jvp_finite_difference_step", jvp_finite_difference_step,
-          ">= 0 (0 picks sqrt(machine epsilon))");
-  v.Check(ceres_max_state_size >= 1, "ceres_max_state_size", ceres_max_state_size, ">= 1");
-  v.Check(Finite(fallback_residual_threshold) && fallback_residual_threshold >= 0,
-          "fallback_residual_threshold", fallback_residual_threshold, "finite and >= 0");
-  for (size_t i = 0; i < fallback_chain.size() && !v.failed(); ++i) {
-    v.Check(fallback_chain[i] != type, "fallback_chain", stillpoint::ToString(fallback_chain[i]),
-            "different from the primary solver type (it would rerun the same solve)");
-    for (size_t j = 0; j < i; ++j) {
-      v.Check(fallback_chain[i] != fallback_chain[j], "fallback_chain",
-              stillpoint::ToString(fallback_chain[i]), "listed once");
+  std::string problem = Fields().Check(*this);
+  for (size_t i = 0; i < fallback_chain.size() && problem.empty(); ++i) {
+    if (fallback_chain[i] == type) {
+      problem = std::string("fallback_chain holds ") + stillpoint::ToString(type) +
+                ", the primary solver type (it would rerun the same solve)";
+    }
+    for (size_t j = 0; j < i && problem.empty(); ++j) {
+      if (fallback_chain[i] == fallback_chain[j]) {
+        problem = std::string("fallback_chain lists ") + stillpoint::ToString(fallback_chain[i]) +
+                  " twice";
+      }
     }
   }
-  for (size_t i = 0; i < callbacks.size(); ++i) {
-    v.Check(static_cast<bool>(callbacks[i]), "callbacks", i, "a callable (entry is empty)");
+  for (size_t i = 0; i < callbacks.size() && problem.empty(); ++i) {
+    if (!callbacks[i]) problem = "callbacks[" + std::to_string(i) + "] is empty, not a callable";
   }
-  if (v.failed() && error != nullptr) *error = v.message();
-  return !v.failed();
+  if (!problem.empty() && error != nullptr) *error = "ForwardSolverOptions: " + problem;
+  return problem.empty();
 }
 
-std::string ForwardSolverOptions::ToString() const {
-  std::ostringstream out;
-  out << "type: " << stillpoint::ToString(type) << "\n"
-      << "max_iterations: " << max_iterations << "\n"
-      << "stop_mode: " << stillpoint::ToString(stop_mode) << "\n"
-      << "absolute_tolerance: " << absolute_tolerance << "\n"
-      << "relative_tolerance: " << relative_tolerance << "\n"
-      << "relative_epsilon: " << relative_epsilon << "\n"
-      << "stagnation_window: " << stagnation_window << "\n"
-      << "stagnation_min_improvement: " << stagnation_min_improvement << "\n"
-      << "divergence_factor: " << divergence_factor << "\n"
-      << "picard_damping: " << picard_damping << "\n"
-      << "anderson_memory: " << anderson_memory << "\n"
-      << "anderson_lambda: " << anderson_lambda << "\n"
-      << "anderson_beta: " << anderson_beta << "\n"
-      << "anderson_type: " << stillpoint::ToString(anderson_type) << "\n"
-      << "anderson_safeguard_factor: " << anderson_safeguard_factor << "\n"
-      << "broyden_memory: " << broyden_memory << "\n"
-      << "broyden_initial_scale: " << broyden_initial_scale << "\n"
-      << "broyden_variant: " << stillpoint::ToString(broyden_variant) << "\n"
-      << "broyden_line_search: " << (broyden_line_search ? "true" : "false") << "\n"
-      << "armijo_c: " << armijo_c << "\n"
-      << "line_search_max_backtracks: " << line_search_max_backtracks << "\n"
-      << "line_search_shrink: " << line_search_shrink << "\n"
-      << "gmres_restart: " << gmres_restart << "\n"
-      << "gmres_max_iterations: " << gmres_max_iterations << "\n"
-      << "forcing_type: " << stillpoint::ToString(forcing_type) << "\n"
-      << "newton_forcing: " << newton_forcing << "\n"
-      << "jvp_finite_difference_step: " << jvp_finite_difference_step << "\n"
-      << "ceres_line_search_direction: " << stillpoint::ToString(ceres_line_search_direction)
-      << "\n"
-      << "ceres_trust_region_strategy: " << stillpoint::ToString(ceres_trust_region_strategy)
-      << "\n"
-      << "ceres_max_state_size: " << ceres_max_state_size << "\n"
-      << "fallback_chain: [";
-  for (size_t i = 0; i < fallback_chain.size(); ++i) {
-    out << (i ? ", " : "") << stillpoint::ToString(fallback_chain[i]);
-  }
-  out << "]\n"
-      << "fallback_residual_threshold: " << fallback_residual_threshold << "\n";
-  return out.str();
-}
+std::string ForwardSolverOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

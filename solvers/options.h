@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "framework/option_fields.h"
+
 namespace stillpoint {
 
 // ---- enums ----
@@ -232,11 +234,17 @@ struct ForwardSolverOptions {
   bool FixedBudget() const;
 
   // False, with a message naming the field and its value, if any option is
-  // out of range.
+  // out of range (the ranges of Fields()), the fallback chain repeats a
+  // solver, or a callback is empty.
   bool IsValid(std::string* error) const;
 
   // The options as "key: value" lines (callbacks omitted).
   std::string ToString() const;
+
+  // Every configurable field, declared once: its name, range and meaning
+  // (framework/option_fields.h). The config keys model.solver.forward.* and
+  // model.attention_solver.forward.* are made from it.
+  static const OptionFields<ForwardSolverOptions>& Fields();
 };
 
 }  // namespace stillpoint

@@ -417,7 +417,7 @@ ModelOptions BenchModelOptions(
 
 OptimizerOptions BenchOptimizerOptions() {
   OptimizerOptions options;
-  options.type = OptimizerType::kAdamW;
+  options.type = "adamw";
   options.learning_rate = 1e-3;
   options.beta1 = 0.9;
   options.beta2 = 0.999;

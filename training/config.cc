@@ -108,9 +108,22 @@ bool ParseDouble(const std::string& text, double* value) {
   return true;
 }
 
+OptionBounds BoundsOf(const ConfigKey& key) {
+  OptionBounds bounds;
+  bounds.min = key.min;
+  bounds.max = key.max;
+  bounds.min_open = key.min_open;
+  bounds.max_open = key.max_open;
+  bounds.zero_allowed = key.zero_allowed;
+  return bounds;
+}
+
 std::string RangeText(const ConfigKey& key) {
   std::ostringstream out;
-  if (key.has_min && key.has_max) {
+  if (key.has_min && key.has_max && (key.min_open || key.max_open || key.zero_allowed)) {
+    out << (key.zero_allowed ? "0 or " : "") << (key.min_open ? "(" : "[")
+        << FormatNumber(key.min) << ", " << FormatNumber(key.max) << (key.max_open ? ")" : "]");
+  } else if (key.has_min && key.has_max) {
     out << "[" << FormatNumber(key.min) << ", " << FormatNumber(key.max) << "]";
   } else if (key.has_min) {
     out << ">= " << FormatNumber(key.min);
@@ -121,6 +134,7 @@ std::string RangeText(const ConfigKey& key) {
 }
 
 bool InRange(const ConfigKey& key, double value) {
+  if (key.has_min && key.has_max) return BoundsOf(key).Contains(value);
   return (!key.has_min || value >= key.min) && (!key.has_max || value <= key.max);
 }
 
@@ -243,6 +257,26 @@ ConfigSchema& ConfigSchema::Double(const std::string& path, double default_value
   key.min = min;
   key.max = max;
   return Add(key);
+}
+
+ConfigSchema& ConfigSchema::Int(const std::string& path, int64_t default_value,
+                                const std::string& doc, const OptionBounds& bounds) {
+  Int(path, default_value, doc, static_cast<int64_t>(bounds.min), static_cast<int64_t>(bounds.max));
+  ConfigKey& key = keys_.back();
+  key.min_open = bounds.min_open;
+  key.max_open = bounds.max_open;
+  key.zero_allowed = bounds.zero_allowed;
+  return *this;
+}
+
+ConfigSchema& ConfigSchema::Double(const std::string& path, double default_value,
+                                   const std::string& doc, const OptionBounds& bounds) {
+  Double(path, default_value, doc, bounds.min, bounds.max);
+  ConfigKey& key = keys_.back();
+  key.min_open = bounds.min_open;
+  key.max_open = bounds.max_open;
+  key.zero_allowed = bounds.zero_allowed;
+  return *this;
 }
 
 ConfigSchema& ConfigSchema::String(const std::string& path, const std::string& default_value,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "framework/check.h"
+#include "framework/option_fields.h"
 
 namespace stillpoint {
 
@@ -39,7 +40,9 @@ struct ConfigKey {
   std::string doc;
   std::vector<std::string> choices;  // kEnum; also allowed list items for kStringList if set
   bool has_min = false, has_max = false;
-  double min = 0, max = 0;     // inclusive bounds for kInt, kDouble and list items
+  double min = 0, max = 0;     // bounds for kInt, kDouble and list items
+  bool min_open = false, max_open = false;  // exclusive ends (inclusive by default)
+  bool zero_allowed = false;   // 0 is valid besides the range ("0: off")
   bool required = false;       // no default: the file must set it
 };
 
@@ -57,6 +60,11 @@ class ConfigSchema {
                     int64_t min, int64_t max);
   ConfigSchema& Double(const std::string& path, double default_value, const std::string& doc,
                        double min, double max);
+  // The same with bounds that may be open or allow 0 besides.
+  ConfigSchema& Int(const std::string& path, int64_t default_value, const std::string& doc,
+                    const OptionBounds& bounds);
+  ConfigSchema& Double(const std::string& path, double default_value, const std::string& doc,
+                       const OptionBounds& bounds);
   ConfigSchema& String(const std::string& path, const std::string& default_value,
                        const std::string& doc);
   ConfigSchema& RequiredString(const std::string& path, const std::string& doc);

@@ -44,10 +44,19 @@ std::string EnumJson(const std::vector<std::string>& choices) {
   return out + "]";
 }
 
+// The range keywords; a key that also allows 0 ("0: off") accepts either
+// the range or the constant 0.
 std::string Bounds(const ConfigKey& key) {
   std::string out;
-  if (key.has_min) out += ", \"minimum\": " + JsonNumber(key.min);
-  if (key.has_max) out += ", \"maximum\": " + JsonNumber(key.max);
+  if (key.has_min) {
+    out += std::string(key.min_open ? ", \"exclusiveMinimum\": " : ", \"minimum\": ") +
+           JsonNumber(key.min);
+  }
+  if (key.has_max) {
+    out += std::string(key.max_open ? ", \"exclusiveMaximum\": " : ", \"maximum\": ") +
+           JsonNumber(key.max);
+  }
+  if (key.zero_allowed && !out.empty()) out = ", \"anyOf\": [{\"const\": 0}, {" + out.substr(2) + "}]";
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include "layers/energy_block.h"
 #include "layers/registry.h"
 #include "training/dataset.h"
+#include "training/dataset_registry.h"
 #include "training/option_schema.h"
 #include "training/trainer_options.h"
 
@@ -22,8 +23,6 @@ std::vector<std::string> Names(const std::vector<Enum>& values) {
   for (Enum v : values) names.push_back(ToString(v));
   return names;
 }
-
-std::vector<std::string> ForwardSolverNames() { return Names(AllForwardSolverTypes()); }
 
 // Whether a solver key exists under prefix: the inner solve of an energy
 // attention has no warm start (one call site serves every evaluation of the
@@ -41,48 +40,9 @@ void AddSolverKeys(ConfigSchema& s, const std::string& prefix, const ImplicitOpt
   const BackwardOptions& b = defaults.backward;
   // ---- PREFIX.forward: ForwardSolverOptions
   const std::string fw = prefix + "forward.";
-  s.Enum(fw + "type", ToString(f.type), ForwardSolverNames(), "Forward solver")
-      .Int(fw + "max_iterations", f.max_iterations, "Iteration budget per solve", 0, 1 << 20)
-      .Enum(fw + "stop_mode", ToString(f.stop_mode), {"absolute", "relative", "either"},
-            "Which residual decides convergence")
-      .Double(fw + "absolute_tolerance", f.absolute_tolerance,
-              "Stop when ||f(z) - z|| <= this (absolute or either)", 0.0, kInf)
-      .Double(fw + "relative_tolerance", f.relative_tolerance,
-              "Stop when ||f(z) - z|| / (||f(z)|| + eps) <= this (relative or either)", 0.0,
-              kInf)
-      .Int(fw + "stagnation_window", f.stagnation_window,
-           "Iterations without enough improvement before STAGNATED (DIVERGED when the residual "
-           "rose at each of them)",
-           1, 1 << 20)
-      .Double(fw + "picard_damping", f.picard_damping, "picard: z <- (1 - tau) z + tau f(z)",
-              1e-6, 1.0)
-      .Int(fw + "anderson_memory", f.anderson_memory, "anderson: history size m", 1, 1024)
-      .Double(fw + "anderson_lambda", f.anderson_lambda, "anderson: Tikhonov regularisation",
-              0.0, kInf)
-      .Double(fw + "anderson_beta", f.anderson_beta, "anderson: mixing", 1e-6, 1.0)
-      .Enum(fw + "anderson_type", ToString(f.anderson_type), {"type_ii", "type_i"},
-            "anderson: type II (default) or type I")
-      .Double(fw + "anderson_safeguard_factor", f.anderson_safeguard_factor,
-              "anderson: reject a step raising the residual by this factor and restart", 1.0,
-              kInf)
-      .Int(fw + "broyden_memory", f.broyden_memory, "broyden: rank-one updates kept", 1, 1024)
-      .Double(fw + "broyden_initial_scale", f.broyden_initial_scale,
-              "broyden: alpha of the initial inverse Jacobian -alpha I (1: the first step is a "
-              "plain fixed-point step; 0: automatic, a first step of at most half of "
-              "max(|z0|, 1))",
-              0.0, kInf)
-      .Enum(fw + "broyden_variant", ToString(f.broyden_variant), {"good", "bad"},
-            "broyden: which update")
-      .Bool(fw + "broyden_line_search", f.broyden_line_search, "broyden: Armijo line search")
-      .Int(fw + "gmres_restart", f.gmres_restart, "newton_krylov: Krylov vectors kept", 1, 4096)
-      .Double(fw + "newton_forcing", f.newton_forcing, "newton_krylov: forcing term eta", 1e-12,
-              0.999)
-      .StringList(fw + "fallback_chain", {}, ForwardSolverNames(),
-                  "Solvers tried in order for samples that end DIVERGED / NON_FINITE / "
-                  "LINEAR_ALGEBRA_FAILURE or above fallback_residual_threshold")
-      .Double(fw + "fallback_residual_threshold", f.fallback_residual_threshold,
-              "Relative residual above which a sample is handed to the fallback chain", 0.0,
-              kInf);
+  AddOptionKeys(s, fw, ForwardSolverOptions::Fields(), f, [&](const std::string& name) {
+    return SolverKeyApplies(prefix, "forward." + name);
+  });
 
   // ---- PREFIX.backward: BackwardOptions
   const std::string bw = prefix + "backward.";
@@ -107,12 +67,6 @@ void AddSolverKeys(ConfigSchema& s, const std::string& prefix, const ImplicitOpt
       .Int(bw + "unrolled_steps", b.unrolled_steps, "unrolled: forward steps recorded", 1,
            1 << 16);
 
-  if (SolverKeyApplies(prefix, "forward.divergence_factor")) {
-    s.Double(fw + "divergence_factor", f.divergence_factor,
-             "Protective break: DIVERGED when the residual exceeds this x the initial one (0: "
-             "off; otherwise > 1)",
-             0.0, kInf);
-  }
   if (SolverKeyApplies(prefix, "backward.warm_start")) {
     s.Bool(bw + "warm_start", b.warm_start, "ift: start from the previous step's solution");
   }
@@ -128,9 +82,9 @@ ConfigSchema BuildSchema() {
       .Enum("dtype", "float32", {"float32", "float64"}, "Number type of parameters and states");
 
   // ---- task
-  s.Enum("task.kind", "reverse",
-         {"reverse", "sort", "copy", "prefix_parity", "associative_recall", "digits", "csv"},
-         "The dataset: a synthetic sequence task, the 8x8 digits images, or a CSV file")
+  s.Enum("task.kind", "reverse", DatasetRegistry().Names(),
+         "The dataset (DatasetRegistry, training/dataset_registry.h): a synthetic sequence task, "
+         "the 8x8 digits images, or a CSV file")
       .Int("task.length", 16, "Tokens per training sequence (sequence tasks and csv)", 2, 4096)
       .Int("task.vocab_size", 16, "Symbols of a sequence task (prefix_parity always uses 2)", 2,
            1 << 20)
@@ -266,7 +220,8 @@ ConfigSchema BuildSchema() {
 
   // ---- train
   AddOptionKeys(s, "train.", TrainerOptions::Fields());
-  s.Enum("train.optimizer.type", ToString(o.type), {"sgd", "adam", "adamw"}, "Optimizer")
+  s.Enum("train.optimizer.type", o.type, OptimizerRegistry().Names(),
+         "Optimizer (OptimizerRegistry, training/optimizer.h)")
       .Double("train.optimizer.lr", o.learning_rate, "Base learning rate", 0.0, kInf)
       .Double("train.optimizer.momentum", o.momentum, "sgd: momentum", 0.0, 0.999999)
       .Bool("train.optimizer.nesterov", o.nesterov, "sgd: Nesterov momentum")
@@ -337,37 +292,9 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c) {
 
 ImplicitOptions ImplicitOptionsFromConfig(const Config& c, const std::string& prefix) {
   ImplicitOptions options;
-  ForwardSolverOptions& f = options.forward;
-  const std::string fw = prefix + "forward.";
-  f.type = ParseEnum<ForwardSolverType>(c, fw + "type", StringToForwardSolverType);
-  f.max_iterations = static_cast<int>(c.GetInt(fw + "max_iterations"));
-  f.stop_mode = ParseEnum<StopMode>(c, fw + "stop_mode", StringToStopMode);
-  f.absolute_tolerance = c.GetDouble(fw + "absolute_tolerance");
-  f.relative_tolerance = c.GetDouble(fw + "relative_tolerance");
-  f.stagnation_window = static_cast<int>(c.GetInt(fw + "stagnation_window"));
-  if (SolverKeyApplies(prefix, "forward.divergence_factor")) {
-    f.divergence_factor = c.GetDouble(fw + "divergence_factor");
-  }
-  f.picard_damping = c.GetDouble(fw + "picard_damping");
-  f.anderson_memory = static_cast<int>(c.GetInt(fw + "anderson_memory"));
-  f.anderson_lambda = c.GetDouble(fw + "anderson_lambda");
-  f.anderson_beta = c.GetDouble(fw + "anderson_beta");
-  f.anderson_type = ParseEnum<AndersonType>(c, fw + "anderson_type", StringToAndersonType);
-  f.anderson_safeguard_factor = c.GetDouble(fw + "anderson_safeguard_factor");
-  f.broyden_memory = static_cast<int>(c.GetInt(fw + "broyden_memory"));
-  f.broyden_initial_scale = c.GetDouble(fw + "broyden_initial_scale");
-  f.broyden_variant =
-      ParseEnum<BroydenVariant>(c, fw + "broyden_variant", StringToBroydenVariant);
-  f.broyden_line_search = c.GetBool(fw + "broyden_line_search");
-  f.gmres_restart = static_cast<int>(c.GetInt(fw + "gmres_restart"));
-  f.newton_forcing = c.GetDouble(fw + "newton_forcing");
-  f.fallback_chain.clear();
-  for (const std::string& name : c.GetStringList(fw + "fallback_chain")) {
-    ForwardSolverType type;
-    SP_CHECK(StringToForwardSolverType(name, &type), "unknown fallback solver '", name, "'");
-    f.fallback_chain.push_back(type);
-  }
-  f.fallback_residual_threshold = c.GetDouble(fw + "fallback_residual_threshold");
+  options.forward = ReadOptionKeys(
+      c, prefix + "forward.", ForwardSolverOptions::Fields(), options.forward,
+      [&](const std::string& name) { return SolverKeyApplies(prefix, "forward." + name); });
 
   BackwardOptions& b = options.backward;
   const std::string bw = prefix + "backward.";
@@ -582,7 +509,7 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
 
 OptimizerOptions OptimizerOptionsFromConfig(const Config& c) {
   OptimizerOptions o;
-  o.type = ParseEnum<OptimizerType>(c, "train.optimizer.type", StringToOptimizerType);
+  o.type = c.GetString("train.optimizer.type");
   o.learning_rate = c.GetDouble("train.optimizer.lr");
   o.momentum = c.GetDouble("train.optimizer.momentum");
   o.nesterov = c.GetBool("train.optimizer.nesterov");

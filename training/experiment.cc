@@ -10,21 +10,11 @@
 
 #include "framework/ops.h"
 #include "training/config_schema.h"
+#include "training/dataset_registry.h"
 #include "training/distributed.h"
-
-#ifndef STILLPOINT_DATA_DIR
-#define STILLPOINT_DATA_DIR "examples/data"
-#endif
 
 namespace stillpoint {
 namespace {
-
-std::string ResolvePath(const std::string& path, const std::string& config_path) {
-  if (path.empty() || std::filesystem::path(path).is_absolute() || config_path.empty()) {
-    return path;
-  }
-  return (std::filesystem::path(config_path).parent_path() / path).string();
-}
 
 // The key that names `type` as a forward solver: the primary type, else the
 // fallback chain, else "" (not used).
@@ -69,67 +59,14 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
                            int64_t length_override) {
   Experiment e{config, config_path, nullptr, nullptr, nullptr, nullptr, DType::kFloat32};
   StringToDType(config.GetString("dtype"), &e.dtype);
-  const std::string kind = config.GetString("task.kind");
   const uint64_t seed = static_cast<uint64_t>(config.GetInt("seed"));
-  int64_t vocab = 0, classes = 0, feature_dim = 0, longest = 0;
-  bool per_token = true;
-
-  SequenceTask task;
-  if (StringToSequenceTask(kind, &task)) {
-    SequenceTaskOptions options;
-    options.task = task;
-    options.length = config.GetInt("task.length");
-    options.vocab_size = config.GetInt("task.vocab_size");
-    options.num_examples = config.GetInt("task.train_examples");
-    options.seed = seed * 2 + 1;
-    std::string error;
-    if (!options.IsValid(&error)) {
-      throw ConfigError(config.source() + ": task: " + error);
-    }
-    e.train = MakeSequenceTask(options);
-    options.num_examples = config.GetInt("task.test_examples");
-    options.seed = seed * 2 + 2;
-    if (length_override > 0) options.length = length_override;
-    if (!options.IsValid(&error)) throw ConfigError(config.source() + ": task: " + error);
-    e.test = MakeSequenceTask(options);
-    vocab = classes = e.train->info().num_classes;
-    longest = std::max(e.train->info().length, e.test->info().length);
-  } else if (kind == "digits") {
-    SP_CHECK(length_override <= 0, "digits images have a fixed length of 16 tokens");
-    std::string path = ResolvePath(config.GetString("task.path"), config_path);
-    if (path.empty()) {
-      const char* dir = std::getenv("STILLPOINT_DATA_DIR");
-      path = std::string(dir && *dir ? dir : STILLPOINT_DATA_DIR) + "/digits.csv.gz";
-    }
-    DigitsSplit split = LoadDigits(path, config.GetDouble("task.test_fraction"), seed);
-    e.train = std::move(split.train);
-    e.test = std::move(split.test);
-    classes = 10;
-    feature_dim = 4;
-    per_token = false;
-    longest = 16;
-  } else {  // csv
-    CsvDatasetOptions options;
-    options.path = ResolvePath(config.GetString("task.path"), config_path);
-    options.length = config.GetInt("task.length");
-    options.feature_dim = config.GetInt("task.feature_dim");
-    options.vocab_size = config.GetInt("task.vocab_size");
-    options.num_classes = config.GetInt("task.num_classes");
-    if (options.path.empty() || config.GetString("task.test_path").empty()) {
-      throw ConfigError(config.source() + ": task.kind csv needs task.path and task.test_path");
-    }
-    if (options.num_classes < 1) {
-      throw ConfigError(config.source() + ": task.kind csv needs task.num_classes >= 1");
-    }
-    e.train = LoadCsvDataset(options);
-    options.path = ResolvePath(config.GetString("task.test_path"), config_path);
-    e.test = LoadCsvDataset(options);
-    vocab = options.vocab_size;
-    classes = options.num_classes;
-    feature_dim = options.feature_dim;
-    per_token = e.train->info().per_token_targets;
-    longest = options.length;
-  }
+  DatasetRequest request{&config, config_path, length_override, seed};
+  DatasetSplit split = DatasetRegistry().Get(config.GetString("task.kind"))(request);
+  e.train = std::move(split.train);
+  e.test = std::move(split.test);
+  const int64_t vocab = split.vocab_size, classes = split.num_classes;
+  const int64_t feature_dim = split.feature_dim, longest = split.longest;
+  const bool per_token = split.per_token_targets;
 
   ModelOptions options = ModelOptionsFromConfig(config);
   if (longest > options.max_length) {

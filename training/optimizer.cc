@@ -145,8 +145,9 @@ class Sgd : public Optimizer {
 
 class Adam : public Optimizer {
  public:
-  Adam(const OptimizerOptions& options, const NamedVars& parameters)
-      : Optimizer(options, parameters) {
+  // decoupled: AdamW's weight decay (w <- w - lr wd w), else an L2 term.
+  Adam(const OptimizerOptions& options, const NamedVars& parameters, bool decoupled)
+      : Optimizer(options, parameters), decoupled_(decoupled) {
     for (Slot& slot : slots_) {
       slot.first_moment = Tensor::Zeros(slot.parameter.shape(), slot.parameter.dtype());
       slot.second_moment = Tensor::Zeros(slot.parameter.shape(), slot.parameter.dtype());
@@ -163,7 +164,7 @@ class Adam : public Optimizer {
       const AdamCoefficients<T> c{static_cast<T>(options_.beta1),
                                   static_cast<T>(options_.beta2),
                                   slot.decay ? static_cast<T>(options_.weight_decay) : T(0),
-                                  options_.type == OptimizerType::kAdamW,
+                                  decoupled_,
                                   static_cast<T>(options_.learning_rate),
                                   static_cast<T>(options_.learning_rate / correction1),
                                   static_cast<T>(1.0 / std::sqrt(correction2)),
@@ -171,35 +172,41 @@ class Adam : public Optimizer {
       T* w = slot.parameter.mutable_value().data<T>();
       T* m = slot.first_moment.data<T>();
       T* v = slot.second_moment.data<T>();
-      ForGradientChunks<T>(grad.data<T>(), {w, m, v}, begin, end, [&](int64_t lo, int64_t hi, const T* g) {
-        AdamUpdate(c, g, w + lo, m + lo, v + lo, hi - lo);
-      });
+      ForGradientChunks<T>(grad.data<T>(), {w, m, v}, begin, end,
+                           [&](int64_t lo, int64_t hi, const T* g) {
+                             AdamUpdate(c, g, w + lo, m + lo, v + lo, hi - lo);
+                           });
     });
   }
+
+ private:
+  bool decoupled_;
 };
 
 }  // namespace
 
-const char* ToString(OptimizerType type) {
-  switch (type) {
-    case OptimizerType::kSgd:
-      return "sgd";
-    case OptimizerType::kAdam:
-      return "adam";
-    case OptimizerType::kAdamW:
-      return "adamw";
-  }
-  return "unknown";
-}
-
-bool StringToOptimizerType(const std::string& text, OptimizerType* type) {
-  for (OptimizerType t : {OptimizerType::kSgd, OptimizerType::kAdam, OptimizerType::kAdamW}) {
-    if (text == ToString(t)) {
-      *type = t;
-      return true;
-    }
-  }
-  return false;
+Registry<OptimizerFactory>& OptimizerRegistry() {
+  static Registry<OptimizerFactory>* registry = [] {
+    auto* r = new Registry<OptimizerFactory>("optimizer");
+    r->Register(
+        "sgd",
+        [](const OptimizerOptions& o, const NamedVars& p) { return std::make_unique<Sgd>(o, p); },
+        "SGD with momentum and Nesterov momentum; weight decay as an L2 term");
+    r->Register(
+        "adam",
+        [](const OptimizerOptions& o, const NamedVars& p) {
+          return std::make_unique<Adam>(o, p, /*decoupled=*/false);
+        },
+        "Adam; weight decay as an L2 term of the gradient");
+    r->Register(
+        "adamw",
+        [](const OptimizerOptions& o, const NamedVars& p) {
+          return std::make_unique<Adam>(o, p, /*decoupled=*/true);
+        },
+        "Adam with decoupled weight decay");
+    return r;
+  }();
+  return *registry;
 }
 
 bool OptimizerOptions::IsValid(std::string* error) const {
@@ -207,6 +214,7 @@ bool OptimizerOptions::IsValid(std::string* error) const {
     if (error) *error = message;
     return false;
   };
+  if (!OptimizerRegistry().Has(type)) return fail("type '" + type + "' is not a registered optimizer");
   if (!(learning_rate >= 0)) return fail("learning_rate must be >= 0");
   if (!(momentum >= 0 && momentum < 1)) return fail("momentum must be in [0, 1)");
   if (nesterov && momentum <= 0) return fail("nesterov needs momentum > 0");
@@ -221,14 +229,7 @@ std::unique_ptr<Optimizer> Optimizer::Create(const OptimizerOptions& options,
                                              const NamedVars& parameters) {
   std::string error;
   SP_CHECK(options.IsValid(&error), "Optimizer: invalid options: ", error);
-  switch (options.type) {
-    case OptimizerType::kSgd:
-      return std::unique_ptr<Optimizer>(new Sgd(options, parameters));
-    case OptimizerType::kAdam:
-    case OptimizerType::kAdamW:
-      return std::unique_ptr<Optimizer>(new Adam(options, parameters));
-  }
-  return nullptr;
+  return OptimizerRegistry().Get(options.type)(options, parameters);
 }
 
 Optimizer::Optimizer(const OptimizerOptions& options, const NamedVars& parameters)

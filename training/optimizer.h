@@ -11,23 +11,27 @@
 //
 //   auto optimizer = Optimizer::Create(options, model.named_parameters());
 //   loss = ...; optimizer->ZeroGrad(); backward(loss); optimizer->Step();
+//
+// Optimizers are created by name from OptimizerRegistry() ("sgd", "adam",
+// "adamw" built in): a new one is a subclass of Optimizer implementing
+// UpdateSegment, registered under its name, which train.optimizer.type then
+// accepts.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "framework/module.h"
+#include "layers/name_registry.h"
 
 namespace stillpoint {
 
-enum class OptimizerType { kSgd, kAdam, kAdamW };
-const char* ToString(OptimizerType type);
-bool StringToOptimizerType(const std::string& text, OptimizerType* type);
-
 struct OptimizerOptions {
-  OptimizerType type = OptimizerType::kAdamW;
+  // A name registered in OptimizerRegistry().
+  std::string type = "adamw";
   // Step size; schedules overwrite it each step through set_learning_rate.
   double learning_rate = 1e-3;
   // SGD: v <- momentum v + g; update -lr (g + momentum v) if nesterov else -lr v.
@@ -93,6 +97,12 @@ class Optimizer {
   // [slot_offsets_[s], slot_offsets_[s + 1]).
   std::vector<int64_t> slot_offsets_;
 };
+
+// Builds an optimizer of the given options over the parameters.
+using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(const OptimizerOptions& options,
+                                                                  const NamedVars& parameters)>;
+// The optimizers by name: "sgd", "adam" and "adamw" are built in.
+Registry<OptimizerFactory>& OptimizerRegistry();
 
 // Scales all gradients so their global L2 norm is at most max_norm; returns
 // the norm before clipping (non-finite if any gradient is).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "framework/option_fields.h"
@@ -15,22 +16,27 @@ namespace stillpoint {
 
 // Adds one key per field, `prefix` + name (e.g. "train." + "steps"), with
 // `defaults`' value as its default.
+// `include` (nullptr: every field) leaves out the fields it returns false
+// for, by name.
+using OptionFilter = std::function<bool(const std::string& name)>;
+
 template <typename Options>
 void AddOptionKeys(ConfigSchema& schema, const std::string& prefix,
-                   const OptionFields<Options>& fields, const Options& defaults = Options()) {
+                   const OptionFields<Options>& fields, const Options& defaults = Options(),
+                   const OptionFilter& include = nullptr) {
   using Field = typename OptionFields<Options>::Field;
   for (const Field& f : fields.fields()) {
+    if (!f.in_config || (include && !include(f.name))) continue;
     const std::string path = prefix + f.name;
     switch (f.kind) {
       case OptionKind::kBool:
         schema.Bool(path, f.get_number(defaults) != 0, f.doc);
         break;
       case OptionKind::kInt:
-        schema.Int(path, static_cast<int64_t>(f.get_number(defaults)), f.doc,
-                   static_cast<int64_t>(f.min), static_cast<int64_t>(f.max));
+        schema.Int(path, static_cast<int64_t>(f.get_number(defaults)), f.doc, f.bounds);
         break;
       case OptionKind::kDouble:
-        schema.Double(path, f.get_number(defaults), f.doc, f.min, f.max);
+        schema.Double(path, f.get_number(defaults), f.doc, f.bounds);
         break;
       case OptionKind::kString:
         schema.String(path, f.get_text(defaults), f.doc);
@@ -42,7 +48,7 @@ void AddOptionKeys(ConfigSchema& schema, const std::string& prefix,
         schema.StringList(path, f.get_texts(defaults), f.choices, f.doc);
         break;
       case OptionKind::kDoubleList:
-        schema.DoubleList(path, f.get_numbers(defaults), f.doc, f.min, f.max);
+        schema.DoubleList(path, f.get_numbers(defaults), f.doc, f.bounds.min, f.bounds.max);
         break;
     }
   }
@@ -50,11 +56,14 @@ void AddOptionKeys(ConfigSchema& schema, const std::string& prefix,
 
 // The struct with every field read from `config`'s key prefix + name (the
 // config was validated against a schema that AddOptionKeys filled).
+// Fields left out by `include` keep their value in `options`.
 template <typename Options>
 Options ReadOptionKeys(const Config& config, const std::string& prefix,
-                       const OptionFields<Options>& fields, Options options = Options()) {
+                       const OptionFields<Options>& fields, Options options = Options(),
+                       const OptionFilter& include = nullptr) {
   using Field = typename OptionFields<Options>::Field;
   for (const Field& f : fields.fields()) {
+    if (!f.in_config || (include && !include(f.name))) continue;
     const std::string path = prefix + f.name;
     switch (f.kind) {
       case OptionKind::kBool:

@@ -21,7 +21,7 @@ NamedVars OneParameter(double value, double gradient, const std::string& name = 
 
 TEST(OptimizerTest, AdamWMatchesTheFormulaOverThreeSteps) {
   OptimizerOptions options;
-  options.type = OptimizerType::kAdamW;
+  options.type = "adamw";
   options.learning_rate = 0.1;
   options.weight_decay = 0.01;
   NamedVars params = OneParameter(1.0, 0.5);
@@ -43,7 +43,7 @@ TEST(OptimizerTest, AdamWMatchesTheFormulaOverThreeSteps) {
 
 TEST(OptimizerTest, SgdWithNesterovMomentumMatchesTheFormula) {
   OptimizerOptions options;
-  options.type = OptimizerType::kSgd;
+  options.type = "sgd";
   options.learning_rate = 0.5;
   options.momentum = 0.9;
   options.nesterov = true;
@@ -58,7 +58,7 @@ TEST(OptimizerTest, SgdWithNesterovMomentumMatchesTheFormula) {
 
 TEST(OptimizerTest, BiasesAndGainsAreExcludedFromWeightDecay) {
   OptimizerOptions options;
-  options.type = OptimizerType::kSgd;
+  options.type = "sgd";
   options.learning_rate = 1.0;
   options.weight_decay = 0.5;
   NamedVars params = OneParameter(1.0, 0.0, "layer.weight");
@@ -117,10 +117,47 @@ TEST(OptimizerTest, InvalidOptionsAreRejectedWithAReason) {
   EXPECT_FALSE(options.IsValid(&error));
   EXPECT_NE(error.find("beta1"), std::string::npos);
   EXPECT_THROW(Optimizer::Create(options, {}), Error);
-  OptimizerType type;
-  EXPECT_TRUE(StringToOptimizerType("adamw", &type));
-  EXPECT_EQ(type, OptimizerType::kAdamW);
-  EXPECT_FALSE(StringToOptimizerType("lion", &type));
+  options = OptimizerOptions{};
+  options.type = "lion";
+  EXPECT_FALSE(options.IsValid(&error));
+  EXPECT_NE(error.find("'lion' is not a registered optimizer"), std::string::npos) << error;
+}
+
+// A new optimizer is a subclass registered under its name; Create then
+// builds it, and the registry lists it.
+class SignDescent : public Optimizer {
+ public:
+  SignDescent(const OptimizerOptions& options, const NamedVars& parameters)
+      : Optimizer(options, parameters) {}
+
+ protected:
+  void UpdateSegment(Slot& slot, const Tensor& grad, int64_t begin, int64_t end) override {
+    for (int64_t i = begin; i < end; ++i) {
+      const double g = grad.at(i);
+      slot.parameter.mutable_value().set(i, slot.parameter.value().at(i) -
+                                                options_.learning_rate * ((g > 0) - (g < 0)));
+    }
+  }
+};
+
+TEST(OptimizerRegistryTest, ARegisteredOptimizerIsCreatedByName) {
+  EXPECT_EQ(OptimizerRegistry().Names(), (std::vector<std::string>{"adam", "adamw", "sgd"}));
+  OptimizerRegistry().Register(
+      "test_sign_descent",
+      [](const OptimizerOptions& o, const NamedVars& p) {
+        return std::make_unique<SignDescent>(o, p);
+      },
+      "", /*replace=*/true);
+  Var w(Tensor::FromVector(Shape{3}, {1.0, 2.0, 3.0}, DType::kFloat64), true);
+  OptimizerOptions options;
+  options.type = "test_sign_descent";
+  options.learning_rate = 0.5;
+  auto optimizer = Optimizer::Create(options, {{"w", w}});
+  w.set_grad(Var(Tensor::FromVector(Shape{3}, {-2.0, 0.0, 4.0}, DType::kFloat64)));
+  optimizer->Step();
+  EXPECT_EQ(w.value().at(0), 1.5);
+  EXPECT_EQ(w.value().at(1), 2.0);
+  EXPECT_EQ(w.value().at(2), 2.5);
 }
 
 TEST(OptimizerTest, UpdateIsIdenticalWithOneAndTwoThreads) {

@@ -151,7 +151,7 @@ TEST(TrainStepTest, ClipNormRescalesTheGradientBeforeTheUpdate) {
   const ModelOptions options = TinyOptions(ModelKind::kExplicit, DType::kFloat64);
   auto model = std::make_shared<SequenceModel>(options);
   OptimizerOptions sgd;
-  sgd.type = OptimizerType::kSgd;
+  sgd.type = "sgd";
   sgd.learning_rate = 1.0;
   sgd.momentum = 0;
   sgd.weight_decay = 0;

@@ -262,7 +262,7 @@ AdaptationCurve MeasureKeyAdaptation(const CorrectionDemoOptions& o, std::ostrea
            "too few digits images to initialise ", o.prototypes, " prototypes");
   PrototypeClassifier model(initial, o.prototypes, features, classes, rng);
   OptimizerOptions adam;
-  adam.type = OptimizerType::kAdam;
+  adam.type = "adam";
   adam.learning_rate = 1e-2;
   adam.weight_decay = 0.0;
   std::unique_ptr<Optimizer> optimizer = Optimizer::Create(adam, model.named_parameters());
