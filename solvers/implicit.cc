@@ -5,6 +5,8 @@
 
 #include <numeric>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "framework/check.h"
 #include "solvers/implicit/modes.h"
@@ -47,13 +49,20 @@ ImplicitResult SolveImplicit(const CellFn& f,
            "SolveImplicit: z0 must be [B, ...] with B >= 1, got ",
            z0.defined() ? z0.shape().ToString() : std::string("an empty tensor"));
   const BackwardOptions& backward = options.backward;
-  implicit::ModeInputs in{f, z0, options, energy, explicit_inputs, warm_start};
-  in.shape = z0.shape();
-  in.batch = in.shape.dim(0);
-  in.n = z0.numel() / in.batch;
-  in.all_ids.resize(in.batch);
-  std::iota(in.all_ids.begin(), in.all_ids.end(), 0);
-  in.recording = GradModeEnabled();
+  const int64_t batch = z0.dim(0);
+  std::vector<int64_t> all_ids(batch);
+  std::iota(all_ids.begin(), all_ids.end(), 0);
+  const implicit::ModeInputs in{f,
+                                z0,
+                                options,
+                                energy,
+                                explicit_inputs,
+                                warm_start,
+                                z0.shape(),
+                                batch,
+                                z0.numel() / batch,
+                                std::move(all_ids),
+                                GradModeEnabled()};
   // Reject a dense adjoint that cannot run before spending a forward solve.
   SP_CHECK(backward.mode != BackwardMode::kIft || backward.solver != AdjointSolverType::kDense ||
                in.n <= backward.dense_max_state_size,

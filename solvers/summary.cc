@@ -64,10 +64,10 @@ std::string SolverSummary::FullReport() const {
   if (!fallbacks.empty()) {
     body.extra_title = "fallbacks:";
     for (const FallbackRecord& record : fallbacks) {
-      body.extra_lines.push_back(std::string(ToString(record.from)) + " -> " +
-                                 ToString(record.to) + ": " +
-                                 std::to_string(record.samples_tried) + " sample(s) tried, " +
-                                 std::to_string(record.samples_recovered) + " recovered");
+      body.extra_lines.push_back(std::string(ToString(record.from)) + " -> " + ToString(record.to) +
+                                 ": " + std::to_string(record.samples_tried) +
+                                 " sample(s) tried, " + std::to_string(record.samples_recovered) +
+                                 " recovered");
     }
   }
   body.trace_title = "trace (iteration: max abs / max rel residual over active samples):";

@@ -129,8 +129,9 @@ void SolveGmres(Float64Solve* solve) {
       for (int i = 0; i < k; ++i) x->row(b) += y(i) * basis[i].row(b);
     });
   };
-  RunSampleLoop({.max_iterations = options.max_iterations}, samples, residual, summary, measure,
-                restart_cycle);
+  SampleLoopRules rules;
+  rules.max_iterations = options.max_iterations;
+  RunSampleLoop(rules, samples, residual, summary, measure, restart_cycle);
 }
 
 // ----------------------------------------------------------------------- CG
@@ -187,8 +188,9 @@ void SolveConjugateGradient(Float64Solve* solve) {
       ++samples->iterations[b];
     });
   };
-  RunSampleLoop({.max_iterations = options.max_iterations}, samples, residual, summary, nullptr,
-                step);
+  SampleLoopRules rules;
+  rules.max_iterations = options.max_iterations;
+  RunSampleLoop(rules, samples, residual, summary, nullptr, step);
 }
 
 // ------------------------------------------------------------------- MINRES
@@ -277,8 +279,9 @@ void SolveMinres(Float64Solve* solve) {
       // drops to 0 and the sample converges at the next check.
     });
   };
-  RunSampleLoop({.max_iterations = options.max_iterations}, samples, residual, summary, nullptr,
-                step);
+  SampleLoopRules rules;
+  rules.max_iterations = options.max_iterations;
+  RunSampleLoop(rules, samples, residual, summary, nullptr, step);
 }
 
 }  // namespace stillpoint::adjoint

@@ -104,15 +104,15 @@ ImplicitResult SolveJfb(const ModeInputs& in) {
   result.backward = summary;
   const int64_t batch = in.batch;
   const int64_t n = in.n;
-  result.z_star = RecordOp("implicit", f_star.value(), {f_star},
-                           [summary, batch, n](const VarList& inputs, const Var& self,
-                                               const Var& g) -> VarList {
-                             ReportInexact(BackwardMode::kJfb, 0, batch, n,
-                                           "Jacobian-free backward: w = g; no adjoint equation "
-                                           "solved.",
-                                           summary.get());
-                             return VarList{g};
-                           });
+  result.z_star = RecordOp(
+      "implicit", f_star.value(), {f_star},
+      [summary, batch, n](const VarList& inputs, const Var& self, const Var& g) -> VarList {
+        ReportInexact(BackwardMode::kJfb, 0, batch, n,
+                      "Jacobian-free backward: w = g; no adjoint equation "
+                      "solved.",
+                      summary.get());
+        return VarList{g};
+      });
   return result;
 }
 
@@ -160,9 +160,8 @@ ImplicitResult SolveIft(const ModeInputs& in) {
         if (GradModeEnabled() && !second_order_inputs.empty()) {
           // create_graph: every gradient on the tape as a function of g, z*
           // and the explicit inputs (see SolveImplicit in implicit.h).
-          const VarList explicit_grads =
-              SecondOrderGradients(f, self, g, w.Reshape(shape), backward, all_ids,
-                                   second_order_inputs);
+          const VarList explicit_grads = SecondOrderGradients(
+              f, self, g, w.Reshape(shape), backward, all_ids, second_order_inputs);
           std::copy(explicit_grads.begin(), explicit_grads.end(), grads.begin() + 1);
         } else {
           grads[0] = Var(w.Reshape(shape));

@@ -27,9 +27,9 @@ struct ModeInputs {
   std::shared_ptr<AdjointWarmStart> warm_start;
   Shape shape;  // z0's shape, [B, ...]
   int64_t batch = 0;
-  int64_t n = 0;  // state size per sample
+  int64_t n = 0;                 // state size per sample
   std::vector<int64_t> all_ids;  // 0..B-1
-  bool recording = false;  // the tape was on when SolveImplicit was called
+  bool recording = false;        // the tape was on when SolveImplicit was called
 };
 
 // ---- one function per BackwardMode (unrolled.cc, phantom.cc, ift.cc) ----

@@ -31,8 +31,8 @@ ImplicitResult SolvePhantom(const ModeInputs& in) {
   std::ostringstream message;
   message << "phantom gradient: backprop through " << backward.phantom_steps
           << " damped steps (tau " << tau << ") from z*; no adjoint equation solved.";
-  result.z_star = PassThroughNode(z, BackwardMode::kPhantom, backward.phantom_steps, in.batch,
-                                  in.n, message.str(), result.backward);
+  result.z_star = PassThroughNode(z, BackwardMode::kPhantom, backward.phantom_steps, in.batch, in.n,
+                                  message.str(), result.backward);
   return result;
 }
 
