@@ -253,67 +253,6 @@ bool StringToEnergySolveMode(const std::string& text, EnergySolveMode* mode) {
   return true;
 }
 
-namespace {
-
-std::vector<double> EnergiesOf(const EnergyLayer& layer, const Var& z, const EnergyContext& ctx) {
-  NoGrad no_grad;
-  return layer.SampleEnergies(Var(z.value()), ctx).value().ToVector();
-}
-
-}  // namespace
-
-Var SolveEnergy(const EnergyLayer& layer,
-                const Var& z0,
-                const EnergyContext& ctx,
-                const EnergySolveOptions& options,
-                EnergySolveReport* report) {
-  SP_CHECK(z0.defined() && z0.rank() >= 2, layer.Name(),
-           ": the initial state must be [B, ...] with rank >= 2, got ",
-           z0.defined() ? z0.shape().ToString() : std::string("undefined"));
-  EnergySolveReport local;
-  EnergySolveReport& out = report != nullptr ? *report : local;
-  out = EnergySolveReport();
-  out.mode = options.mode;
-  if (options.trace_energy) out.energies.push_back(EnergiesOf(layer, z0, ctx));
-
-  if (options.mode == EnergySolveMode::kFixedSteps) {
-    SP_CHECK(options.steps >= 0, layer.Name(), ": steps must be >= 0, got ", options.steps);
-    Var z = z0;
-    for (int t = 0; t < options.steps; ++t) {
-      z = layer.Update(z, ctx);
-      if (options.trace_energy) out.energies.push_back(EnergiesOf(layer, z, ctx));
-    }
-    out.steps = options.steps;
-    return z;
-  }
-
-  std::vector<int64_t> dims = z0.shape().dims();
-  const Shape state_shape(std::vector<int64_t>(dims.begin() + 1, dims.end()));
-  const EnergyLayer* layer_ptr = &layer;
-  CellEnergyFn energy = [layer_ptr, ctx, state_shape](const Var& z,
-                                                      const std::vector<int64_t>& ids) {
-    std::vector<int64_t> shape = {z.dim(0)};
-    for (int64_t d : state_shape.dims()) shape.push_back(d);
-    return layer_ptr->SampleEnergies(reshape(z, Shape(shape)), ctx.Select(ids));
-  };
-  out.implicit = SolveImplicit(MakeUpdateCell(layer, ctx, state_shape), z0.value(),
-                               options.implicit, energy, ImplicitInputsOf(layer, ctx));
-  if (options.trace_energy) out.energies.push_back(EnergiesOf(layer, out.implicit.z_star, ctx));
-  return out.implicit.z_star;
-}
-
-VarList ImplicitInputsOf(const EnergyLayer& layer, const EnergyContext& ctx) {
-  VarList inputs = ctx.Values();
-  for (const Var& p : layer.parameters()) inputs.push_back(p);
-  return inputs;
-}
-
-Var EnergyLayer::Solve(const Var& z0,
-                       const EnergyContext& ctx,
-                       const EnergySolveOptions& options) const {
-  return SolveEnergy(*this, z0, ctx, options, last_solve_.get());
-}
-
 // ------------------------------------------------------------ attention masks
 
 void AddAttentionMask(const AttentionMask& mask,

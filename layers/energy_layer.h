@@ -176,17 +176,27 @@ class EnergyLayer : public Module {
   double gradient_step() const { return gradient_step_; }
   void set_gradient_step(double step);
 
-  // SolveEnergy on this layer, keeping the report for last_solve(). The
-  // layers of the catalogue call it from Forward.
+  // SolveEnergy on this layer, keeping the report for last_solve() and its
+  // previous adjoint solution in adjoint_warm_start(). The layers of the
+  // catalogue call it from Forward.
   Var Solve(const Var& z0, const EnergyContext& ctx, const EnergySolveOptions& options) const;
   // What the last Solve did (solver summaries, energies). Not thread safe:
   // one layer object solves on one thread at a time.
   const EnergySolveReport& last_solve() const { return *last_solve_; }
+  // The previous adjoint solution of Solve (used with
+  // implicit.backward.warm_start): this layer object's own, never shared
+  // with another.
+  const std::shared_ptr<AdjointWarmStart>& adjoint_warm_start() const {
+    return adjoint_warm_start_;
+  }
 
  private:
   double gradient_step_ = 0.1;
   // Diagnostics written by the const Solve (like a cache, not state).
   std::shared_ptr<EnergySolveReport> last_solve_ = std::make_shared<EnergySolveReport>();
+  // Solver state carried from one Solve to the next (runtime state, not
+  // configuration, so it is not in EnergySolveOptions).
+  std::shared_ptr<AdjointWarmStart> adjoint_warm_start_ = std::make_shared<AdjointWarmStart>();
 };
 
 // dE/dz by reverse-mode autodiff of layer.Energy. With grad mode on, the
@@ -226,20 +236,40 @@ BatchedEnergy MakeBatchedEnergy(const EnergyLayer& layer,
 // backpropagation through the unrolled steps). steps = 0 returns z0.
 Var UnrollUpdates(const EnergyLayer& layer, const Var& z0, const EnergyContext& ctx, int steps);
 
-// Runs the layer's updates from z0 as options say; the result is
-// differentiable with respect to the context and the parameters (and, with
-// fixed steps, z0; a fixed point does not depend on where the solve
-// started). report (optional) receives what happened.
 // What the update of `layer` reads besides its state: the context's entries
 // and the layer's parameters (SolveImplicit's explicit_inputs, which make the
 // solve differentiable to second order).
 VarList ImplicitInputsOf(const EnergyLayer& layer, const EnergyContext& ctx);
 
+// The one fixed-point solve of an energy layer (behind SolveEnergy's
+// kFixedPoint mode and Implicit::Forward(ctx, z0)): the layer's Update
+// solved from z0 [B, ...] (rank >= 2) by SolveImplicit, with the layer's
+// energy handed to the solver (so ceres_lbfgs can minimise it directly) and
+// ImplicitInputsOf as the explicit inputs. warm_start: the call site's
+// previous adjoint solution (required with options.backward.warm_start).
+// iteration_trace (optional) receives, per sample b, the energy at every
+// state the solver iterated it through ([b][0]: z0, evaluated by the
+// solver's Init) and, last, at the returned state; samples that converge
+// early have shorter traces. Tracing costs one batched energy evaluation
+// per iteration and one at the end, off the tape.
+ImplicitResult SolveEnergyFixedPoint(const EnergyLayer& layer,
+                                     const Tensor& z0,
+                                     const EnergyContext& ctx,
+                                     const ImplicitOptions& options,
+                                     const std::shared_ptr<AdjointWarmStart>& warm_start = nullptr,
+                                     std::vector<std::vector<double>>* iteration_trace = nullptr);
+
+// Runs the layer's updates from z0 as options say; the result is
+// differentiable with respect to the context and the parameters (and, with
+// fixed steps, z0; a fixed point does not depend on where the solve
+// started). report (optional) receives what happened; warm_start as for
+// SolveEnergyFixedPoint (kFixedPoint only).
 Var SolveEnergy(const EnergyLayer& layer,
                 const Var& z0,
                 const EnergyContext& ctx,
                 const EnergySolveOptions& options,
-                EnergySolveReport* report = nullptr);
+                EnergySolveReport* report = nullptr,
+                const std::shared_ptr<AdjointWarmStart>& warm_start = nullptr);
 
 // ------------------------------------------------------ attention masks
 

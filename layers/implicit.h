@@ -162,6 +162,14 @@ class Implicit : public Module {
   // Everything SolveImplicit returned for the last Forward.
   const ImplicitResult& last_result() const { return last_; }
 
+  // The previous adjoint solution (used with options().backward.warm_start;
+  // checkpoints save and restore it). Runtime state of this layer object,
+  // not configuration: every Implicit has its own, so two replicas built
+  // from the same options never share one.
+  const std::shared_ptr<AdjointWarmStart>& adjoint_warm_start() const {
+    return adjoint_warm_start_;
+  }
+
  private:
   Implicit(Function f, std::shared_ptr<Module> cell, const ImplicitOptions& options);
 
@@ -185,6 +193,7 @@ class Implicit : public Module {
   EnergyImplicitOptions energy_options_;
   ImplicitResult last_;
   std::vector<std::vector<double>> energy_trace_;
+  std::shared_ptr<AdjointWarmStart> adjoint_warm_start_ = std::make_shared<AdjointWarmStart>();
 };
 
 }  // namespace stillpoint

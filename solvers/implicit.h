@@ -69,11 +69,13 @@ using CellFn = std::function<Var(const Var& z, const std::vector<int64_t>& sampl
 using CellEnergyFn = std::function<Var(const Var& z, const std::vector<int64_t>& sample_ids)>;
 
 // The previous adjoint solution of one implicit call site, for
-// BackwardOptions::warm_start. The owner of the call site (a layer) creates
-// one, passes it in ImplicitOptions::adjoint_warm_start on every call, and
-// keeps it alive: each ift backward starts from `solution` when it has the
-// shape [B, n] and dtype of the new solve, then stores its own solution
-// there. Not thread safe (one call site runs on one thread).
+// BackwardOptions::warm_start: runtime state, not configuration, so it is no
+// part of ImplicitOptions. The owner of the call site (an Implicit layer
+// instance, an energy layer) keeps one and passes it to every SolveImplicit
+// call; each ift backward starts from `solution` when it has the shape
+// [B, n] and dtype of the new solve, then stores its own solution there. Not
+// thread safe: one call site runs on one thread, and two layer instances
+// (data-parallel replicas) each keep their own.
 struct AdjointWarmStart {
   Tensor solution;  // [B, n], undefined before the first backward
 };
@@ -86,8 +88,6 @@ struct ImplicitOptions {
   // (J v = d/du <J^T u, v>; a transient graph per call). When false they use
   // finite differences (ForwardSolverOptions::jvp_finite_difference_step).
   bool autodiff_jvp = true;
-  // Required when backward.warm_start is set (see AdjointWarmStart).
-  std::shared_ptr<AdjointWarmStart> adjoint_warm_start;
   // Forward iterates to keep for FixedPointCorrectionLoss (solvers/
   // regularizers.h): a copy of the latest evaluated state of every sample is
   // taken every max(1, forward.max_iterations / sampled_iterates) iterations,
@@ -131,10 +131,15 @@ struct ImplicitResult {
 // exact. The first-order backward is unchanged. Without them a create_graph
 // backward treats the adjoint and z* as constants (first order exact, second
 // order not).
+//
+// warm_start: the call site's previous adjoint solution (see
+// AdjointWarmStart); required when options.backward.warm_start is set
+// (stillpoint::Error otherwise), unused when it is not.
 ImplicitResult SolveImplicit(const CellFn& f,
                              const Tensor& z0,
                              const ImplicitOptions& options,
                              const CellEnergyFn& energy = nullptr,
-                             const VarList& explicit_inputs = {});
+                             const VarList& explicit_inputs = {},
+                             const std::shared_ptr<AdjointWarmStart>& warm_start = nullptr);
 
 }  // namespace stillpoint

@@ -3,10 +3,14 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <ostream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "solvers/options.h"
+#include "solvers/summary.h"
 
 namespace stillpoint::report {
 
@@ -53,6 +57,51 @@ void WriteReportPreamble(const Summary& s, std::ostream& out) {
     if (count > 0) out << " " << ToString(t) << " " << count;
   }
   out << "\n";
+}
+
+// One sample's line of a FullReport. A residual that was never measured is
+// nullopt and prints as n/a.
+struct ReportSample {
+  TerminationType termination = TerminationType::kFailure;
+  int iterations = 0;
+  std::optional<double> abs_residual;
+  std::optional<double> rel_residual;
+  std::string note;  // appended after the residuals, e.g. " (by picard)"
+};
+
+// What follows the preamble of a FullReport, forward or adjoint alike; each
+// summary fills in its own effort line, extra section and trace columns.
+struct ReportBody {
+  std::string effort;  // the text after "effort: "
+  int64_t history_bytes = 0;
+  double wall_time_seconds = 0.0;
+  std::vector<OptionUsage> option_usage;
+  // An optional section between the options and the trace (the forward
+  // fallbacks): its title line and its lines, each printed indented.
+  std::string extra_title;
+  std::vector<std::string> extra_lines;
+  // The trace: its title line, then entry k of every column on one line,
+  // " / "-separated (the first column sets the length; a shorter column
+  // prints 0 there).
+  std::string trace_title;
+  std::vector<std::vector<double>> trace_columns;
+  // One line per sample, printed for batches of up to kMaxReportedSamples.
+  std::vector<ReportSample> samples;
+};
+
+inline constexpr int64_t kMaxReportedSamples = 16;
+
+// Writes everything after the preamble (solvers/summary.cc).
+void WriteReportBody(int64_t batch_size, const ReportBody& body, std::ostream& out);
+
+// The FullReport of a SolverSummary or an AdjointSummary: the preamble, then
+// the body.
+template <typename Summary>
+std::string FullReportOf(const Summary& s, const ReportBody& body) {
+  std::ostringstream out;
+  WriteReportPreamble(s, out);
+  WriteReportBody(s.batch_size, body, out);
+  return out.str();
 }
 
 }  // namespace stillpoint::report

@@ -1,9 +1,10 @@
 #include "solvers/summary.h"
-#include "solvers/report_format.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+
+#include "solvers/report_format.h"
 
 namespace stillpoint {
 namespace {
@@ -48,18 +49,54 @@ std::string SolverSummary::BriefReport() const {
 }
 
 std::string SolverSummary::FullReport() const {
-  std::ostringstream out;
-  report::WriteReportPreamble(*this, out);
-  out << "effort: " << iterations << " iterations, " << map_calls << " map calls, "
-      << function_evaluations << " row evaluations";
-  if (jvp_evaluations > 0) out << ", " << jvp_evaluations << " jvp rows";
-  if (energy_evaluations > 0) out << ", " << energy_evaluations << " energy rows";
-  out << ", " << restarts << " restarts, " << rejected_steps << " rejected steps\n";
-  out << "memory: " << FormatBytes(history_bytes) << " of solver buffers\n";
-  out << "time: " << FormatTime(wall_time_seconds) << "\n";
-  if (!option_usage.empty()) {
+  report::ReportBody body;
+  body.effort = std::to_string(iterations) + " iterations, " + std::to_string(map_calls) +
+                " map calls, " + std::to_string(function_evaluations) + " row evaluations";
+  if (jvp_evaluations > 0) body.effort += ", " + std::to_string(jvp_evaluations) + " jvp rows";
+  if (energy_evaluations > 0) {
+    body.effort += ", " + std::to_string(energy_evaluations) + " energy rows";
+  }
+  body.effort += ", " + std::to_string(restarts) + " restarts, " + std::to_string(rejected_steps) +
+                 " rejected steps";
+  body.history_bytes = history_bytes;
+  body.wall_time_seconds = wall_time_seconds;
+  body.option_usage = option_usage;
+  if (!fallbacks.empty()) {
+    body.extra_title = "fallbacks:";
+    for (const FallbackRecord& record : fallbacks) {
+      body.extra_lines.push_back(std::string(ToString(record.from)) + " -> " + ToString(record.to) +
+                                 ": " + std::to_string(record.samples_tried) +
+                                 " sample(s) tried, " + std::to_string(record.samples_recovered) +
+                                 " recovered");
+    }
+  }
+  body.trace_title = "trace (iteration: max abs / max rel residual over active samples):";
+  body.trace_columns = {abs_residual_trace, rel_residual_trace};
+  if (batch_size <= report::kMaxReportedSamples) {
+    for (size_t b = 0; b < sample_termination.size(); ++b) {
+      report::ReportSample& sample = body.samples.emplace_back();
+      sample.termination = sample_termination[b];
+      sample.iterations = b < sample_iterations.size() ? sample_iterations[b] : 0;
+      // A forward solve measures every residual; a missing one prints as 0.
+      sample.abs_residual = b < sample_abs_residual.size() ? sample_abs_residual[b] : 0.0;
+      sample.rel_residual = b < sample_rel_residual.size() ? sample_rel_residual[b] : 0.0;
+      if (b < sample_solver.size() && sample_solver[b] != solver_type) {
+        sample.note = std::string(" (by ") + ToString(sample_solver[b]) + ")";
+      }
+    }
+  }
+  return report::FullReportOf(*this, body);
+}
+
+namespace report {
+
+void WriteReportBody(int64_t batch_size, const ReportBody& body, std::ostream& out) {
+  out << "effort: " << body.effort << "\n";
+  out << "memory: " << FormatBytes(body.history_bytes) << " of solver buffers\n";
+  out << "time: " << FormatTime(body.wall_time_seconds) << "\n";
+  if (!body.option_usage.empty()) {
     out << "options given vs used:\n";
-    for (const OptionUsage& usage : option_usage) {
+    for (const OptionUsage& usage : body.option_usage) {
       if (usage.used == "unused") {
         out << "  " << usage.name << ": " << usage.requested << " given but unused";
       } else {
@@ -70,36 +107,35 @@ std::string SolverSummary::FullReport() const {
       out << "\n";
     }
   }
-  if (!fallbacks.empty()) {
-    out << "fallbacks:\n";
-    for (const FallbackRecord& record : fallbacks) {
-      out << "  " << ToString(record.from) << " -> " << ToString(record.to) << ": "
-          << record.samples_tried << " sample(s) tried, " << record.samples_recovered
-          << " recovered\n";
-    }
+  if (!body.extra_lines.empty()) {
+    out << body.extra_title << "\n";
+    for (const std::string& line : body.extra_lines) out << "  " << line << "\n";
   }
-  if (!abs_residual_trace.empty()) {
-    out << "trace (iteration: max abs / max rel residual over active samples):\n";
-    for (size_t k = 0; k < abs_residual_trace.size(); ++k) {
-      out << "  " << k << ": " << FormatDouble("%.4e", abs_residual_trace[k]) << " / "
-          << FormatDouble("%.4e", k < rel_residual_trace.size() ? rel_residual_trace[k] : 0.0)
-          << "\n";
-    }
-  }
-  if (batch_size <= 16) {
-    for (size_t b = 0; b < sample_termination.size(); ++b) {
-      out << "  sample " << b << ": " << ToString(sample_termination[b]) << " after "
-          << (b < sample_iterations.size() ? sample_iterations[b] : 0) << " iterations, abs "
-          << FormatDouble("%.3e", b < sample_abs_residual.size() ? sample_abs_residual[b] : 0.0)
-          << ", rel "
-          << FormatDouble("%.3e", b < sample_rel_residual.size() ? sample_rel_residual[b] : 0.0);
-      if (b < sample_solver.size() && sample_solver[b] != solver_type) {
-        out << " (by " << ToString(sample_solver[b]) << ")";
+  if (!body.trace_columns.empty() && !body.trace_columns[0].empty()) {
+    out << body.trace_title << "\n";
+    for (size_t k = 0; k < body.trace_columns[0].size(); ++k) {
+      out << "  " << k << ": ";
+      for (size_t c = 0; c < body.trace_columns.size(); ++c) {
+        const std::vector<double>& column = body.trace_columns[c];
+        if (c > 0) out << " / ";
+        out << FormatDouble("%.4e", k < column.size() ? column[k] : 0.0);
       }
       out << "\n";
     }
   }
-  return out.str();
+  if (batch_size <= kMaxReportedSamples) {
+    const auto residual = [](const std::optional<double>& value) {
+      return value ? FormatDouble("%.3e", *value) : std::string("n/a");
+    };
+    for (size_t b = 0; b < body.samples.size(); ++b) {
+      const ReportSample& sample = body.samples[b];
+      out << "  sample " << b << ": " << ToString(sample.termination) << " after "
+          << sample.iterations << " iterations, abs " << residual(sample.abs_residual) << ", rel "
+          << residual(sample.rel_residual) << sample.note << "\n";
+    }
+  }
 }
+
+}  // namespace report
 
 }  // namespace stillpoint

@@ -309,7 +309,6 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c, const std::string& pr
   b.phantom_steps = static_cast<int>(c.GetInt(bw + "phantom_steps"));
   b.phantom_tau = c.GetDouble(bw + "phantom_tau");
   b.unrolled_steps = static_cast<int>(c.GetInt(bw + "unrolled_steps"));
-  if (b.warm_start) options.adjoint_warm_start = std::make_shared<AdjointWarmStart>();
   // The schema checks each key alone; the solvers' own rules (e.g. a
   // divergence factor of 0 or above 1) are checked here, before any work.
   std::string error;

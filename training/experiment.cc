@@ -100,11 +100,6 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
     ModelOptions o = options;
     // Distinct dropout masks per replica (each cell draws from seed, seed + 1).
     o.cell_options.dropout_seed += static_cast<uint64_t>(replica) * 1000003u;
-    // Each replica solves its own rows, so it keeps its own previous adjoint
-    // solution; a shared one would be written by every shard's thread.
-    if (o.implicit.adjoint_warm_start) {
-      o.implicit.adjoint_warm_start = std::make_shared<AdjointWarmStart>();
-    }
     return make(o);
   };
   return e;

@@ -11,9 +11,12 @@ namespace {
 
 const char* const kWarmStartPrefix = "adjoint_warm_start/";
 
+// The model's adjoint warm start, or null when its implicit layer does not
+// use one (backward.warm_start off): such a model has no place for one.
 std::shared_ptr<AdjointWarmStart> WarmStartOf(const SequenceModel& model) {
   const Implicit* layer = model.implicit();
-  return layer ? layer->options().adjoint_warm_start : nullptr;
+  if (layer == nullptr || !layer->options().backward.warm_start) return nullptr;
+  return layer->adjoint_warm_start();
 }
 
 }  // namespace

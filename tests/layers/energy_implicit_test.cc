@@ -196,6 +196,35 @@ TEST(EnergyImplicitTest, GradcheckHopfieldAttentionFixedPoint) {
   }
 }
 
+// The adjoint warm start of an energy layer is the layer object's own
+// runtime state: two layers built from one options struct keep separate
+// previous solutions, and each one's next backward starts from its own.
+TEST(EnergyImplicitTest, EachLayerKeepsItsOwnAdjointWarmStart) {
+  HopfieldOptions options;
+  options.state_size = 4;
+  options.heads = 2;
+  options.beta = 8.0;
+  options.solve = FixedPoint();
+  options.solve.implicit.backward.warm_start = true;
+  options.dtype = DType::kFloat64;
+  Rng rng(4);
+  HopfieldAttention first(options, rng);
+  HopfieldAttention second(options, rng);
+  ASSERT_NE(first.adjoint_warm_start(), second.adjoint_warm_start());
+  const Var x1 = RandnVar({1, 4, 4}, rng, 2.0), y1 = RandnVar({1, 2, 4}, rng, 2.0);
+  const Var x2 = RandnVar({2, 4, 4}, rng, 2.0), y2 = RandnVar({2, 2, 4}, rng, 2.0);
+  auto step = [](HopfieldAttention& layer, const Var& x, const Var& y) {
+    backward(sum(layer.Forward(x, y)));
+    return layer.last_solve().implicit.backward;
+  };
+  EXPECT_FALSE(step(first, x1, y1)->warm_started);
+  const Tensor first_solution = first.adjoint_warm_start()->solution.Clone();
+  ASSERT_TRUE(first_solution.defined());
+  EXPECT_FALSE(step(second, x2, y2)->warm_started);
+  EXPECT_TRUE(BitwiseEqual(first.adjoint_warm_start()->solution, first_solution));
+  EXPECT_TRUE(step(first, x1, y1)->warm_started);
+}
+
 TEST(EnergyImplicitTest, GradcheckProbabilisticAttentionFixedPoint) {
   Rng rng(3);
   ProbabilisticAttentionOptions options;

@@ -211,6 +211,36 @@ TEST(ModelTest, W1SolverConfigurationRunsExactlySixteenIterationsEachWay) {
       << model.implicit()->backward_summary()->FullReport();
 }
 
+// backward.warm_start keeps the previous adjoint solution in the implicit
+// layer instance, not in the options: two replicas built from one
+// ModelOptions (as the data-parallel replica factory builds them) each keep
+// their own, so one replica's backward never overwrites the other's start.
+TEST(ModelTest, ReplicasFromOneOptionsKeepTheirOwnAdjointWarmStart) {
+  ModelOptions options = SmallOptions(ModelKind::kImplicit);
+  options.implicit.backward.warm_start = true;
+  SequenceModel first(options);
+  SequenceModel second(options);
+  ASSERT_NE(first.implicit(), nullptr);
+  ASSERT_NE(first.implicit()->adjoint_warm_start(), second.implicit()->adjoint_warm_start());
+
+  // Different batch sizes: a shared buffer would hold the other replica's
+  // [B, n] solution, which does not fit, and the next solve would start cold.
+  const ToyBatch two = MakeBatch(2, 5, 6, 21);
+  const ToyBatch three = MakeBatch(3, 5, 6, 22);
+  backward(cross_entropy(first.Forward(two.x, two.shape), two.reversed));
+  const Tensor first_solution = first.implicit()->adjoint_warm_start()->solution.Clone();
+  ASSERT_TRUE(first_solution.defined());
+  EXPECT_FALSE(first.implicit()->backward_summary()->warm_started);
+  backward(cross_entropy(second.Forward(three.x, three.shape), three.reversed));
+  EXPECT_FALSE(second.implicit()->backward_summary()->warm_started);
+  EXPECT_TRUE(BitwiseEqual(first.implicit()->adjoint_warm_start()->solution, first_solution));
+  EXPECT_NE(second.implicit()->adjoint_warm_start()->solution.dim(0), first_solution.dim(0));
+
+  backward(cross_entropy(first.Forward(two.x, two.shape), two.reversed));
+  EXPECT_TRUE(first.implicit()->backward_summary()->warm_started)
+      << first.implicit()->backward_summary()->BriefReport();
+}
+
 TEST(ModelTest, MisuseIsAnError) {
   ModelOptions options = SmallOptions(ModelKind::kTied);
   SequenceModel model(options);

@@ -504,17 +504,22 @@ TEST(ImplicitGrad, WarmStartReusesThePreviousAdjoint) {
   options.backward = Ift(AdjointSolverType::kFixedPoint);
   options.backward.tolerance = 1e-10;
   options.backward.warm_start = true;
-  std::string error;
-  EXPECT_FALSE(options.IsValid(&error));  // no AdjointWarmStart given
-  EXPECT_NE(error.find("adjoint_warm_start"), std::string::npos) << error;
-  options.adjoint_warm_start = std::make_shared<AdjointWarmStart>();
+  // The previous solution is the call site's runtime state, not an option:
+  // without one the solve refuses to start.
+  try {
+    SolveImplicit(p.cell, p.z0, options, p.energy);
+    ADD_FAILURE() << "warm_start without an AdjointWarmStart was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("AdjointWarmStart"), std::string::npos) << e.what();
+  }
+  const auto warm = std::make_shared<AdjointWarmStart>();
 
   ImplicitResult first;
-  const std::vector<Tensor> g1 = AnalyticGradients(p, p.cell, options, probe, &first);
+  const std::vector<Tensor> g1 = AnalyticGradients(p, p.cell, options, probe, &first, warm);
   EXPECT_FALSE(first.backward->warm_started);
-  ASSERT_TRUE(options.adjoint_warm_start->solution.defined());
+  ASSERT_TRUE(warm->solution.defined());
   ImplicitResult second;
-  const std::vector<Tensor> g2 = AnalyticGradients(p, p.cell, options, probe, &second);
+  const std::vector<Tensor> g2 = AnalyticGradients(p, p.cell, options, probe, &second, warm);
   EXPECT_TRUE(second.backward->warm_started);
   EXPECT_LT(second.backward->iterations, first.backward->iterations / 2)
       << first.backward->BriefReport() << "\n"

@@ -188,12 +188,14 @@ inline Var ProbeLoss(const Var& z_star, const Tensor& probe) {
 }
 
 // dL/dparams through SolveImplicit (the backward pass under test).
-inline std::vector<Tensor> AnalyticGradients(const ImplicitProblem& p,
-                                             const CellFn& cell,
-                                             const ImplicitOptions& options,
-                                             const Tensor& probe,
-                                             ImplicitResult* result_out = nullptr) {
-  ImplicitResult result = SolveImplicit(cell, p.z0, options, p.energy);
+inline std::vector<Tensor> AnalyticGradients(
+    const ImplicitProblem& p,
+    const CellFn& cell,
+    const ImplicitOptions& options,
+    const Tensor& probe,
+    ImplicitResult* result_out = nullptr,
+    const std::shared_ptr<AdjointWarmStart>& warm_start = nullptr) {
+  ImplicitResult result = SolveImplicit(cell, p.z0, options, p.energy, {}, warm_start);
   VarList grads = grad({ProbeLoss(result.z_star, probe)}, p.params);
   std::vector<Tensor> out;
   for (size_t i = 0; i < grads.size(); ++i) {

@@ -1,0 +1,128 @@
+// SolveAdjoint: checks its inputs, picks the method for options.solver
+// (methods.h) and turns the per-sample outcome into the summary.
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "framework/check.h"
+#include "solvers/adjoint.h"
+#include "solvers/adjoint/methods.h"
+
+namespace stillpoint {
+namespace {
+
+using adjoint::AdjointOperator;
+using adjoint::Float64Solve;
+using adjoint::RowMatrix;
+using adjoint::SampleState;
+
+// GMRES, CG, MINRES, Neumann and dense, on float64 copies of g and w (the
+// start: *w if defined, else g); writes the solution into *w.
+void SolveOnFloat64Rows(const BackwardOptions& options,
+                        const BatchedVjp& vjp,
+                        const Tensor& g,
+                        Tensor* w,
+                        AdjointSummary* summary) {
+  const int64_t batch = g.dim(0);
+  const int64_t n = g.dim(1);
+  RowMatrix g_matrix(batch, n);
+  adjoint::TensorToMatrix(g, &g_matrix);
+  RowMatrix w_matrix(batch, n);
+  if (w->defined()) {
+    adjoint::TensorToMatrix(*w, &w_matrix);
+  } else {
+    w_matrix = g_matrix;
+  }
+
+  SampleState samples(g_matrix, options.tolerance);
+  AdjointOperator op(vjp, batch, n, g.dtype());
+  RowMatrix residual(batch, n);
+  Float64Solve solve{options, &op, g_matrix, &w_matrix, &samples, summary, &residual};
+  switch (options.solver) {
+    case AdjointSolverType::kNeumann:
+      adjoint::SolveNeumann(&solve);
+      break;
+    case AdjointSolverType::kGmres:
+      adjoint::SolveGmres(&solve);
+      break;
+    case AdjointSolverType::kConjugateGradient:
+      adjoint::SolveConjugateGradient(&solve);
+      break;
+    case AdjointSolverType::kMinres:
+      adjoint::SolveMinres(&solve);
+      break;
+    case AdjointSolverType::kDense:
+      adjoint::SolveDense(&solve);
+      break;
+    default:
+      break;
+  }
+  adjoint::Finalize(&op, g_matrix, solve.has_final_residual ? &residual : nullptr, &samples,
+                    &w_matrix, summary);
+  summary->vjp_evaluations = op.calls();
+  if (!w->defined()) *w = Tensor(g.shape(), g.dtype());
+  adjoint::MatrixToTensor(w_matrix, w);
+}
+
+}  // namespace
+
+AdjointSummary SolveAdjoint(const BackwardOptions& options,
+                            const BatchedVjp& vjp,
+                            const Tensor& g,
+                            Tensor* w) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "SolveAdjoint: ", error);
+  SP_CHECK(static_cast<bool>(vjp), "SolveAdjoint: the VJP callback is empty");
+  SP_CHECK(g.defined() && g.rank() == 2, "SolveAdjoint: g must be [B, n], got ",
+           g.defined() ? g.shape().ToString() : std::string("an empty tensor"));
+  SP_CHECK(w != nullptr, "SolveAdjoint: w is null");
+  const int64_t batch = g.dim(0);
+  const int64_t n = g.dim(1);
+  const bool warm = w->defined();
+  if (warm) {
+    SP_CHECK(w->shape() == g.shape() && w->dtype() == g.dtype(),
+             "SolveAdjoint: initial guess of shape ", w->shape(), " (", ToString(w->dtype()),
+             ") for g of shape ", g.shape(), " (", ToString(g.dtype()), ")");
+  }
+
+  AdjointSummary summary;
+  summary.mode = BackwardMode::kIft;
+  summary.solver = options.solver;
+  summary.batch_size = batch;
+  summary.state_size = n;
+  summary.warm_started = warm && options.solver != AdjointSolverType::kDense;
+
+  // The forward solvers work on the state's tensors, the others on float64
+  // copies (see SolveWithFixedPointSolver).
+  if (adjoint::UsesForwardSolver(options.solver)) {
+    adjoint::SolveWithFixedPointSolver(options, vjp, g, w, &summary);
+  } else {
+    SolveOnFloat64Rows(options, vjp, g, w, &summary);
+  }
+
+  summary.tolerance = options.tolerance;
+  if (options.tolerance == 0.0 && options.solver != AdjointSolverType::kDense) {
+    int64_t budget_spent = 0;
+    for (TerminationType& t : summary.sample_termination) {
+      if (t != TerminationType::kMaxIterations) continue;
+      t = TerminationType::kInexact;
+      ++budget_spent;
+    }
+    if (budget_spent > 0) {
+      summary.message += " Tolerance 0 asks for a fixed budget: " + std::to_string(budget_spent) +
+                         " sample(s) used it and end INEXACT (no tolerance to meet).";
+    }
+  }
+  summary.iterations = 0;
+  for (int it : summary.sample_iterations) summary.iterations = std::max(summary.iterations, it);
+  summary.termination_type = TerminationType::kConverged;
+  for (TerminationType t : summary.sample_termination) {
+    summary.termination_type = std::max(summary.termination_type, t);
+  }
+  summary.wall_time_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return summary;
+}
+
+}  // namespace stillpoint

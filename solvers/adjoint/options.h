@@ -1,0 +1,114 @@
+// Options of the backward half of an implicit layer: the backward modes, the
+// adjoint linear solvers and BackwardOptions (see solvers/adjoint.h for the
+// equation they solve and the stopping rule they share).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace stillpoint {
+
+// How gradients flow through an implicit layer (solvers/implicit.h).
+enum class BackwardMode {
+  // "ift" (the default): exact implicit gradient; solves (*) with
+  // BackwardOptions::solver.
+  kIft,
+  // "jfb": Jacobian-free backward, w = g (as if J = 0). One VJP through f,
+  // no linear solve. An approximation that is a descent direction when f is
+  // a strong enough contraction.
+  kJfb,
+  // "phantom": phantom gradient. The forward value is k damped steps
+  // z <- (1 - tau) z + tau f(z) taken from z* (detached), recorded on the
+  // tape; backward is plain backprop through those k steps.
+  kPhantom,
+  // "unrolled": the explicit reference. No solver: the value is k plain
+  // steps z <- f(z) from z0, recorded on the tape, and backward differentiates
+  // through all of them (memory grows with k).
+  kUnrolled
+};
+const char* ToString(BackwardMode mode);
+bool StringToBackwardMode(const std::string& text, BackwardMode* mode);
+
+// Linear solver for (*) in BackwardMode::kIft.
+enum class AdjointSolverType {
+  // "fixed_point": w <- g + J^T w, the forward Picard solver (tau = 1) run
+  // on (*). Converges when the spectral radius of J is below 1.
+  kFixedPoint,
+  // "anderson": the forward Anderson solver run on (*) (memory
+  // anderson_memory); converges faster and also for mildly expansive J.
+  kAnderson,
+  // "broyden": the forward limited-memory Broyden solver run on (*).
+  kBroyden,
+  // "gmres": restarted GMRES on (I - J^T) w = g; any nonsingular I - J.
+  kGmres,
+  // "cg": conjugate gradient; requires I - J symmetric positive definite
+  // (energy maps f = z - s grad E at a minimum of E). A non-positive
+  // curvature ends the sample in kLinearAlgebraFailure.
+  kConjugateGradient,
+  // "minres": MINRES; requires I - J symmetric, may be indefinite (energy
+  // maps at saddle points).
+  kMinres,
+  // "neumann": the truncated Neumann series w = sum_{i=0..k} (J^T)^i g, i.e.
+  // k = neumann_terms fixed-point steps; a fixed-cost approximation that
+  // stops early once the tolerance is met.
+  kNeumann,
+  // "dense": assembles J_b^T from n VJPs and solves exactly by LU. For small
+  // states (n <= dense_max_state_size); the reference for the others.
+  kDense
+};
+const char* ToString(AdjointSolverType type);
+bool StringToAdjointSolverType(const std::string& text, AdjointSolverType* type);
+// Every value, in declaration order (for tests and docs).
+std::vector<AdjointSolverType> AllAdjointSolverTypes();
+
+struct BackwardOptions {
+  BackwardMode mode = BackwardMode::kIft;
+
+  // -- kIft: the adjoint linear solve --
+  AdjointSolverType solver = AdjointSolverType::kFixedPoint;
+  // Adjoint iterations per sample (each one VJP, Broyden/Anderson safeguard
+  // steps excepted). Used by every solver except kNeumann (neumann_terms)
+  // and kDense (always n VJPs).
+  int max_iterations = 40;
+  // Converged when ||g + J^T w - w||_2 <= tolerance * ||g||_2 per sample.
+  double tolerance = 1e-6;
+  // kGmres: Krylov vectors kept per sample before a restart (memory
+  // (gmres_restart + 1) * n float64 values per sample).
+  int gmres_restart = 20;
+  // kAnderson / kBroyden: history columns (other forward-solver parameters
+  // keep the ForwardSolverOptions defaults; the summary lists them).
+  int anderson_memory = 5;
+  int broyden_memory = 10;
+  // kFixedPoint / kAnderson / kBroyden: a sample ends STAGNATED when its
+  // relative adjoint residual has not fallen by 0.1% within this many
+  // iterations (0 disables; not judged in a fixed budget, tolerance 0).
+  int stagnation_window = 10;
+  // kNeumann: terms of the series after g (k VJPs). With tolerance 0 every
+  // sample gets exactly this many terms (a truncated series), even when its
+  // residual reaches 0 in the state's precision before.
+  int neumann_terms = 10;
+  // kDense: largest state size it accepts (it builds an n x n matrix per
+  // sample); beyond it the solve throws stillpoint::Error.
+  int dense_max_state_size = 1024;
+  // Start each adjoint solve from the previous solution of the same implicit
+  // call site instead of from g (kIft only, ignored by kDense). The call site
+  // (a layer instance) keeps the previous solution in its own
+  // AdjointWarmStart (solvers/implicit.h), which is runtime state and no
+  // part of these options; a solution of another shape or dtype is not used.
+  bool warm_start = false;
+
+  // -- kPhantom: k damped steps z <- (1 - tau) z + tau f(z) from z* --
+  int phantom_steps = 5;
+  double phantom_tau = 0.5;  // in (0, 1]
+
+  // -- kUnrolled: k plain steps z <- f(z) from z0 --
+  int unrolled_steps = 30;
+
+  // False, with a message naming the field and its value, if any option is
+  // out of range.
+  bool IsValid(std::string* error) const;
+  // The options as "key: value" lines, for logs.
+  std::string ToString() const;
+};
+
+}  // namespace stillpoint
