@@ -5,7 +5,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "framework/elementwise_kernels.h"
+#include "framework/kernels/elementwise_kernels.h"
 #include "framework/leaf_gradient_observer.h"
 #include "framework/ops.h"
 

@@ -33,10 +33,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "framework/gemm.h"
+#include "framework/kernels/gemm.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 namespace stillpoint {
 namespace {

@@ -1,4 +1,4 @@
-// Matrix products. The kernels are GEMMs (framework/gemm.h: OpenBLAS or
+// Matrix products. The kernels are GEMMs (framework/kernels/gemm.h: OpenBLAS or
 // Eigen) on the tensors' row-major storage; each GEMM runs single-threaded
 // and ParallelFor spreads independent products over the threads.
 //
@@ -13,11 +13,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "framework/elementwise_kernels.h"
-#include "framework/gemm.h"
+#include "framework/kernels/elementwise_kernels.h"
+#include "framework/kernels/gemm.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 namespace stillpoint {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "framework/elementwise_kernels.h"
+#include "framework/kernels/elementwise_kernels.h"
 #include "framework/ops.h"
 
 namespace stillpoint {

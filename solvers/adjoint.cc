@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "framework/check.h"
-#include "framework/elementwise_kernels.h"
 #include "framework/parallel.h"
+#include "framework/parallel_loops.h"
 #include "solvers/enum_names.h"
 #include "solvers/fixed_point_solver.h"
 #include "solvers/report_format.h"

@@ -1,4 +1,4 @@
-#include "framework/gemm.h"
+#include "framework/kernels/gemm.h"
 
 #include <Eigen/Core>
 #include <algorithm>

@@ -1,3 +1,4 @@
+#include "framework/kernels/buffer.h"
 #include "framework/buffer_pool.h"
 
 #include <array>

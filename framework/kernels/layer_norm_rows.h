@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 namespace stillpoint::internal {
 

@@ -1,4 +1,4 @@
-#include "training/bench_command.h"
+#include "training/cli/bench_command.h"
 
 #include <time.h>
 #include <yaml-cpp/yaml.h>
@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "framework/autograd.h"
-#include "framework/gemm.h"
+#include "framework/backend_info.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "framework/random.h"

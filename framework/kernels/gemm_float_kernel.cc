@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "framework/gemm.h"
+#include "framework/kernels/gemm.h"
 
 namespace stillpoint::internal {
 namespace {
