@@ -24,7 +24,7 @@
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "framework/random.h"
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 namespace stillpoint {
 namespace {

@@ -34,7 +34,7 @@ def parameters(d, hidden, vocab, length):
 
 
 def step_flops(b, t, d, hidden, vocab, k):
-    """TransformerStepFlops (training/bench_command.h), implicit, K iterations."""
+    """TransformerStepFlops (training/cli/bench_command.h), implicit, K iterations."""
     l = 2 * b * t * (4 * d * d + 2 * d * hidden)
     a = 4 * b * t * t * d
     return k * (l + a) + 4 * b * t * d * hidden + k * (l + 2 * a) + (2 * l + 2 * a) + 6 * b * t * d * vocab

@@ -1,13 +1,14 @@
-// A process-wide pool of 64-byte-aligned buffers, bucketed by power-of-two
-// size. A freed buffer goes back to its bucket and is handed out again to the
-// next request of that size class, so steady-state training steps (which
-// create and free the same temporaries every step) make no system
-// allocations. Thread-safe. Statistics let tests and benchmarks prove it.
+// The process-wide pool behind every tensor's storage (64-byte-aligned
+// buffers, bucketed by power-of-two size; framework/kernels/buffer.h holds
+// the buffer itself). A freed buffer goes back to its bucket and is handed
+// out again to the next request of that size class, so steady-state training
+// steps (which create and free the same temporaries every step) make no
+// system allocations. Thread-safe. Statistics let tests and benchmarks prove
+// it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 namespace stillpoint {
 
@@ -17,31 +18,6 @@ struct BufferPoolStats {
   int64_t bytes_in_use = 0;        // handed out and not yet returned
   int64_t bytes_cached = 0;        // held in buckets, ready for reuse
   int64_t peak_bytes_in_use = 0;
-};
-
-// A block of raw storage owned by a Tensor (shared between views).
-class Buffer {
- public:
-  explicit Buffer(std::size_t bytes);
-  // Storage the pool does not own (a NumPy array's, for the Python
-  // bindings): `owner` keeps `data` alive and is released with the Buffer;
-  // nothing goes back to the pool.
-  Buffer(void* data, std::size_t bytes, std::shared_ptr<const void> owner);
-  ~Buffer();
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-
-  void* data() const { return data_; }
-  std::size_t bytes() const { return bytes_; }
-  // Whether the storage belongs to an outside owner (the second constructor).
-  bool external() const { return external_; }
-
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;     // requested
-  std::size_t capacity_ = 0;  // size class
-  bool external_ = false;
-  std::shared_ptr<const void> owner_;
 };
 
 BufferPoolStats GetBufferPoolStats();

@@ -33,10 +33,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "framework/gemm.h"
+#include "framework/kernels/gemm.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 namespace stillpoint {
 namespace {
@@ -349,15 +349,14 @@ constexpr int64_t kForwardScoreFloats = 6144;
 // depth, and a product of depth 24 spends a large share of its time loading
 // and storing its C tiles; 96 queries (Tk = 256) make them about as
 // efficient as the other products while the block's P and dS (96 KiB each)
-// still share L2. W2 explicit, one thread, interleaved runs: with the
-// one-pass recomputation of P (RowStats) a step got about 4% faster than
-// with 24-query blocks; whole [Tq, Tk] blocks measured no better.
+// still share L2 (whole [Tq, Tk] blocks gain nothing more:
+// bench/RESULTS.md).
 constexpr int64_t kBackwardScoreFloats = 24576;
 
 // The float32 paths pack K_h^T times the score factor scale log2(e), so
-// the score tiles need no multiplication of their results (a depth-16 tile
-// spends about 6% of its multiply-adds' time on one: 79 -> 85 GFLOP/s for
-// a [96, 16] x [16, 256] product alone).
+// the score tiles need no multiplication of their results (for a depth-16
+// tile that multiplication is a visible share of the work:
+// bench/RESULTS.md).
 float ScoreFactor(const AttentionGeometry& geo) { return static_cast<float>(geo.ScoreScale()); }
 
 // Scores (base-2 units) of queries [i0, i0 + rows) of a unit, into s;
@@ -454,9 +453,9 @@ void UnitBackwardByQueryBlocks(const AttentionGeometry& geo,
     }
     if (!score_grads) continue;
     // dS = P o (dP - D) with dP = dO V^T, made in dP's tiles (dP is never
-    // stored), with D_r from SoftmaxRowDot. W2 explicit, one thread, 6
-    // interleaved pairs against the product and a second pass over dP: min
-    // step 83.5 -> 81.9 ms, same losses bitwise.
+    // stored), with D_r from SoftmaxRowDot: one pass over dP instead of a
+    // product and a second pass, with the same losses bitwise
+    // (bench/RESULTS.md).
     const float* o_rows = out + at.out + i0 * geo.dim;
     for (int64_t r = 0; r < rows; ++r) {
       row_dots[r] = SoftmaxRowDot(geo, g_rows, o_rows, r);

@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "framework/elementwise_kernels.h"
+#include "framework/kernels/elementwise_kernels.h"
 #include "framework/ops.h"
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 namespace stillpoint {
 namespace {

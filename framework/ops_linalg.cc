@@ -1,4 +1,4 @@
-// Matrix products. The kernels are GEMMs (framework/gemm.h: OpenBLAS or
+// Matrix products. The kernels are GEMMs (framework/kernels/gemm.h: OpenBLAS or
 // Eigen) on the tensors' row-major storage; each GEMM runs single-threaded
 // and ParallelFor spreads independent products over the threads.
 //
@@ -13,11 +13,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "framework/elementwise_kernels.h"
-#include "framework/gemm.h"
+#include "framework/kernels/elementwise_kernels.h"
+#include "framework/kernels/gemm.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 namespace stillpoint {
 namespace {
@@ -25,11 +25,9 @@ namespace {
 // Output rows per work unit: 22 row tiles of the packed kernel (6 rows
 // each), so only a product's last unit ends in a partial tile. Units of
 // one product share one packing of B (see MatmulValue), so small units cost
-// no extra packing; small units let the threads finish a region together:
-// on a W2 explicit step (2 threads, a timing probe around ParallelFor, not
-// committed; 4 alternating runs of 23 steps) the time spent waiting at the
-// ends of the 2048-row products fell from 20-38 ms to 12-29 ms with
-// 132-row units instead of 256.
+// no extra packing; small units let the threads finish a region together,
+// so less time is spent waiting at the end of a large product
+// (bench/RESULTS.md).
 constexpr int64_t kRowsPerUnit = 132;
 // Columns per work unit when a product is cut into column blocks.
 constexpr int64_t kMinColsPerUnit = 32;

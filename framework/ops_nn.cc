@@ -19,10 +19,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "framework/layer_norm_rows.h"
+#include "framework/kernels/layer_norm_rows.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 namespace stillpoint {
 namespace {

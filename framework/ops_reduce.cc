@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "framework/elementwise_kernels.h"
+#include "framework/kernels/elementwise_kernels.h"
 #include "framework/ops.h"
 
 namespace stillpoint {
@@ -116,11 +116,9 @@ void SumMiddle(const T* x, T* out, int64_t outer, int64_t n, int64_t inner) {
   // A chunk gets at least a whole column block where there is one: each
   // column is a single chain of dependent adds, so a narrow chunk waits on
   // add latency where a wide one keeps kColumnBlock chains going, and
-  // narrow chunks split the cache lines of a row between threads. (The bias
-  // gradients of W2's [2048, 64 to 192] products: 8-column chunks took 2.4
-  // times the one-thread time on 2 threads, in a timing probe around
-  // ParallelFor over 23 steps, and the regions ran longer than one thread
-  // summing alone.)
+  // narrow chunks split the cache lines of a row between threads (on W2's
+  // bias gradients narrow chunks made two threads slower than one:
+  // bench/RESULTS.md).
   const int64_t column_chunk = std::max(min_chunk, std::min(inner, kColumnBlock));
   ParallelRange(0, outer * inner, column_chunk, [&](int64_t lo, int64_t hi) {
     for (int64_t f = lo; f < hi;) {

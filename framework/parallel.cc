@@ -48,11 +48,8 @@ class NestedRegion {
 // loops over the same rows give each thread the same rows, still in its
 // core's cache, and a core that falls behind has its remaining chunks taken
 // by the others. Each lane is one atomic (next, end) pair, so every chunk is
-// taken exactly once. (Against chunks handed out in index order to whichever
-// thread is free: W2 on 2 threads, interleaved processes, median of the
-// processes' median steps: explicit 48.2 -> 46.4 and 45.5 -> 44.9 ms in two
-// batches of 30 pairs, implicit 116 -> 109 ms (12 pairs) and 128 -> 126 ms
-// (16 pairs); a small gain, of the order of this machine's noise.)
+// taken exactly once. (Against chunks handed out in index order to
+// whichever thread is free, a small gain: bench/RESULTS.md.)
 class ChunkLanes {
  public:
   ChunkLanes(int64_t chunks, int threads) : lanes_(threads) {
@@ -121,13 +118,8 @@ void ParallelFor(int64_t begin,
   // runs out takes what is left of the others: on a shared (virtual) machine
   // one core often runs slower for a while, and a static split made the other
   // wait for it at every join. Up to sixteen chunks per thread keep that
-  // wait to a fraction of a region. (W2 on 2 threads, 5 interleaved runs
-  // each: median step time 4% lower for the implicit model and 10% for the
-  // explicit one with eight dynamic chunks per thread than with four static
-  // ones. Sixteen instead of eight give the 32 (sequence, head) units of
-  // W2's attention one chunk each: a timing probe around ParallelFor, 4
-  // alternating W2 explicit runs of 23 steps, put the wait at the end of the
-  // attention regions at 20-38 ms with eight and 12-21 ms with sixteen.)
+  // wait to a fraction of a region; sixteen give the 32 (sequence, head)
+  // units of W2's attention one chunk each (bench/RESULTS.md).
   const int64_t max_chunks = std::max<int64_t>(1, count / min_chunk);
   const int64_t chunks = std::min<int64_t>(max_chunks, int64_t{16} * threads);
   const int64_t chunk_size = (count + chunks - 1) / chunks;

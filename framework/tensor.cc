@@ -7,7 +7,7 @@
 #include <ostream>
 #include <sstream>
 
-#include "framework/buffer_pool.h"
+#include "framework/kernels/buffer.h"
 
 namespace stillpoint {
 

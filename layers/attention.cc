@@ -68,12 +68,9 @@ Var MultiHeadAttention::Forward(const Var& x, const AttentionMask& mask) const {
   // by side ([dim, 3 dim], which read x once but cost a copy of the weights
   // and a pack of the copy per call, and a copy of each weight's gradient
   // out of the joint one): each weight is then read in place by the packed
-  // kernel and each gradient written where it belongs. W1 (d = 64), 2
-  // shards, steps alternating between the two ways in one process: explicit
-  // 0.15-0.26 ms shorter in 7 of 7 processes (8.36 -> 8.15 ms in the last
-  // three); implicit 0.05-0.12 ms longer in 6 of 6, where each of the 16
-  // adjoint products adds three input gradients instead of one; W2 no
-  // difference (30.0-30.2, 78-81 ms either way).
+  // kernel and each gradient written where it belongs. The explicit model
+  // gains; the implicit one pays a little, since each adjoint product then
+  // adds three input gradients instead of one (bench/RESULTS.md).
   return Forward(x, x, mask);
 }
 

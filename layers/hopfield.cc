@@ -4,6 +4,7 @@
 #include <sstream>
 #include <utility>
 
+#include "framework/hopfield.h"
 #include "framework/init.h"
 #include "framework/ops.h"
 
@@ -108,13 +109,17 @@ HopfieldProblem HopfieldAttention::Prepare(const Var& stored,
   return problem;
 }
 
-Var HopfieldAttention::Scores(const Var& xi, const EnergyContext& ctx) const {
+void HopfieldAttention::CheckState(const Var& xi, const EnergyContext& ctx) const {
   const Var& keys = ctx.Get("keys");
   SP_CHECK(xi.rank() == 4 && xi.dim(1) == options_.heads && xi.dim(3) == options_.head_dim &&
                xi.dim(0) == keys.dim(0),
            "HopfieldAttention: state ", xi.shape(), " must be [B, ", options_.heads, ", N, ",
            options_.head_dim, "] with the keys' batch (keys ", keys.shape(), ")");
-  Var scores = mul(matmul(xi, keys, false, true), Beta4());
+}
+
+Var HopfieldAttention::Scores(const Var& xi, const EnergyContext& ctx) const {
+  CheckState(xi, ctx);
+  Var scores = mul(matmul(xi, ctx.Get("keys"), false, true), Beta4());
   return ApplyAttentionMask(scores, ctx);
 }
 
@@ -143,7 +148,9 @@ Var HopfieldAttention::Energy(const Var& xi, const EnergyContext& ctx) const {
 }
 
 Var HopfieldAttention::Update(const Var& xi, const EnergyContext& ctx) const {
-  Var retrieved = matmul(Association(xi, ctx), ctx.Get("keys"));
+  CheckState(xi, ctx);
+  Var retrieved = hopfield_update(xi, ctx.Get("keys"), Beta4(),
+                                  ctx.Has("mask") ? ctx.Get("mask") : Var());
   return options_.query_field ? add(ctx.Get("field"), retrieved) : retrieved;
 }
 

@@ -129,7 +129,7 @@ class HopfieldAttention : public EnergyLayer {
   Var Energy(const Var& xi, const EnergyContext& ctx) const override;
   // xi - [q +] K^T softmax(beta K xi + a) (analytic).
   Var EnergyGrad(const Var& xi, const EnergyContext& ctx) const override;
-  // CCCP: [q +] K^T softmax(beta K xi + a).
+  // CCCP: [q +] K^T softmax(beta K xi + a) (hopfield_update, framework/hopfield.h).
   Var Update(const Var& xi, const EnergyContext& ctx) const override;
   bool UpdateIsMonotone() const override { return true; }
 
@@ -148,6 +148,8 @@ class HopfieldAttention : public EnergyLayer {
   Var SplitHeads(const Var& x, int64_t head_width) const;
   // beta as [1, H, 1, 1].
   Var Beta4() const;
+  // Throws unless xi is [B, H, N, dk] with the keys' batch.
+  void CheckState(const Var& xi, const EnergyContext& ctx) const;
   // beta K xi + a: [B, H, N, S].
   Var Scores(const Var& xi, const EnergyContext& ctx) const;
 

@@ -24,6 +24,27 @@ cmake --install "$build_dir" --prefix "$work/prefix" >"$work/install.log"
 echo "check_install.sh: installed $(grep -c '^-- Installing' "$work/install.log") files" \
   "into a temporary prefix"
 
+# Public headers live under PREFIX/include/stillpoint/<folder>/; the
+# framework's kernels (framework/kernels/) and the command-line program's
+# headers (training/cli/) are private to the build and must not be installed.
+include_dir="$work/prefix/include/stillpoint"
+for header in framework/ops.h framework/buffer_pool.h layers/linear.h training/trainer.h; do
+  if [[ ! -f "$include_dir/$header" ]]; then
+    echo "check_install.sh: public header $header is not in PREFIX/include/stillpoint" >&2
+    exit 1
+  fi
+done
+private=$(cd "$work/prefix" && find . -path '*/kernels/*' -o -name 'gemm.h' -o -name 'vector_math.h' \
+  -o -path '*/cli/*.h' -o -name 'cli_commands.h')
+if [[ -n "$private" ]]; then
+  echo "check_install.sh: private headers were installed:" $private >&2
+  exit 1
+fi
+if [[ -e "$work/prefix/include/framework" ]]; then
+  echo "check_install.sh: headers installed outside PREFIX/include/stillpoint" >&2
+  exit 1
+fi
+
 # The consumer's configure output is long (Ceres reports every dependency):
 # keep it in a log and show it only when something fails.
 if ! cmake -S tests/consumer -B "$work/consumer" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "framework/check.h"
-#include "framework/elementwise_kernels.h"
 #include "framework/parallel.h"
+#include "framework/parallel_loops.h"
 #include "solvers/anderson.h"
 #include "solvers/broyden.h"
 #include "solvers/ceres_backends.h"
@@ -674,7 +674,7 @@ void FixedPointSolver::LineSearch(const std::vector<int64_t>& samples,
 }
 
 int64_t FixedPointSolver::MinRowsPerTask() const {
-  return std::max<int64_t>(1, internal::kMinChunk / std::max<int64_t>(1, state_size()));
+  return std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(1, state_size()));
 }
 
 double FixedPointSolver::ElapsedSeconds() const {

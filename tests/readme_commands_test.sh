@@ -11,7 +11,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 ln -s "$source_dir/examples" examples
-mkdir -p training && ln -s "$source_dir/training/completion" training/completion
+mkdir -p training/cli && ln -s "$source_dir/training/cli/completion" training/cli/completion
 
 "$binary" compare examples/configs/quickstart.yaml train.steps=4 train.eval_every=4 \
   train.checkpoint_every=4 task.train_examples=256 task.test_examples=64 \

@@ -6,8 +6,7 @@
 #include <fstream>
 #include <mutex>
 
-#include "framework/vector_math.h"
-#include "training/cli_commands.h"
+#include "framework/backend_info.h"
 #include "training/metrics.h"
 #include "stillpoint_git_revision.h"
 
@@ -50,6 +49,12 @@ std::string Text(const YAML::Node& node, const char* key) {
 
 }  // namespace
 
+// The build sets STILLPOINT_VERSION from project(... VERSION).
+#ifndef STILLPOINT_VERSION
+#define STILLPOINT_VERSION "unknown"
+#endif
+const char* StillpointVersion() { return STILLPOINT_VERSION; }
+
 void SetCommandLine(int argc, const char* const* argv) {
   std::string line;
   for (int i = 0; i < argc; ++i) line += (i ? " " : "") + Quoted(argv[i]);
@@ -80,7 +85,7 @@ Provenance CollectProvenance(const Config& config) {
     }
   }
   p.cpu_model = CpuModel();
-  p.simd_float_lanes = static_cast<int>(internal::kVecBlock);
+  p.simd_float_lanes = SimdFloatLanes();
   p.threads = config.GetInt("threads");
   p.shards = config.GetInt("train.shards");
   p.start_time = UtcNow();

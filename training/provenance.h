@@ -12,6 +12,9 @@
 
 namespace stillpoint {
 
+// project(... VERSION) of the build ("unknown" when built without it).
+const char* StillpointVersion();
+
 struct Provenance {
   std::string version;       // project(... VERSION)
   std::string git_revision;  // "<12 hex>[-dirty]" at build time; "" unknown

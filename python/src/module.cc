@@ -4,7 +4,7 @@
 
 #include "framework/parallel.h"
 #include "python/src/bindings.h"
-#include "training/cli_commands.h"
+#include "training/cli/cli_commands.h"
 
 PYBIND11_MODULE(_stillpoint, m) {
   m.doc() = "stillpoint's C++ core (use the package stillpoint, not this module)";

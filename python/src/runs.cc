@@ -1,5 +1,5 @@
 // Runs from Python: train, compare and evaluate call the CLI's own command
-// functions (training/cli_commands.h), so a config means the same thing and
+// functions (training/cli/cli_commands.h), so a config means the same thing and
 // bad input fails with the same message; the readers behind load_run read a
 // run directory's files with the library's readers. The pure-Python layer
 // (python/stillpoint/runs.py) turns exit codes into exceptions.
@@ -10,7 +10,7 @@
 
 #include "python/src/bindings.h"
 #include "training/checkpoint.h"
-#include "training/cli_commands.h"
+#include "training/cli/cli_commands.h"
 #include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/dataset.h"

@@ -1,6 +1,6 @@
 """Runs from Python: train, compare and evaluate, as the stillpoint program does them.
 
-Each calls the program's own command (training/cli_commands.h) in this
+Each calls the program's own command (training/cli/cli_commands.h) in this
 process: the same config checks, run directories, checkpoints and files.
 Progress goes to sys.stderr. A bad config or argument raises ValueError with
 the program's message (file:line:col for a config error); a failure while

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "framework/check.h"
-#include "framework/elementwise_kernels.h"
+#include "framework/parallel_loops.h"
 #include "solvers/adjoint/methods.h"
 #include "solvers/fixed_point_solver.h"
 
@@ -27,8 +27,8 @@ namespace {
 void AddInto(const Tensor& a, const Tensor& b, Tensor* out) {
   DispatchDType(out->dtype(), [&](auto zero) {
     using T = decltype(zero);
-    internal::BinaryLoop(a.data<T>(), b.data<T>(), out->data<T>(), out->numel(),
-                         [](T x, T y) { return x + y; });
+    ParallelBinaryLoop(a.data<T>(), b.data<T>(), out->data<T>(), out->numel(),
+                       [](T x, T y) { return x + y; });
   });
 }
 

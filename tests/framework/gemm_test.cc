@@ -3,7 +3,7 @@
 // combination, strided operands (a head's columns of a wider tensor),
 // alpha, k = 0, partial row tiles and column panels, depths across the
 // kernel's depth blocks, shapes on both sides of the dispatch thresholds.
-#include "framework/gemm.h"
+#include "framework/kernels/gemm.h"
 
 #include <gtest/gtest.h>
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "framework/buffer_pool.h"
+#include "framework/kernels/buffer.h"
 #include "framework/random.h"
 
 namespace stillpoint {

@@ -1,7 +1,7 @@
 // The vectorised float32 kernels against float64 libm (relative error about
 // 1e-6 or better), special values, and independence from an element's
 // position (tails shorter than a SIMD packet take the same code path).
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 #include <gtest/gtest.h>
 

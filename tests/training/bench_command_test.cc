@@ -1,4 +1,4 @@
-// `stillpoint bench` (training/bench_command.h):
+// `stillpoint bench` (training/cli/bench_command.h):
 //   - the W1 implicit step runs exactly 16 Anderson iterations and 16 adjoint
 //     iterations on every sample (read from the solver summaries);
 //   - on the tiny shared configuration of tests/data/deq_tiny.json, loaded
@@ -12,7 +12,7 @@
 //     reproduce the PyTorch peer's losses from the same weights;
 //   - --scaling alternates 1-thread and multi-thread steps of one training;
 //   - bad arguments exit with 2 before any work.
-#include "training/bench_command.h"
+#include "training/cli/bench_command.h"
 
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>

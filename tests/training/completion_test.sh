@@ -1,5 +1,5 @@
 #!/bin/bash
-# The bash completion script (training/completion/stillpoint.bash) against
+# The bash completion script (training/cli/completion/stillpoint.bash) against
 # the built program: commands, options, override keys from
 # `stillpoint config --keys`, config files. Usage: completion_test.sh SCRIPT BIN_DIR
 set -u

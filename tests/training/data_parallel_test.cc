@@ -25,7 +25,7 @@
 
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "training/bench_command.h"
+#include "training/cli/bench_command.h"
 #include "training/optimizer.h"
 
 namespace stillpoint {

@@ -25,7 +25,7 @@
 #include "framework/leaf_gradient_observer.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "training/bench_command.h"
+#include "training/cli/bench_command.h"
 #include "training/config_schema.h"
 #include "training/distributed.h"
 #include "training/distributed_training.h"

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "tests/scratch_path.h"
-#include "training/cli_commands.h"
+#include "training/cli/cli_commands.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
 

@@ -13,7 +13,7 @@
 #include "framework/parallel.h"
 #include "framework/random.h"
 #include "tests/scratch_path.h"
-#include "training/cli_commands.h"
+#include "training/cli/cli_commands.h"
 
 namespace stillpoint {
 namespace {

@@ -14,7 +14,7 @@
 #include "framework/serialize.h"
 #include "tests/scratch_path.h"
 #include "training/checkpoint.h"
-#include "training/cli_commands.h"
+#include "training/cli/cli_commands.h"
 #include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/metrics.h"

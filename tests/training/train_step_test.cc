@@ -23,7 +23,7 @@
 
 #include "framework/ops.h"
 #include "framework/parallel.h"
-#include "training/bench_command.h"
+#include "training/cli/bench_command.h"
 
 namespace stillpoint {
 namespace {

@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "framework/vector_math.h"
+#include "framework/kernels/vector_math.h"
 
 namespace stillpoint::internal {
 
@@ -48,10 +48,8 @@ bool WithRowPackets(int64_t n, Body&& body) {
 // parts' rows (((p0 + p1) + p2) + ..., the order of chained add()), kept in
 // sum_rows when it is not null, then y = (x - mean) rstd gain + bias (gain
 // and bias optional) and stats = {mean, rstd} per row. The gain and bias
-// packets are loaded once for all the rows. (Against one call per row
-// that loaded them each time, W1 explicit, 2 shards, alternating step by
-// step in one process: the median step 0.02-0.10 ms shorter in 5 of 5
-// processes of 100 steps.)
+// packets are loaded once for all the rows, not once per row
+// (bench/RESULTS.md).
 template <int kPackets>
 void NormalizeRowsInRegisters(const std::vector<const float*>& parts,
                               int64_t row_begin,

@@ -52,7 +52,7 @@
 #include "framework/module.h"
 #include "framework/tensor.h"
 #include "layers/models.h"
-#include "training/bench_ranks.h"
+#include "training/cli/bench_ranks.h"
 #include "training/data_parallel.h"
 #include "training/optimizer.h"
 
@@ -76,7 +76,7 @@ struct BenchArgs {
   std::string weights_path;  // empty: SPEC shapes with a seeded initialisation
   std::string dtype = "float32";
   uint64_t seed = 0;
-  // Under mpirun (W1, W2; training/bench_ranks.h): reduce the gradients
+  // Under mpirun (W1, W2; training/cli/bench_ranks.h): reduce the gradients
   // after the whole backward pass instead of bucket by bucket during it, and
   // the bucket size.
   bool no_overlap = false;

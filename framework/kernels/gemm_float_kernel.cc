@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "framework/gemm.h"
+#include "framework/kernels/gemm.h"
 
 namespace stillpoint::internal {
 namespace {
@@ -58,10 +58,8 @@ using PacketBlock = ei::PacketBlock<Packet, kLanes>;
 // rows of op(A) for 64 columns instead of 32, so op(A) is read half as
 // often and there are half as many tiles. The multiply-adds of each C
 // entry are the same, in the same order, so results are bitwise those of
-// wide panels. Measured (alternating binaries, `stillpoint bench w1
-// --model explicit --shards 2 --steps 40`, 6 pairs): median step 10.41 ->
-// 9.68 ms; with hot caches (ops_bench BM_MatmulW1Projection,
-// BM_WeightGradientW2) no difference, 101-112 GFLOP/s either way.
+// wide panels; the gain is in a training step, where op(A) is not already
+// in cache (bench/RESULTS.md).
 template <int kPackets>
 struct PanelShape {
   static_assert(kPackets == 1 || kPackets == 2 || kPackets == 4);
@@ -120,8 +118,7 @@ void PackPanel(bool trans_b,
     // The sums stay in a local array across the rows (not a chain of
     // read-modify-writes of column_sums through memory). A loop of its own:
     // folded into the loop below, beside its partial-width branch, the
-    // array is kept in memory, and packing took 5.2-5.6% of W1 explicit's
-    // samples (2 shards) instead of 4.3-4.9%.
+    // array is kept in memory and packing gets slower (bench/RESULTS.md).
     double sums[kWidth];
     for (int j = 0; j < kWidth; ++j) sums[j] = column_sums[col + j];
     for (int64_t kk = 0; kk < kc; ++kk) {
@@ -332,11 +329,9 @@ using TileFn = void (*)(int64_t,
                         const TileEpilogue&);
 // Tiles of every row count (index: rows) for one panel width and depth: a
 // run-time one (kDepth = 0) or, for depth 16 (a 16-wide head's Q K^T and dO
-// V^T), the depth loop unrolled at compile time. Fused attention forward +
-// backward, one thread, best of 40 batches in 4 interleaved runs: T = 256
-// (W2) 8.36 -> 8.17 ms, T = 32 (W1) 537 -> 530 us. Unrolling depth 32 as
-// well (the other products at T = 32) measured slower at T = 32 (549 us):
-// the unrolled tiles then crowd the instruction cache.
+// V^T), the depth loop unrolled at compile time. Depth 32 is not unrolled
+// as well: the unrolled tiles would crowd the instruction cache
+// (bench/RESULTS.md).
 // Rows of op(A) one float apart (kUnitRowStep) have tiles of their own for
 // the run-time depth only: the depth-16 and softmax-gradient products read
 // Q and dO, whose rows are a whole row stride apart.
@@ -387,9 +382,7 @@ int64_t PanelCount(int64_t n) {
 // shallow B (the per-head operands of short sequences, where a pack costs
 // about as much as the product): a deep one at a large row stride would
 // spread over more L1 sets than its packed copy and be read again by every
-// row tile. (W1 explicit, one thread, 6 interleaved runs: median step 28.9
-// -> 27.2 ms; on two threads the difference was within the machine's
-// noise.)
+// row tile (bench/RESULTS.md).
 constexpr int64_t kMaxInPlaceDepth = 64;
 bool ReadsBInPlace(bool trans_b, int64_t k, int64_t n) {
   return !trans_b && n == PanelWidthFor(n) && k <= kMaxInPlaceDepth;
@@ -406,11 +399,8 @@ bool ReadsBInPlace(bool trans_b, int64_t k, int64_t n) {
 // floats per depth instead of width, but a weight gradient's depth block
 // (kDepthBlock rows of a 64-wide panel, 64 KiB) is read from L2 by each row
 // tile either way, and B's column sums (a bias gradient) then take a pass
-// of their own (AddColumnSums) instead of riding along with the pack. (W1
-// explicit, 2 shards, the two ways alternating step by step in one process,
-// 100 steps, with q, k and v then still projected as one 192-column
-// product: the median step 0.03-0.08 ms shorter in 5 of 6 processes, 0.13
-// ms longer in one.)
+// of their own (AddColumnSums) instead of riding along with the pack; on
+// balance a step is a little shorter (bench/RESULTS.md).
 bool ReadsPanelsInPlace(bool trans_b, int64_t n, int64_t ldb) {
   return !trans_b && n % PanelWidthFor(n) == 0 && ldb == n;
 }
@@ -461,12 +451,9 @@ void MultiplyDepthBlock(int64_t m,
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t col = p * kWidth;
         // The next row tile's p (a saved activation's derivative, long out
-        // of L1 and L2 in a backward pass) is asked for ahead: the
+        // of L1 and L2 in a backward pass) is asked for ahead, so the
         // elementwise tiles (W1's second feed-forward layer's dx times
-        // gelu') took 7.1-7.3% of W1 explicit's samples, 5.9-6.1% with it,
-        // and steps alternating with and without it in one process were
-        // shorter with it in 4 of 4 processes (by 0.03-0.42 ms, median
-        // about 0.06).
+        // gelu') do not wait for it (bench/RESULTS.md).
         if (gradient && i + kRows < m) {
           const int next_rows = static_cast<int>(std::min<int64_t>(kRows, m - i - kRows));
           PrefetchRows(gradient->p + (i + kRows) * gradient->ldp + col, gradient->ldp, next_rows,
@@ -489,8 +476,7 @@ void MultiplyDepthBlock(int64_t m,
 // column sums where B is not packed. Blocks of kBlock columns keep their
 // sums in a local array across the rows (in registers: 64 doubles are
 // eight AVX-512 packets), as PackPanel does; one loop over all n columns
-// per row stored and reloaded every sum each row (2.2% of W1 explicit's
-// samples once g of 128 and 192 columns was read in place, 1.2% so).
+// per row stored and reloaded every sum each row (bench/RESULTS.md).
 void AddColumnSums(const float* b, int64_t ldb, int64_t k, int64_t n, double* sums) {
   constexpr int64_t kBlock = 64;
   int64_t j0 = 0;

@@ -1,5 +1,6 @@
 // Tensor-level kernels behind the elementwise and reduction ops (not part of
-// the public API; ops.h is). They work on values only and record nothing, so
+// the public API; ops.h is; the plain threaded loops are in
+// framework/parallel_loops.h). They work on values only and record nothing, so
 // fused VJPs and other kernels can reuse them.
 //
 // Broadcasting follows NumPy (see ops.h). Every kernel computes each output
@@ -13,6 +14,7 @@
 
 #include "framework/check.h"
 #include "framework/parallel.h"
+#include "framework/parallel_loops.h"
 #include "framework/tensor.h"
 
 namespace stillpoint {
@@ -22,21 +24,7 @@ Shape BroadcastShapes(const Shape& a, const Shape& b, const char* op);
 
 namespace internal {
 
-// Below this many elements a loop is not worth splitting across threads.
-inline constexpr int64_t kMinChunk = 16384;
-
 using Dims4 = std::array<int64_t, Shape::kMaxRank>;
-
-// ParallelFor, except that a range of at most min_chunk indices runs inline
-// without building a std::function (small tensors pay no dispatch cost).
-template <typename Fn>
-void ParallelRange(int64_t begin, int64_t end, int64_t min_chunk, const Fn& fn) {
-  if (end - begin <= std::max<int64_t>(min_chunk, 1)) {
-    if (end > begin) fn(begin, end);
-    return;
-  }
-  ParallelFor(begin, end, min_chunk, fn);
-}
 
 // The extents of `shape` right-aligned into four slots, padded with 1s in
 // front: [3, 4] -> {1, 1, 3, 4}.
@@ -73,22 +61,6 @@ inline bool IsTrailingSuffix(const Shape& small, const Shape& big) {
     if (small.dim(-j) != big.dim(-j)) return false;
   }
   return true;
-}
-
-// out[i] = fn(x[i]) for i in [0, n).
-template <typename T, typename Fn>
-void UnaryLoop(const T* x, T* out, int64_t n, Fn fn) {
-  ParallelRange(0, n, kMinChunk, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) out[i] = fn(x[i]);
-  });
-}
-
-// out[i] = fn(a[i], b[i]) for i in [0, n).
-template <typename T, typename Fn>
-void BinaryLoop(const T* a, const T* b, T* out, int64_t n, Fn fn) {
-  ParallelRange(0, n, kMinChunk, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) out[i] = fn(a[i], b[i]);
-  });
 }
 
 // out = fn(a, b) with a of shape sa, b of shape sb, out of the broadcast

@@ -1,4 +1,4 @@
-#include "training/bench_ranks.h"
+#include "training/cli/bench_ranks.h"
 
 #include <algorithm>
 #include <chrono>

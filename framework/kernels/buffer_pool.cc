@@ -1,3 +1,4 @@
+#include "framework/kernels/buffer.h"
 #include "framework/buffer_pool.h"
 
 #include <array>
@@ -17,9 +18,9 @@ constexpr int kNumClasses = 48;  // 64 B .. 2^53 B
 // Freed buffers are cached per thread slot, and a request looks in its own
 // thread's slot first. A buffer a thread just freed is likely still in that
 // core's cache; handing it to another thread instead makes that thread's
-// first writes fetch the lines from the other core (measured: with two
-// data-parallel shards, the memory-bound ops of a step took about twice their
-// one-thread time with one shared cache). A request whose own slot is empty
+// first writes fetch the lines from the other core (with two data-parallel
+// shards and one shared cache the memory-bound ops of a step slow down:
+// bench/RESULTS.md). A request whose own slot is empty
 // takes a buffer from any other slot before asking the system, so the pool
 // never holds more than one shared cache would.
 constexpr int kThreadSlots = 8;

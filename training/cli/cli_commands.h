@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "training/provenance.h"  // StillpointVersion
+
 namespace stillpoint {
 
 struct TrainSummary;   // training/trainer.h
 struct CompareReport;  // training/compare.h
-
-const char* StillpointVersion();
 
 // Runs setup, then work, and returns work's exit code; an exception from
 // setup, or a ConfigError from work, is bad input (2), any other exception

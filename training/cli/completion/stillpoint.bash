@@ -2,7 +2,7 @@
 # overrides (from `stillpoint config --keys`), YAML files for configs and
 # directories for runs. Installed as
 # <prefix>/share/bash-completion/completions/stillpoint; to use it from a
-# build tree: source training/completion/stillpoint.bash
+# build tree: source training/cli/completion/stillpoint.bash
 
 _stillpoint() {
   local cur prev command

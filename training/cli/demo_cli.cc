@@ -1,4 +1,4 @@
-#include "training/demos/demo_cli.h"
+#include "training/cli/demo_cli.h"
 
 #include <CLI/CLI.hpp>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "training/cli_commands.h"
+#include "training/cli/cli_commands.h"
 #include "training/config.h"
 #include "training/demos/correction_demo.h"
 #include "training/demos/exchangeable_demo.h"

@@ -1,4 +1,4 @@
-#include "training/bench_command.h"
+#include "training/cli/bench_command.h"
 
 #include <time.h>
 #include <yaml-cpp/yaml.h>
@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "framework/autograd.h"
-#include "framework/gemm.h"
+#include "framework/backend_info.h"
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "framework/random.h"
@@ -101,7 +101,7 @@ struct BenchReport {
   int iterations_max = 0;
   int64_t evaluations = 0;
   int64_t queries = 0;
-  // Under mpirun (training/bench_ranks.h): text lines and JSON fields.
+  // Under mpirun (training/cli/bench_ranks.h): text lines and JSON fields.
   std::string ranks_text, ranks_json;
 };
 
@@ -148,7 +148,7 @@ void PrintJson(const BenchReport& r, std::ostream& out) {
       << ", \"iters\": " << r.iterations << ", \"threads\": " << r.threads
       << ", \"shards\": " << r.shards << ", \"steps\": " << r.steps << ", \"warmup\": " << r.warmup
       << ", \"dtype\": " << JsonString(r.dtype)
-      << ", \"gemm\": " << JsonString(internal::GemmBackendName())
+      << ", \"gemm\": " << JsonString(MatrixProductBackendName())
       << ", \"median_ms\": " << JsonNumber(r.time.median * ms)
       << ", \"min_ms\": " << JsonNumber(r.time.min * ms)
       << ", \"max_ms\": " << JsonNumber(r.time.max * ms)

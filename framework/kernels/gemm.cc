@@ -1,4 +1,4 @@
-#include "framework/gemm.h"
+#include "framework/kernels/gemm.h"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -84,9 +84,9 @@ void EigenGemm(bool trans_a,
 // compete with ParallelFor's workers for the same cores. Debian's OpenBLAS
 // is the OpenMP build, which re-reads the OpenMP thread count of the
 // *calling* thread on every call (a TBB worker starts with one thread per
-// core): so every thread that calls BLAS sets its own count to 1, once.
-// (A single process-wide call was measured to make W2 with 2 threads 20x
-// slower: nested OpenMP teams inside TBB tasks.)
+// core): so every thread that calls BLAS sets its own count to 1, once. A
+// single process-wide call is not enough: OpenMP teams then nest inside TBB
+// tasks (bench/RESULTS.md).
 void LimitBlasToOneThread() {
   thread_local bool limited = false;
   if (!limited) {
@@ -151,7 +151,7 @@ void Gemm(bool trans_a,
   constexpr int64_t kMaxInt = 2147483647;
   // Below depth 32 (the per-head Q K^T of small heads) and for small
   // products, OpenBLAS's packing and its zeroing pass over C cost more than
-  // Eigen's whole product (measured on the W1/W2 shapes).
+  // Eigen's whole product (on the W1/W2 shapes).
   const bool worth_it = k >= 32 || m * n * k >= (int64_t{1} << 20);
   if (worth_it && std::max({m, n, k, lda, ldb, ldc}) <= kMaxInt) {
     LimitBlasToOneThread();

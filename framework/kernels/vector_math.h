@@ -4,7 +4,7 @@
 // float32 runs Eigen's SIMD packet functions (with -march=native, AVX2 +
 // FMA: 8 lanes, or AVX-512: 16), whose relative error against the exact
 // value is below 3e-7 (tanh) and 1.2e-7 (exp), i.e. a few ulp, about as
-// accurate as glibc's scalar tanhf/expf and 5-10x faster. float64 keeps
+// accurate as glibc's scalar tanhf/expf and much faster. float64 keeps
 // libm, so double results (gradient checks, reference tests) are
 // unchanged.
 //
@@ -102,8 +102,7 @@ inline constexpr float kExpFloatNormalLowest = -87.3365447505531f;
 // 1.5 2^23 + 127: the sum has unit spacing, so its low mantissa bits hold
 // m + 127, which shifted into place are 2^m, and subtracting the shifter
 // gives m exactly. That is two instructions per packet fewer than a floor,
-// a float-to-int conversion and an integer add (3% fewer cycles in one
-// isolated measurement, within this machine's noise in others), with the
+// a float-to-int conversion and an integer add, with the
 // same values on a sweep of [-87.3, 0]: the two roundings can differ only
 // where x log2(e) is halfway between two integers, and both are exact.
 inline FloatPacket ExpFlushPacket(const FloatPacket& x_in) {
@@ -187,8 +186,8 @@ inline FloatPacket SigmoidPacket(const FloatPacket& x) {
 
 // GELU's 0.5 (1 + tanh(u)), u = c (x + k x^3), written as sigmoid(2u) with
 // e = exp(-2|u|) = 2^(-2|u| log2(e)) (Exp2FlushPacket, with log2(e) and the
-// 2 folded into the polynomial's coefficients: W1 explicit spends about 4%
-// of its step in GELU): s = 1 / (1 + e) for u >= 0, e / (1 + e) otherwise. Also
+// 2 folded into the polynomial's coefficients): s = 1 / (1 + e) for u >= 0,
+// e / (1 + e) otherwise. Also
 // returns s (1 - s) = e / (1 + e)^2 (= (1 - tanh(u)^2) / 4) and du/dx. This
 // form has no cancellation where tanh saturates (1 - t^2 and 1 + t for
 // large |u|), so it keeps a relative error of a few ulp there.
@@ -445,9 +444,7 @@ inline void VecExp2ShiftedScaled(
 // lanes added, then the tail in index order. accumulate(acc, i) returns acc
 // plus the terms of elements [i, i + kVecBlock); term(i) is element i's.
 // Always inlined: GCC 12 kept it out of line, and a layer norm's row of 64
-// then made two calls for its two reductions (ops_bench
-// BM_LayerNormForwardBackward, one thread, Zen 4: 66.1 -> 59.4 and 69.5 ->
-// 63.7 us in two alternating pairs, best of 5 each).
+// then made two calls for its two reductions (bench/RESULTS.md).
 template <typename Accumulate, typename Term>
 [[gnu::always_inline]] inline float SumInPacketLanes(int64_t n, Accumulate accumulate, Term term) {
   namespace ei = Eigen::internal;

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "training/bench_command.h"
-#include "training/cli_commands.h"
+#include "training/cli/bench_command.h"
+#include "training/cli/cli_commands.h"
 #include "training/config.h"
-#include "training/demos/demo_cli.h"
+#include "training/cli/demo_cli.h"
 #include "training/distributed.h"
 #include "training/provenance.h"
 

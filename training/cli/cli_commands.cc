@@ -1,4 +1,4 @@
-#include "training/cli_commands.h"
+#include "training/cli/cli_commands.h"
 
 #include <cfloat>
 #include <climits>
@@ -108,12 +108,6 @@ int GuardedCommand(std::ostream& err,
     return kRuntimeFailure;
   }
 }
-
-// The build sets STILLPOINT_VERSION from project(... VERSION).
-#ifndef STILLPOINT_VERSION
-#define STILLPOINT_VERSION "unknown"
-#endif
-const char* StillpointVersion() { return STILLPOINT_VERSION; }
 
 int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err,
              TrainSummary* summary_out) {

@@ -1,0 +1,2 @@
+// Must not compile: solvers sit below layers.
+#include "layers/linear.h"
