@@ -91,6 +91,10 @@ class OptionFields {
     // Whether the field is a config key (NotInConfig: a setting for code
     // only, still validated and printed).
     bool in_config = true;
+    // Whether the field is read by the options it is part of (AppliesWhen;
+    // nullptr: always): a field that does not apply yet differs from its
+    // default is reported as unused (Unused).
+    std::function<bool(const Options&)> applies;
     // kBool (0/1), kInt, kDouble.
     std::function<double(const Options&)> get_number;
     std::function<void(Options&, double)> set_number;
@@ -265,7 +269,28 @@ class OptionFields {
     return *this;
   }
 
+  // The field declared last is read only when `applies` says so (e.g. an
+  // Anderson setting when the solver is Anderson).
+  OptionFields& AppliesWhen(std::function<bool(const Options&)> applies) {
+    fields_.back().applies = std::move(applies);
+    return *this;
+  }
+
   const std::vector<Field>& fields() const { return fields_; }
+
+  // The fields of `options` that do not apply to them yet differ from
+  // `defaults`: settings that would be silently ignored.
+  std::vector<const Field*> Unused(const Options& options,
+                                   const Options& defaults = Options()) const {
+    std::vector<const Field*> unused;
+    for (const Field& field : fields_) {
+      if (field.applies && !field.applies(options) &&
+          field.Text(options) != field.Text(defaults)) {
+        unused.push_back(&field);
+      }
+    }
+    return unused;
+  }
 
   // The first field of `options` outside its range or choices, as
   // "max_iterations = -1 is outside [0, 1048576]"; "" when all are valid.

@@ -48,77 +48,15 @@ void CopyRow(const Tensor& from, int64_t from_row, Tensor* to, int64_t to_row) {
   });
 }
 
-template <typename T>
-std::string ValueString(T value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
-
-bool UsesSolver(const ForwardSolverOptions& options, ForwardSolverType type) {
-  if (options.type == type) return true;
-  return std::find(options.fallback_chain.begin(), options.fallback_chain.end(), type) !=
-         options.fallback_chain.end();
-}
-
-// Options that no solver of this solve reads, yet differ from their defaults:
-// reported, so a mistyped configuration is not silently ignored.
+// Options that no solver of this solve reads, yet differ from their defaults
+// (ForwardSolverOptions::Fields, AppliesWhen): reported, so a mistyped
+// configuration is not silently ignored.
 void NoteUnusedOptions(const ForwardSolverOptions& options, std::vector<OptionUsage>* usage) {
-  const ForwardSolverOptions defaults;
   const std::string reason = std::string("not used by ") + ToString(options.type) +
                              (options.fallback_chain.empty() ? "" : " or its fallbacks");
-  auto note = [&](bool used, bool changed, const char* name, const std::string& value) {
-    if (!used && changed) usage->push_back({name, value, "unused", reason});
-  };
-  const bool picard = UsesSolver(options, ForwardSolverType::kPicard);
-  const bool anderson = UsesSolver(options, ForwardSolverType::kAnderson);
-  const bool broyden = UsesSolver(options, ForwardSolverType::kBroyden);
-  const bool newton = UsesSolver(options, ForwardSolverType::kNewtonKrylov);
-  const bool lbfgs = UsesSolver(options, ForwardSolverType::kCeresLbfgs);
-  const bool trust = UsesSolver(options, ForwardSolverType::kCeresTrustRegion);
-  const bool line_search = newton || (broyden && options.broyden_line_search);
-  note(picard, options.picard_damping != defaults.picard_damping, "picard_damping",
-       ValueString(options.picard_damping));
-  note(anderson, options.anderson_memory != defaults.anderson_memory, "anderson_memory",
-       ValueString(options.anderson_memory));
-  note(anderson, options.anderson_lambda != defaults.anderson_lambda, "anderson_lambda",
-       ValueString(options.anderson_lambda));
-  note(anderson, options.anderson_beta != defaults.anderson_beta, "anderson_beta",
-       ValueString(options.anderson_beta));
-  note(anderson, options.anderson_type != defaults.anderson_type, "anderson_type",
-       ToString(options.anderson_type));
-  note(anderson, options.anderson_safeguard_factor != defaults.anderson_safeguard_factor,
-       "anderson_safeguard_factor", ValueString(options.anderson_safeguard_factor));
-  note(broyden, options.broyden_memory != defaults.broyden_memory, "broyden_memory",
-       ValueString(options.broyden_memory));
-  note(broyden, options.broyden_initial_scale != defaults.broyden_initial_scale,
-       "broyden_initial_scale", ValueString(options.broyden_initial_scale));
-  note(broyden, options.broyden_variant != defaults.broyden_variant, "broyden_variant",
-       ToString(options.broyden_variant));
-  note(broyden, options.broyden_line_search != defaults.broyden_line_search, "broyden_line_search",
-       options.broyden_line_search ? "true" : "false");
-  note(line_search, options.armijo_c != defaults.armijo_c, "armijo_c",
-       ValueString(options.armijo_c));
-  note(line_search, options.line_search_max_backtracks != defaults.line_search_max_backtracks,
-       "line_search_max_backtracks", ValueString(options.line_search_max_backtracks));
-  note(line_search, options.line_search_shrink != defaults.line_search_shrink, "line_search_shrink",
-       ValueString(options.line_search_shrink));
-  note(newton, options.gmres_restart != defaults.gmres_restart, "gmres_restart",
-       ValueString(options.gmres_restart));
-  note(newton, options.gmres_max_iterations != defaults.gmres_max_iterations,
-       "gmres_max_iterations", ValueString(options.gmres_max_iterations));
-  note(newton, options.forcing_type != defaults.forcing_type, "forcing_type",
-       ToString(options.forcing_type));
-  note(newton, options.newton_forcing != defaults.newton_forcing, "newton_forcing",
-       ValueString(options.newton_forcing));
-  note(newton || trust, options.jvp_finite_difference_step != defaults.jvp_finite_difference_step,
-       "jvp_finite_difference_step", ValueString(options.jvp_finite_difference_step));
-  note(lbfgs, options.ceres_line_search_direction != defaults.ceres_line_search_direction,
-       "ceres_line_search_direction", ToString(options.ceres_line_search_direction));
-  note(trust, options.ceres_trust_region_strategy != defaults.ceres_trust_region_strategy,
-       "ceres_trust_region_strategy", ToString(options.ceres_trust_region_strategy));
-  note(trust, options.ceres_max_state_size != defaults.ceres_max_state_size, "ceres_max_state_size",
-       ValueString(options.ceres_max_state_size));
+  for (const auto* field : ForwardSolverOptions::Fields().Unused(options)) {
+    usage->push_back({field->name, field->Text(options), "unused", reason});
+  }
 }
 
 }  // namespace

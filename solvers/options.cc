@@ -186,8 +186,33 @@ bool ForwardSolverOptions::FixedBudget() const {
   return false;
 }
 
+namespace {
+
+// Whether the primary solver or a fallback is `type`.
+bool UsesSolver(const ForwardSolverOptions& options, ForwardSolverType type) {
+  if (options.type == type) return true;
+  return std::find(options.fallback_chain.begin(), options.fallback_chain.end(), type) !=
+         options.fallback_chain.end();
+}
+
+// Applies-when predicates of the solver-specific fields.
+std::function<bool(const ForwardSolverOptions&)> Uses(ForwardSolverType type) {
+  return [type](const ForwardSolverOptions& o) { return UsesSolver(o, type); };
+}
+bool UsesLineSearch(const ForwardSolverOptions& o) {
+  return UsesSolver(o, ForwardSolverType::kNewtonKrylov) ||
+         (UsesSolver(o, ForwardSolverType::kBroyden) && o.broyden_line_search);
+}
+bool UsesJvp(const ForwardSolverOptions& o) {
+  return UsesSolver(o, ForwardSolverType::kNewtonKrylov) ||
+         UsesSolver(o, ForwardSolverType::kCeresTrustRegion);
+}
+
+}  // namespace
+
 const OptionFields<ForwardSolverOptions>& ForwardSolverOptions::Fields() {
   using O = ForwardSolverOptions;
+  using T = ForwardSolverType;
   constexpr double kInf = std::numeric_limits<double>::max();
   constexpr int kMaxIterations = 1 << 20;
   static const auto* fields =
@@ -220,61 +245,82 @@ const OptionFields<ForwardSolverOptions>& ForwardSolverOptions::Fields() {
                    "(0: off)")
            .Double("picard_damping", &O::picard_damping, OptionBounds::OpenClosed(0.0, 1.0),
                    "picard: z <- (1 - tau) z + tau f(z)")
+           .AppliesWhen(Uses(T::kPicard))
            .Int("anderson_memory", &O::anderson_memory, 1, 64, "anderson: history size m")
+           .AppliesWhen(Uses(T::kAnderson))
            .Double("anderson_lambda", &O::anderson_lambda, 0.0, kInf,
                    "anderson: Tikhonov regularisation")
+           .AppliesWhen(Uses(T::kAnderson))
            .Double("anderson_beta", &O::anderson_beta, OptionBounds::OpenClosed(0.0, 1.0),
                    "anderson: mixing")
+           .AppliesWhen(Uses(T::kAnderson))
            .Enum("anderson_type", &O::anderson_type, {AndersonType::kTypeII, AndersonType::kTypeI},
                  stillpoint::ToString, "anderson: type II (default) or type I")
+           .AppliesWhen(Uses(T::kAnderson))
            .Double("anderson_safeguard_factor", &O::anderson_safeguard_factor,
                    OptionBounds::Closed(1.0, kInf).OrZero(),
                    "anderson: reject a step raising the residual by this factor and restart (0: "
                    "off)")
+           .AppliesWhen(Uses(T::kAnderson))
            .Int("broyden_memory", &O::broyden_memory, 1, 256, "broyden: rank-one updates kept")
+           .AppliesWhen(Uses(T::kBroyden))
            .Double("broyden_initial_scale", &O::broyden_initial_scale, 0.0, kInf,
                    "broyden: alpha of the initial inverse Jacobian -alpha I (1: the first step is "
                    "a plain fixed-point step; 0: automatic, a first step of at most half of "
                    "max(|z0|, 1))")
+           .AppliesWhen(Uses(T::kBroyden))
            .Enum("broyden_variant", &O::broyden_variant,
                  {BroydenVariant::kGood, BroydenVariant::kBad}, stillpoint::ToString,
                  "broyden: which update")
+           .AppliesWhen(Uses(T::kBroyden))
            .Bool("broyden_line_search", &O::broyden_line_search, "broyden: Armijo line search")
+           .AppliesWhen(Uses(T::kBroyden))
            .Double("armijo_c", &O::armijo_c, OptionBounds::Open(0.0, 0.5),
                    "Line search: accept step t when ||F(z + t p)||^2 <= (1 - 2 c t) ||F(z)||^2")
            .NotInConfig()
+           .AppliesWhen(UsesLineSearch)
            .Int("line_search_max_backtracks", &O::line_search_max_backtracks, 0, 60,
                 "Line search: halvings of the step tried")
            .NotInConfig()
+           .AppliesWhen(UsesLineSearch)
            .Double("line_search_shrink", &O::line_search_shrink, OptionBounds::Open(0.0, 1.0),
                    "Line search: step factor per backtrack")
            .NotInConfig()
+           .AppliesWhen(UsesLineSearch)
            .Int("gmres_restart", &O::gmres_restart, 1, 512,
                 "newton_krylov: Krylov vectors kept")
+           .AppliesWhen(Uses(T::kNewtonKrylov))
            .Int("gmres_max_iterations", &O::gmres_max_iterations, 1, kMaxIterations,
                 "newton_krylov: inner GMRES iterations per Newton step")
            .NotInConfig()
+           .AppliesWhen(Uses(T::kNewtonKrylov))
            .Enum("forcing_type", &O::forcing_type,
                  {ForcingTermType::kConstant, ForcingTermType::kEisenstatWalker},
                  stillpoint::ToString, "newton_krylov: inner tolerance rule")
            .NotInConfig()
+           .AppliesWhen(Uses(T::kNewtonKrylov))
            .Double("newton_forcing", &O::newton_forcing, OptionBounds::Open(0.0, 1.0),
                    "newton_krylov: forcing term eta (the cap for eisenstat_walker)")
+           .AppliesWhen(Uses(T::kNewtonKrylov))
            .Double("jvp_finite_difference_step", &O::jvp_finite_difference_step, 0.0, kInf,
                    "newton_krylov: finite-difference step of J v when the problem has no jvp "
                    "(0: sqrt of the dtype's machine epsilon)")
            .NotInConfig()
+           .AppliesWhen(UsesJvp)
            .Enum("ceres_line_search_direction", &O::ceres_line_search_direction,
                  {CeresLineSearchDirection::kLbfgs, CeresLineSearchDirection::kNonlinearCg},
                  stillpoint::ToString, "ceres_lbfgs: search direction")
            .NotInConfig()
+           .AppliesWhen(Uses(T::kCeresLbfgs))
            .Enum("ceres_trust_region_strategy", &O::ceres_trust_region_strategy,
                  {CeresTrustRegionStrategy::kLevenbergMarquardt, CeresTrustRegionStrategy::kDogleg},
                  stillpoint::ToString, "ceres_trust_region: strategy")
            .NotInConfig()
+           .AppliesWhen(Uses(T::kCeresTrustRegion))
            .Int("ceres_max_state_size", &O::ceres_max_state_size, 1, kMaxIterations,
                 "ceres_trust_region: largest state per sample (it forms a dense Jacobian)")
            .NotInConfig()
+           .AppliesWhen(Uses(T::kCeresTrustRegion))
            .EnumList("fallback_chain", &O::fallback_chain, AllForwardSolverTypes(),
                      stillpoint::ToString,
                      "Solvers tried in order for samples that end DIVERGED / NON_FINITE / "

@@ -36,40 +36,12 @@ bool SolverKeyApplies(const std::string& prefix, const std::string& key) {
 // The keys of an implicit solve under prefix ("model.solver." or
 // "model.attention_solver."), with the defaults of `defaults`.
 void AddSolverKeys(ConfigSchema& s, const std::string& prefix, const ImplicitOptions& defaults) {
-  const ForwardSolverOptions& f = defaults.forward;
-  const BackwardOptions& b = defaults.backward;
   // ---- PREFIX.forward: ForwardSolverOptions
-  const std::string fw = prefix + "forward.";
-  AddOptionKeys(s, fw, ForwardSolverOptions::Fields(), f, [&](const std::string& name) {
-    return SolverKeyApplies(prefix, "forward." + name);
-  });
-
+  AddOptionKeys(s, prefix + "forward.", ForwardSolverOptions::Fields(), defaults.forward,
+                [&](const std::string& name) { return SolverKeyApplies(prefix, "forward." + name); });
   // ---- PREFIX.backward: BackwardOptions
-  const std::string bw = prefix + "backward.";
-  s.Enum(bw + "mode", ToString(b.mode), Names(std::vector<BackwardMode>{
-                                            BackwardMode::kIft, BackwardMode::kJfb,
-                                            BackwardMode::kPhantom, BackwardMode::kUnrolled}),
-         "ift: implicit function theorem (default); jfb: Jacobian-free; phantom: k damped "
-         "unrolled steps from z*; unrolled: backprop through k forward steps")
-      .Enum(bw + "solver", ToString(b.solver), Names(AllAdjointSolverTypes()),
-            "ift: solver of the adjoint equation g = dL/dz* + J^T g")
-      .Int(bw + "max_iterations", b.max_iterations, "ift: adjoint iteration budget", 0, 1 << 20)
-      .Double(bw + "tolerance", b.tolerance, "ift: relative adjoint residual to stop at", 0.0,
-              kInf)
-      .Int(bw + "neumann_terms", b.neumann_terms, "neumann: terms of the series", 1, 1 << 20)
-      .Int(bw + "gmres_restart", b.gmres_restart, "gmres: restart length", 1, 4096)
-      .Int(bw + "stagnation_window", b.stagnation_window,
-           "fixed_point, anderson, broyden: iterations without 0.1% improvement of the adjoint "
-           "residual before STAGNATED (0: never; not judged when tolerance is 0)",
-           0, 1 << 20)
-      .Int(bw + "phantom_steps", b.phantom_steps, "phantom: unrolled steps k", 1, 4096)
-      .Double(bw + "phantom_tau", b.phantom_tau, "phantom: damping tau", 1e-6, 1.0)
-      .Int(bw + "unrolled_steps", b.unrolled_steps, "unrolled: forward steps recorded", 1,
-           1 << 16);
-
-  if (SolverKeyApplies(prefix, "backward.warm_start")) {
-    s.Bool(bw + "warm_start", b.warm_start, "ift: start from the previous step's solution");
-  }
+  AddOptionKeys(s, prefix + "backward.", BackwardOptions::Fields(), defaults.backward,
+                [&](const std::string& name) { return SolverKeyApplies(prefix, "backward." + name); });
 }
 
 ConfigSchema BuildSchema() {
@@ -296,19 +268,9 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c, const std::string& pr
       c, prefix + "forward.", ForwardSolverOptions::Fields(), options.forward,
       [&](const std::string& name) { return SolverKeyApplies(prefix, "forward." + name); });
 
-  BackwardOptions& b = options.backward;
-  const std::string bw = prefix + "backward.";
-  b.mode = ParseEnum<BackwardMode>(c, bw + "mode", StringToBackwardMode);
-  b.solver = ParseEnum<AdjointSolverType>(c, bw + "solver", StringToAdjointSolverType);
-  b.max_iterations = static_cast<int>(c.GetInt(bw + "max_iterations"));
-  b.tolerance = c.GetDouble(bw + "tolerance");
-  b.neumann_terms = static_cast<int>(c.GetInt(bw + "neumann_terms"));
-  b.gmres_restart = static_cast<int>(c.GetInt(bw + "gmres_restart"));
-  b.stagnation_window = static_cast<int>(c.GetInt(bw + "stagnation_window"));
-  if (SolverKeyApplies(prefix, "backward.warm_start")) b.warm_start = c.GetBool(bw + "warm_start");
-  b.phantom_steps = static_cast<int>(c.GetInt(bw + "phantom_steps"));
-  b.phantom_tau = c.GetDouble(bw + "phantom_tau");
-  b.unrolled_steps = static_cast<int>(c.GetInt(bw + "unrolled_steps"));
+  options.backward = ReadOptionKeys(
+      c, prefix + "backward.", BackwardOptions::Fields(), options.backward,
+      [&](const std::string& name) { return SolverKeyApplies(prefix, "backward." + name); });
   // The schema checks each key alone; the solvers' own rules (e.g. a
   // divergence factor of 0 or above 1) are checked here, before any work.
   std::string error;

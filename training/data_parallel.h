@@ -150,8 +150,8 @@ class DataParallel {
 
   std::vector<std::shared_ptr<Module>> replicas_;
   // Each shard's parameters, listed once at construction (walking a
-  // module's tree for them costs tens of microseconds, a step's budget on
-  // W1): parameters_[s][i] is the replica's copy of the model's i-th.
+  // module's tree at every step is a noticeable part of a small model's
+  // step): parameters_[s][i] is the replica's copy of the model's i-th.
   std::vector<VarList> parameters_;
   int64_t first_shard_ = 0;
   int64_t total_shards_ = 0;

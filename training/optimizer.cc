@@ -38,7 +38,7 @@ void Prefetch(const T* p, int64_t n, bool for_writing) {
 // each element of these arrays once per step, long after the forward and
 // backward passes pushed them out of the caches, and its loop is too short
 // and cut into too many small tensors for the hardware prefetchers to keep
-// up (bench/RESULTS.md, "Optimizer update prefetch").
+// up (bench/RESULTS.md, historic notes, training/optimizer.cc).
 template <typename T, typename Update>
 void ForGradientChunks(const T* gradient,
                        std::initializer_list<const T*> state,
@@ -58,9 +58,9 @@ void ForGradientChunks(const T* gradient,
 // The element loops take their coefficients by value and their arrays as
 // pointer arguments: kept in registers, they let GCC vectorise the loop
 // (std::sqrt included: this file is compiled with -fno-math-errno, see
-// training/CMakeLists.txt). Read through a lambda's captures instead, the
-// loop stayed scalar, four times slower on W1. Each element goes through
-// the same operations either way.
+// training/CMakeLists.txt); read through a lambda's captures instead, the
+// loop stayed scalar (bench/RESULTS.md, historic notes). Each element goes
+// through the same operations either way.
 
 template <typename T>
 struct SgdCoefficients {

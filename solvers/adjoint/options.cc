@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <sstream>
 
 #include "solvers/enum_names.h"
@@ -67,49 +68,67 @@ bool StringToAdjointSolverType(const std::string& text, AdjointSolverType* type)
 
 // ------------------------------------------------------------------ options
 
-bool BackwardOptions::IsValid(std::string* error) const {
-  std::ostringstream message;
-  auto check = [&](bool ok, const char* field, const auto& value, const char* requirement) {
-    if (!ok && message.tellp() == 0) {
-      message << "BackwardOptions: " << field << " = " << value << " must be " << requirement;
-    }
-  };
-  check(max_iterations >= 0, "max_iterations", max_iterations, ">= 0");
-  check(std::isfinite(tolerance) && tolerance >= 0, "tolerance", tolerance,
-        "finite and >= 0 (0 runs a fixed budget)");
-  check(gmres_restart >= 1 && gmres_restart <= 512, "gmres_restart", gmres_restart, "in [1, 512]");
-  check(anderson_memory >= 1 && anderson_memory <= 64, "anderson_memory", anderson_memory,
-        "in [1, 64]");
-  check(broyden_memory >= 1 && broyden_memory <= 256, "broyden_memory", broyden_memory,
-        "in [1, 256]");
-  check(stagnation_window >= 0, "stagnation_window", stagnation_window, ">= 0 (0 disables)");
-  check(neumann_terms >= 0, "neumann_terms", neumann_terms, ">= 0");
-  check(dense_max_state_size >= 1, "dense_max_state_size", dense_max_state_size, ">= 1");
-  check(phantom_steps >= 1, "phantom_steps", phantom_steps, ">= 1");
-  check(phantom_tau > 0 && phantom_tau <= 1, "phantom_tau", phantom_tau, "in (0, 1]");
-  check(unrolled_steps >= 1, "unrolled_steps", unrolled_steps, ">= 1");
-  const bool ok = message.tellp() == 0;
-  if (!ok && error != nullptr) *error = message.str();
-  return ok;
+const OptionFields<BackwardOptions>& BackwardOptions::Fields() {
+  using O = BackwardOptions;
+  constexpr double kInf = std::numeric_limits<double>::max();
+  constexpr int kMaxIterations = 1 << 20;
+  const auto ift = [](const O& o) { return o.mode == BackwardMode::kIft; };
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Enum("mode", &O::mode,
+                  {BackwardMode::kIft, BackwardMode::kJfb, BackwardMode::kPhantom,
+                   BackwardMode::kUnrolled},
+                  stillpoint::ToString,
+                  "ift: implicit function theorem (default); jfb: Jacobian-free; phantom: k damped "
+                  "unrolled steps from z*; unrolled: backprop through k forward steps")
+           .Enum("solver", &O::solver, AllAdjointSolverTypes(), stillpoint::ToString,
+                 "ift: solver of the adjoint equation g = dL/dz* + J^T g")
+           .AppliesWhen(ift)
+           .Int("max_iterations", &O::max_iterations, 0, kMaxIterations,
+                "ift: adjoint iteration budget")
+           .AppliesWhen(ift)
+           .Double("tolerance", &O::tolerance, 0.0, kInf,
+                   "ift: relative adjoint residual to stop at (0: a fixed budget)")
+           .AppliesWhen(ift)
+           .Int("neumann_terms", &O::neumann_terms, 0, kMaxIterations,
+                "neumann: terms of the series")
+           .AppliesWhen([](const O& o) {
+             return o.mode == BackwardMode::kIft && o.solver == AdjointSolverType::kNeumann;
+           })
+           .Int("gmres_restart", &O::gmres_restart, 1, 512, "gmres: restart length")
+           .AppliesWhen([](const O& o) {
+             return o.mode == BackwardMode::kIft && o.solver == AdjointSolverType::kGmres;
+           })
+           .Int("anderson_memory", &O::anderson_memory, 1, 64, "anderson: history columns")
+           .NotInConfig()
+           .Int("broyden_memory", &O::broyden_memory, 1, 256, "broyden: rank-one updates kept")
+           .NotInConfig()
+           .Int("stagnation_window", &O::stagnation_window, 0, kMaxIterations,
+                "fixed_point, anderson, broyden: iterations without 0.1% improvement of the "
+                "adjoint residual before STAGNATED (0: never; not judged when tolerance is 0)")
+           .AppliesWhen(ift)
+           .Int("dense_max_state_size", &O::dense_max_state_size, 1, kMaxIterations,
+                "dense: largest state size accepted")
+           .NotInConfig()
+           .Bool("warm_start", &O::warm_start, "ift: start from the previous step's solution")
+           .AppliesWhen(ift)
+           .Int("phantom_steps", &O::phantom_steps, 1, 4096, "phantom: unrolled steps k")
+           .AppliesWhen([](const O& o) { return o.mode == BackwardMode::kPhantom; })
+           .Double("phantom_tau", &O::phantom_tau, OptionBounds::OpenClosed(0.0, 1.0),
+                   "phantom: damping tau")
+           .AppliesWhen([](const O& o) { return o.mode == BackwardMode::kPhantom; })
+           .Int("unrolled_steps", &O::unrolled_steps, 1, 1 << 16,
+                "unrolled: forward steps recorded")
+           .AppliesWhen([](const O& o) { return o.mode == BackwardMode::kUnrolled; });
+  return *fields;
 }
 
-std::string BackwardOptions::ToString() const {
-  std::ostringstream out;
-  out << "mode: " << stillpoint::ToString(mode) << "\n"
-      << "solver: " << stillpoint::ToString(solver) << "\n"
-      << "max_iterations: " << max_iterations << "\n"
-      << "tolerance: " << tolerance << "\n"
-      << "gmres_restart: " << gmres_restart << "\n"
-      << "anderson_memory: " << anderson_memory << "\n"
-      << "broyden_memory: " << broyden_memory << "\n"
-      << "stagnation_window: " << stagnation_window << "\n"
-      << "neumann_terms: " << neumann_terms << "\n"
-      << "dense_max_state_size: " << dense_max_state_size << "\n"
-      << "warm_start: " << (warm_start ? "true" : "false") << "\n"
-      << "phantom_steps: " << phantom_steps << "\n"
-      << "phantom_tau: " << phantom_tau << "\n"
-      << "unrolled_steps: " << unrolled_steps << "\n";
-  return out.str();
+bool BackwardOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "BackwardOptions: " + problem;
+  return problem.empty();
 }
+
+std::string BackwardOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "framework/option_fields.h"
+
 namespace stillpoint {
 
 // How gradients flow through an implicit layer (solvers/implicit.h).
@@ -105,10 +107,15 @@ struct BackwardOptions {
   int unrolled_steps = 30;
 
   // False, with a message naming the field and its value, if any option is
-  // out of range.
+  // out of range (the ranges of Fields()).
   bool IsValid(std::string* error) const;
   // The options as "key: value" lines, for logs.
   std::string ToString() const;
+
+  // Every field, declared once: name, range, meaning, and when it applies
+  // (framework/option_fields.h). The config keys model.solver.backward.*
+  // and model.attention_solver.backward.* are made from it.
+  static const OptionFields<BackwardOptions>& Fields();
 };
 
 }  // namespace stillpoint

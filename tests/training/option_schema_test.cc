@@ -10,8 +10,11 @@
 
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <string>
+#include <vector>
 
+#include "solvers/adjoint.h"
 #include "solvers/options.h"
 #include "training/config_schema.h"
 #include "training/option_schema.h"
@@ -74,6 +77,34 @@ TEST(OptionSchemaTest, ForwardSolverKeysAreTheOptionsOwnFields) {
   const auto valid = [](const ForwardSolverOptions& o) { return o.IsValid(nullptr); };
   ExpectSchemaMatchesFields<ForwardSolverOptions>("model.solver.forward.",
                                                   ImplicitOptions{}.forward, valid);
+}
+
+TEST(OptionSchemaTest, BackwardKeysAreTheOptionsOwnFields) {
+  const auto valid = [](const BackwardOptions& o) { return o.IsValid(nullptr); };
+  ExpectSchemaMatchesFields<BackwardOptions>("model.solver.backward.", ImplicitOptions{}.backward,
+                                             valid);
+}
+
+// A setting that does not apply to the chosen solver or mode is reported,
+// from the same declaration: Anderson's memory under Picard, GMRES's restart
+// under the fixed-point adjoint.
+TEST(OptionSchemaTest, SettingsThatDoNotApplyAreFoundFromTheDeclaration) {
+  ForwardSolverOptions forward;
+  forward.type = ForwardSolverType::kPicard;
+  forward.anderson_memory = 3;
+  forward.picard_damping = 0.5;
+  const auto unused = ForwardSolverOptions::Fields().Unused(forward);
+  ASSERT_EQ(unused.size(), 1u);
+  EXPECT_EQ(unused[0]->name, "anderson_memory");
+  forward.fallback_chain = {ForwardSolverType::kAnderson};
+  EXPECT_TRUE(ForwardSolverOptions::Fields().Unused(forward).empty());
+
+  BackwardOptions backward;
+  backward.gmres_restart = 7;
+  backward.phantom_steps = 3;
+  std::vector<std::string> names;
+  for (const auto* field : BackwardOptions::Fields().Unused(backward)) names.push_back(field->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"gmres_restart", "phantom_steps"}));
 }
 
 TEST(OptionSchemaTest, TrainerEvalLogAndRegularizationKeysAreTheirOptionsFields) {
