@@ -234,13 +234,17 @@ Var SequenceModel::FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng)
            "SequenceModel: the Jacobian penalty needs an implicit model");
   const Var& z_star = implicit_->last_result().z_star;
   SP_CHECK(z_star.defined(), "SequenceModel: the Jacobian penalty needs a Forward first");
+  return JacobianFrobeniusPenalty(CellMap(u), z_star.value(), probes, rng);
+}
+
+CellFn SequenceModel::CellMap(const Var& u) const {
+  SP_CHECK(!cells_.empty(), "SequenceModel: this model has no cell");
   const std::shared_ptr<Cell> cell = cells_.front();
   const int64_t rows = u.dim(0);
-  CellFn f = [&](const Var& z, const std::vector<int64_t>& ids) {
+  return [cell, u, rows](const Var& z, const std::vector<int64_t>& ids) {
     const bool all = static_cast<int64_t>(ids.size()) == rows;
     return cell->Forward(z, all ? u : gather(u, 0, ids), ids);
   };
-  return JacobianFrobeniusPenalty(f, z_star.value(), probes, rng);
 }
 
 Var SequenceModel::Encode(const std::vector<int64_t>& ids, const Shape& ids_shape) {

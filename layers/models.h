@@ -175,6 +175,12 @@ class SequenceModel : public Model {
   // for a model that is not implicit or has not run Forward.
   Var FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng);
 
+  // The implicit model's cell as the map z -> f(z; u) of its solve
+  // (solvers/implicit.h CellFn: the rows `ids` of u for a subset of
+  // samples), for regularisers and diagnostics at its fixed point. Throws
+  // for a model without cells.
+  CellFn CellMap(const Var& u) const;
+
   const Implicit* implicit() const override { return implicit_.get(); }
   Implicit* mutable_implicit() { return implicit_.get(); }
   const ModelOptions& options() const { return options_; }

@@ -47,9 +47,7 @@ std::map<std::string, double> AttentionDiagnosticColumns(SequenceModel& model,
   const bool was_training = model.is_training();
   model.Eval();
   NoGrad no_grad;
-  const Var u = batch.features.defined()
-                    ? model.EmbedFeatures(constant(batch.features))
-                    : model.Embed(batch.tokens, Shape{batch.batch_size, batch.length});
+  const Var u = EmbedBatch(model, batch);
   const auto diagnostics = model.DiagnoseAttention(u);
   model.Train(was_training);
   if (diagnostics.empty()) return row;

@@ -113,6 +113,12 @@ Var ForwardBatch(SequenceModel& model, const Batch& batch) {
   return reshape(logits, Shape{logits.numel() / classes, classes});
 }
 
+Var EmbedBatch(const SequenceModel& model, const Batch& batch) {
+  return batch.features.defined()
+             ? model.EmbedFeatures(constant(batch.features))
+             : model.Embed(batch.tokens, Shape{batch.batch_size, batch.length});
+}
+
 Var BatchLoss(const Var& logits, const Batch& batch) {
   return cross_entropy(logits, batch.targets, kIgnoreTarget);
 }

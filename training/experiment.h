@@ -40,6 +40,8 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
 
 // The logits of a batch, flattened to [rows, classes] in target order.
 Var ForwardBatch(SequenceModel& model, const Batch& batch);
+// The injection u [B, T, d] of a batch: its features or its tokens embedded.
+Var EmbedBatch(const SequenceModel& model, const Batch& batch);
 // Mean cross-entropy over the batch's non-ignored targets.
 Var BatchLoss(const Var& logits, const Batch& batch);
 // (correct, counted) predictions of the argmax over classes.

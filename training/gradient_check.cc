@@ -62,16 +62,9 @@ namespace {
 // Power iteration on J_f^T at the fixed point of the model's last forward
 // (kind implicit: the cell with the batch's injection).
 double CellSpectralRadius(SequenceModel& model, const Batch& batch) {
-  const Var u = batch.features.defined()
-                    ? model.EmbedFeatures(constant(batch.features))
-                    : model.Embed(batch.tokens, Shape{batch.batch_size, batch.length});
-  const std::shared_ptr<Cell> cell = model.cell(0);
-  const int64_t rows = u.dim(0);
-  const CellFn f = [&](const Var& z, const std::vector<int64_t>& ids) {
-    const bool all = static_cast<int64_t>(ids.size()) == rows;
-    return cell->Forward(z, all ? u : gather(u, 0, ids), ids);
-  };
-  return EstimateSpectralRadius(f, model.implicit()->last_result().z_star.value()).max_radius;
+  return EstimateSpectralRadius(model.CellMap(EmbedBatch(model, batch)),
+                                model.implicit()->last_result().z_star.value())
+      .max_radius;
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "framework/buffer_pool.h"
 #include "training/attention_report.h"
 #include "training/gradient_check.h"
+#include "training/statistics.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {
@@ -121,13 +122,7 @@ bool SummaryHook::StepEnded(TrainLoopState& state) {
   return true;
 }
 
-double SummaryHook::MedianStepSeconds() const {
-  if (step_seconds_.empty()) return 0.0;
-  std::vector<double> values = step_seconds_;
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
+double SummaryHook::MedianStepSeconds() const { return Median(step_seconds_); }
 
 // ---------------------------------------------------------------- LogHook
 

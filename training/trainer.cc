@@ -347,9 +347,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   // steps after pretraining.
   const ExtraLoss jacobian_penalty = [&](SequenceModel& replica, const Batch& rows, Rng& draws,
                                          double scale) {
-    const Var u = rows.features.defined()
-                      ? replica.EmbedFeatures(constant(rows.features))
-                      : replica.Embed(rows.tokens, Shape{rows.batch_size, rows.length});
+    const Var u = EmbedBatch(replica, rows);
     return mul_scalar(
         replica.FixedPointJacobianPenalty(u, static_cast<int>(regularization.jacobian_probes),
                                           draws),

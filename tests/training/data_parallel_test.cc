@@ -26,6 +26,7 @@
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "training/cli/bench_command.h"
+#include "tests/training/tiny_transformer.h"
 #include "training/optimizer.h"
 
 namespace stillpoint {
@@ -52,23 +53,8 @@ TEST(ShardRowsTest, RejectsImpossibleCuts) {
   EXPECT_THROW(ShardRows(4, 2, -1), Error);
 }
 
-// A DEQ transformer small enough for float64 comparisons: 6 sequences of 5
-// tokens, width 8, 2 heads.
-TransformerShapes TinyShapes() {
-  TransformerShapes shapes;
-  shapes.vocab_size = 7;
-  shapes.batch = 6;
-  shapes.length = 5;
-  shapes.dim = 8;
-  shapes.heads = 2;
-  shapes.hidden = 12;
-  shapes.num_layers = 2;
-  return shapes;
-}
-
-ModelOptions TinyOptions(ModelKind kind, DType dtype) {
-  return BenchModelOptions(TinyShapes(), kind, 6, dtype, 3);
-}
+using testing::TinyOptions;
+using testing::TinyShapes;
 
 // The shard's share of the batch's mean cross-entropy.
 DataParallel::ShardLoss TokenLoss(const TokenBatch& batch) {

@@ -24,25 +24,13 @@
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "training/cli/bench_command.h"
+#include "tests/training/tiny_transformer.h"
 
 namespace stillpoint {
 namespace {
 
-TransformerShapes TinyShapes() {
-  TransformerShapes shapes;
-  shapes.vocab_size = 7;
-  shapes.batch = 6;
-  shapes.length = 5;
-  shapes.dim = 8;
-  shapes.heads = 2;
-  shapes.hidden = 12;
-  shapes.num_layers = 2;
-  return shapes;
-}
-
-ModelOptions TinyOptions(ModelKind kind, DType dtype) {
-  return BenchModelOptions(TinyShapes(), kind, 6, dtype, 3);
-}
+using testing::TinyOptions;
+using testing::TinyShapes;
 
 Batch TinyBatch() {
   const TokenBatch tokens = ReversalBatch(TinyShapes(), 5);
