@@ -229,22 +229,66 @@ void SequenceModel::SetDepthOverride(int64_t steps) {
   depth_override_ = steps;
 }
 
-Var SequenceModel::FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng) {
-  SP_CHECK(implicit_ != nullptr && !cells_.empty(),
-           "SequenceModel: the Jacobian penalty needs an implicit model");
-  const Var& z_star = implicit_->last_result().z_star;
-  SP_CHECK(z_star.defined(), "SequenceModel: the Jacobian penalty needs a Forward first");
-  return JacobianFrobeniusPenalty(CellMap(u), z_star.value(), probes, rng);
-}
-
-CellFn SequenceModel::CellMap(const Var& u) const {
-  SP_CHECK(!cells_.empty(), "SequenceModel: this model has no cell");
+CellFn SequenceModel::FixedPointMap(const Var& u) const {
+  if (options_.kind == ModelKind::kEnergy) {
+    const EnergyBlockProblem problem = energy_block_->Prepare(u);
+    const std::vector<int64_t> dims = problem.initial_state.shape().dims();
+    return MakeUpdateCell(*energy_block_->layer(), problem.context,
+                          Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())));
+  }
+  SP_CHECK(options_.kind == ModelKind::kImplicit && !cells_.empty(),
+           "SequenceModel: a fixed-point map needs an implicit or energy model, not ",
+           stillpoint::ToString(options_.kind));
   const std::shared_ptr<Cell> cell = cells_.front();
   const int64_t rows = u.dim(0);
   return [cell, u, rows](const Var& z, const std::vector<int64_t>& ids) {
     const bool all = static_cast<int64_t>(ids.size()) == rows;
     return cell->Forward(z, all ? u : gather(u, 0, ids), ids);
   };
+}
+
+const Tensor& SequenceModel::FixedPoint() const {
+  SP_CHECK(implicit_ != nullptr, "SequenceModel: a ", stillpoint::ToString(options_.kind),
+           " model solves no fixed point of its own");
+  const Var& z_star = implicit_->last_result().z_star;
+  SP_CHECK(z_star.defined(), "SequenceModel: no fixed point yet (run Forward first)");
+  return z_star.value();
+}
+
+Var SequenceModel::FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng) {
+  return JacobianFrobeniusPenalty(FixedPointMap(u), FixedPoint(), probes, rng);
+}
+
+Var SequenceModel::FixedPointSpectralRadiusPenalty(const Var& u, double target,
+                                                   const SpectralRadiusOptions& estimate) {
+  const CellFn map = FixedPointMap(u);
+  const Tensor& z_star = FixedPoint();
+  Tensor directions;
+  {
+    // The directions are a fixed input of the penalty: found on a map
+    // evaluated apart from the training tape.
+    const SpectralRadiusResult found =
+        EstimateSpectralRadius(FixedPointMap(constant(u.value())), z_star, estimate);
+    directions = found.directions;
+  }
+  return SpectralRadiusPenalty(map, z_star, directions, target);
+}
+
+SpectralRadiusResult SequenceModel::FixedPointSpectralRadius(
+    const Var& u, const SpectralRadiusOptions& estimate) const {
+  return EstimateSpectralRadius(FixedPointMap(u), FixedPoint(), estimate);
+}
+
+Var SequenceModel::FixedPointCorrectionLoss(const Var& u,
+                                            const std::function<Var(const Var& logits)>& task_loss,
+                                            const FixedPointCorrectionOptions& options) {
+  SP_CHECK(options_.kind == ModelKind::kImplicit && implicit_ != nullptr && !cells_.empty(),
+           "SequenceModel: the fixed-point correction loss needs an implicit model");
+  const std::vector<Tensor>& iterates = implicit_->last_result().sampled_iterates;
+  SP_CHECK(!iterates.empty(), "SequenceModel: the fixed-point correction loss needs forward "
+                              "iterates (implicit.sampled_iterates > 0) and a Forward first");
+  return stillpoint::FixedPointCorrectionLoss(
+      FixedPointMap(u), iterates, [&](const Var& z) { return task_loss(Head(z)); }, options);
 }
 
 Var SequenceModel::Encode(const std::vector<int64_t>& ids, const Shape& ids_shape) {

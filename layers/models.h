@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,7 @@
 #include "layers/linear.h"
 #include "layers/mlp.h"
 #include "solvers/implicit.h"
+#include "solvers/regularizers.h"
 
 namespace stillpoint {
 
@@ -167,19 +169,42 @@ class SequenceModel : public Model {
   void SetDepthOverride(int64_t steps);
   int64_t depth_override() const { return depth_override_; }
 
-  // The Hutchinson estimate of ||J_f(z*)||_F^2 / numel of the implicit
-  // model's cell at the fixed point of its last Forward, for the injection
-  // u that Forward saw (Embed / EmbedFeatures of the same inputs): a
-  // regulariser differentiable w.r.t. the cell's parameters and u
-  // (solvers/regularizers.h), with `probes` probes drawn from rng. Throws
-  // for a model that is not implicit or has not run Forward.
-  Var FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng);
+  // The map z -> f(z; u) whose fixed point the model's own solve finds, for
+  // regularisers and diagnostics at that point (solvers/implicit.h CellFn:
+  // the rows `ids` of u for a subset of samples): the cell for an implicit
+  // model, the energy block's update (with the block's context prepared
+  // from u, on the tape) for an energy model. Throws for other kinds.
+  CellFn FixedPointMap(const Var& u) const;
+  // The fixed point of the last Forward's own solve (implicit and energy
+  // kinds). Throws before a Forward or for other kinds.
+  const Tensor& FixedPoint() const;
 
-  // The implicit model's cell as the map z -> f(z; u) of its solve
-  // (solvers/implicit.h CellFn: the rows `ids` of u for a subset of
-  // samples), for regularisers and diagnostics at its fixed point. Throws
-  // for a model without cells.
-  CellFn CellMap(const Var& u) const;
+  // Regularisers at the fixed point of the last Forward, for the injection
+  // u that Forward saw (Embed / EmbedFeatures of the same inputs), each
+  // differentiable w.r.t. the map's parameters and u (solvers/
+  // regularizers.h); implicit and energy kinds:
+  // - the Hutchinson estimate of ||J_f(z*)||_F^2 / numel with `probes`
+  //   probes drawn from rng;
+  Var FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng);
+  // - the mean over samples of max(0, rho_b - target)^2, rho_b the
+  //   power-iteration estimate of the spectral radius of J_f(z*) (its
+  //   directions found with the tape off, then held fixed).
+  Var FixedPointSpectralRadiusPenalty(const Var& u, double target,
+                                      const SpectralRadiusOptions& estimate);
+  // The power-iteration estimate itself (a diagnostic, not differentiable).
+  SpectralRadiusResult FixedPointSpectralRadius(const Var& u,
+                                                const SpectralRadiusOptions& estimate = {}) const;
+
+  // The fixed-point correction loss (solvers/regularizers.h) of the
+  // implicit model's last Forward for the injection u it saw: task_loss
+  // (given the logits of Head) applied to the forward iterates its solve
+  // kept (options.implicit.sampled_iterates > 0), each after
+  // options.steps recorded damped steps of the cell, weighted towards the
+  // last. Differentiable w.r.t. the cell's, the head's parameters and u.
+  // Throws for a model that is not implicit or whose last solve kept no
+  // iterates.
+  Var FixedPointCorrectionLoss(const Var& u, const std::function<Var(const Var& logits)>& task_loss,
+                               const FixedPointCorrectionOptions& options);
 
   const Implicit* implicit() const override { return implicit_.get(); }
   Implicit* mutable_implicit() { return implicit_.get(); }

@@ -89,10 +89,11 @@ struct ImplicitOptions {
   // finite differences (ForwardSolverOptions::jvp_finite_difference_step).
   bool autodiff_jvp = true;
   // Forward iterates to keep for FixedPointCorrectionLoss (solvers/
-  // regularizers.h): a copy of the latest evaluated state of every sample is
-  // taken every max(1, forward.max_iterations / sampled_iterates) iterations,
-  // at most sampled_iterates of them (fewer if the solve ends early).
-  // Memory: sampled_iterates x [B, n]. 0 keeps none.
+  // regularizers.h): the latest evaluated state of every sample after
+  // iterations spread evenly over the iterations the solve actually ran
+  // (the last one included), sampled_iterates of them (fewer if the solve
+  // ran fewer iterations). Memory: at most (2 x sampled_iterates + 1) x [B, n]
+  // during the solve. 0 keeps none.
   int sampled_iterates = 0;
 
   // Checks forward, backward and the fields above; the message names the

@@ -91,6 +91,9 @@ SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
     Tensor next = jt_v[0].defined() ? jt_v[0].value().Reshape(Shape{batch, n}).Clone()
                                     : Tensor::Zeros(Shape{batch, n}, z.dtype());
     const std::vector<double> norms = RowNorms(next);
+    // Every row of v is the direction of its sample's latest estimate
+    // (converged rows keep theirs).
+    result.directions = v.Clone();
     bool all_done = true;
     for (int64_t b = 0; b < batch; ++b) {
       if (result.converged[b]) continue;
@@ -114,6 +117,30 @@ SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
   }
   for (double r : result.radius) result.max_radius = std::max(result.max_radius, r);
   return result;
+}
+
+Var SpectralRadiusPenalty(const CellFn& f, const Tensor& z, const Tensor& directions,
+                          double target) {
+  SP_CHECK(z.defined() && z.rank() >= 1, "SpectralRadiusPenalty: z must be [B, ...]");
+  const int64_t batch = z.dim(0);
+  const int64_t n = z.numel() / batch;
+  SP_CHECK(directions.defined() && directions.numel() == z.numel() &&
+               directions.dtype() == z.dtype(),
+           "SpectralRadiusPenalty: directions must hold one [n] row per sample of z ", z.shape(),
+           " in its dtype, got ",
+           directions.defined() ? directions.shape().ToString() : std::string("undefined"));
+  SP_CHECK(std::isfinite(target) && target >= 0, "SpectralRadiusPenalty: target = ", target,
+           " must be finite and >= 0");
+  GradModeGuard tape_on(true);
+  Var z_leaf(z, true);
+  Var f_z = f(z_leaf, AllSamples(batch));
+  SP_CHECK(f_z.defined() && f_z.shape() == z.shape(), "SpectralRadiusPenalty: the cell maps ",
+           z.shape(), " to ", f_z.defined() ? f_z.shape().ToString() : "undefined");
+  VarList jt_v = grad({f_z}, {z_leaf}, {Var(directions.Reshape(z.shape()))},
+                      {.retain_graph = true, .create_graph = true});
+  if (!jt_v[0].defined()) return scalar_like(f_z, 0.0);  // J = 0: nothing to penalise
+  const Var radius = sqrt(sum(square(reshape(jt_v[0], Shape{batch, n})), 1));
+  return mean(square(relu(add_scalar(radius, -target))));
 }
 
 Var FixedPointCorrectionLoss(const CellFn& f,

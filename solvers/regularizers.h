@@ -6,6 +6,8 @@
 //   so the forward and adjoint solves stay contractive and fast.
 // - EstimateSpectralRadius: power iteration on J^T per sample (diagnostic;
 //   the adjoint fixed-point iteration converges iff it is below 1).
+// - SpectralRadiusPenalty: a hinge on that estimate, differentiable w.r.t.
+//   f's parameters, to keep the radius below a target during training.
 // - FixedPointCorrectionLoss: the task loss applied to intermediate forward
 //   iterates after a few recorded damped steps of f, weighted towards the
 //   last; trains f so that early iterates are already good.
@@ -52,6 +54,10 @@ struct SpectralRadiusResult {
   // the largest |eigenvalue| of J_b when that eigenvalue is unique in modulus
   // (for a complex pair or non-normal J it is an estimate).
   std::vector<double> radius;
+  // Per sample (rows of [B, n]): the unit vector v_b the last estimate was
+  // taken along, radius[b] = ||J_b^T v_b||; SpectralRadiusPenalty's
+  // directions.
+  Tensor directions;
   std::vector<int> iterations;
   std::vector<char> converged;  // met the tolerance
   double max_radius = 0.0;
@@ -61,6 +67,18 @@ struct SpectralRadiusResult {
 SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
                                             const Tensor& z,
                                             const SpectralRadiusOptions& options = {});
+
+// mean over samples of max(0, ||J_b^T v_b|| - target)^2 at z ([B, ...]),
+// with the unit directions v_b ([B, n], e.g. EstimateSpectralRadius's
+// `directions`) held fixed: along the dominant direction the norm is the
+// spectral-radius estimate, so the penalty pushes the radius of J_f below
+// `target` (the adjoint and Picard iterations converge when it is below 1)
+// and is zero, with zero gradient, where it already is. The VJP is recorded
+// (create_graph), so the result, shape [], is differentiable w.r.t. f's
+// parameters; v's own dependence on them is not followed (an envelope
+// argument makes that exact for a symmetric J).
+Var SpectralRadiusPenalty(const CellFn& f, const Tensor& z, const Tensor& directions,
+                          double target);
 
 struct FixedPointCorrectionOptions {
   // Recorded damped steps z <- (1 - tau) z + tau f(z) applied to each

@@ -412,15 +412,16 @@ void WriteComparisonReport(const std::string& root,
   report->grid = header.grid_attentions.empty() ? "" : GridTable(groups, header);
 
   // ---- plots
-  std::vector<PlotSeries> loss, accuracy, depth, length, gradient;
+  std::vector<PlotSeries> loss, accuracy, depth, length, gradient, spectral;
   bool any_length = false;
   for (const Group& g : groups) {
-    std::vector<PlotSeries> l, a, d, n, q;
+    std::vector<PlotSeries> l, a, d, n, q, r;
     for (std::size_t i = 0; i < g.runs.size(); ++i) {
       const auto& m = *g.metrics[i];
       l.push_back(EvaluatedPoints(g.name, Column(m, "step"), Column(m, "loss"), 1.0, false));
       a.push_back(EvaluatedPoints(g.name, Column(m, "step"), Column(m, "test_accuracy"), 100.0));
       q.push_back(EvaluatedPoints(g.name, Column(m, "step"), Column(m, "grad_cos")));
+      r.push_back(EvaluatedPoints(g.name, Column(m, "step"), Column(m, "spectral_radius")));
       d.push_back(PairsSeries(g.name, g.runs[i]->accuracy_vs_depth));
       n.push_back(PairsSeries(g.name, g.runs[i]->accuracy_vs_length));
       any_length = any_length || !g.runs[i]->accuracy_vs_length.empty();
@@ -431,6 +432,8 @@ void WriteComparisonReport(const std::string& root,
     length.push_back(Pool(g.name, n, true));
     PlotSeries pooled_gradient = Pool(g.name, q, true);
     if (!pooled_gradient.x.empty()) gradient.push_back(pooled_gradient);
+    PlotSeries pooled_spectral = Pool(g.name, r, true);
+    if (!pooled_spectral.x.empty()) spectral.push_back(pooled_spectral);
   }
   struct Figure {
     std::string file, title, x, y;
@@ -451,6 +454,13 @@ void WriteComparisonReport(const std::string& root,
                        "Gradient quality: cosine between the gradient used and the reference "
                        "(ift, GMRES to 1e-10) at every evaluation",
                        "step", "cosine similarity", &gradient, false, ""});
+  }
+  if (!spectral.empty()) {
+    figures.push_back({"spectral_radius.svg",
+                       "Stability: spectral radius of the fixed-point map's Jacobian at z* (power "
+                       "iteration) at every evaluation; the fixed_point adjoint and Picard "
+                       "converge below 1",
+                       "step", "spectral radius", &spectral, false, ""});
   }
   if (any_length) {
     figures.push_back({"accuracy_vs_length.svg", "Length extrapolation", "sequence length (tokens)",

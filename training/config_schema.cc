@@ -440,6 +440,11 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   m.head_ln_eps = c.GetDouble("model.ln_eps");
   m.seed = static_cast<uint64_t>(c.GetInt("seed"));
   m.implicit = ImplicitOptionsFromConfig(c);
+  // The fixed-point correction loss is taken on iterates the solve keeps.
+  const RegularizationOptions regularization = RegularizationOptions::FromConfig(c);
+  if (regularization.correction_weight > 0) {
+    m.implicit.sampled_iterates = static_cast<int>(regularization.correction_iterates);
+  }
   m.energy = EnergyBlockOptionsFromConfig(c);
   m.energy.dim = m.dim;
   m.energy.heads = m.cell_options.heads;
@@ -457,11 +462,6 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   CheckReadoutKeysAreRead(c, m);
   if (m.cell_options.attention != "softmax" || m.pooling != "mean" || m.lookup != "none") {
     m.cell_options.attention_solver = ImplicitOptionsFromConfig(c, "model.attention_solver.");
-  }
-  if (m.kind == ModelKind::kEnergy && c.GetDouble("model.regularization.jacobian_weight") > 0) {
-    throw ConfigError(c.Origin("model.regularization.jacobian_weight") +
-                      ": model.regularization.jacobian_weight needs a cell "
-                      "(model.kind implicit); the energy kind has none");
   }
   SP_CHECK(m.dim % m.cell_options.heads == 0, c.Origin("model.dim"), ": model.dim (", m.dim,
            ") must be a multiple of model.heads (", m.cell_options.heads, ")");

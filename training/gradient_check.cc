@@ -60,11 +60,10 @@ Batch GradientProbeBatch(const Dataset& dataset, int64_t size, DType dtype) {
 namespace {
 
 // Power iteration on J_f^T at the fixed point of the model's last forward
-// (kind implicit: the cell with the batch's injection).
-double CellSpectralRadius(SequenceModel& model, const Batch& batch) {
-  return EstimateSpectralRadius(model.CellMap(EmbedBatch(model, batch)),
-                                model.implicit()->last_result().z_star.value())
-      .max_radius;
+// (implicit kind: the cell with the batch's injection; energy kind: the
+// block's update).
+double FixedPointSpectralRadius(SequenceModel& model, const Batch& batch) {
+  return model.FixedPointSpectralRadius(EmbedBatch(model, batch)).max_radius;
 }
 
 }  // namespace
@@ -103,8 +102,8 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   if (!layers.empty() && layers[0]->backward_summary()) {
     check.used_brief = layers[0]->backward_summary()->BriefReport();
   }
-  if (model.options().kind == ModelKind::kImplicit && model.mutable_implicit() != nullptr) {
-    check.spectral_radius = CellSpectralRadius(model, batch);
+  if (model.options().kind == ModelKind::kImplicit || model.options().kind == ModelKind::kEnergy) {
+    check.spectral_radius = FixedPointSpectralRadius(model, batch);
   }
   for (Implicit* layer : layers) layer->mutable_options().backward = ReferenceBackwardOptions();
   for (ImplicitOptions* options : readouts) options->backward = ReferenceBackwardOptions();

@@ -41,7 +41,8 @@ struct GradientCheck {
   std::string used_brief;
   // Max over the probe batch of the power-iteration estimate of the spectral
   // radius of J_f at z* (solvers/regularizers.h): the fixed_point adjoint
-  // converges only below 1. Models of kind implicit (a cell); NaN otherwise.
+  // converges only below 1. Models of kind implicit (the cell) and energy
+  // (the block's update); NaN otherwise.
   double spectral_radius = std::numeric_limits<double>::quiet_NaN();
 
   // "gradient check: cos 0.99998, rel err 6.1e-03 against ift/gmres to 1e-10

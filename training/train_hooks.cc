@@ -1,6 +1,7 @@
 #include "training/train_hooks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <iomanip>
 #include <sstream>
 #include <utility>
@@ -205,6 +206,9 @@ void LogHook::Evaluate(TrainLoopState& state, std::map<std::string, double>& row
     summary.gradient_check_step = state.step;
     row["grad_cos"] = summary.gradient_check.cosine;
     row["grad_rel_err"] = summary.gradient_check.relative_error;
+    if (!std::isnan(summary.gradient_check.spectral_radius)) {
+      row["spectral_radius"] = summary.gradient_check.spectral_radius;
+    }
     progress_.Message("step " + std::to_string(state.step) + ": " +
                       summary.gradient_check.Line());
   }

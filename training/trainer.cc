@@ -43,7 +43,7 @@ const std::vector<std::string> kColumns = {
     "fwd_iters_mean", "fwd_iters_max", "fwd_residual", "fwd_unconverged", "bwd_iters_mean",
     "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
     "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean",
-    "grad_cos",       "grad_rel_err"};
+    "grad_cos",       "grad_rel_err", "spectral_radius"};
 
 bool AllFinite(const NamedVars& parameters) {
   for (const auto& [name, p] : parameters) {
@@ -163,6 +163,22 @@ std::string RunDirectory(const Config& config, const std::string& config_path) {
 }
 
 void CheckTrainingConfig(const Config& c) {
+  // The regularisers are taken at the model's own fixed point.
+  const std::string kind = c.GetString("model.kind");
+  for (const char* key : {"model.regularization.jacobian_weight",
+                          "model.regularization.spectral_radius_weight",
+                          "model.regularization.correction_weight"}) {
+    const bool needs_cell = std::string(key) == "model.regularization.correction_weight";
+    const bool fits = kind == "implicit" || (!needs_cell && kind == "energy");
+    if (c.GetDouble(key) > 0 && !fits) {
+      throw ConfigError(c.Origin(key) + ": " + key + " needs model.kind implicit" +
+                        (needs_cell ? std::string(" (the correction loss is taken on the "
+                                                  "implicit solve's iterates)")
+                                    : std::string(" or energy (a fixed point of the model's "
+                                                  "own)")) +
+                        ", not " + kind);
+    }
+  }
   if (c.GetStringList("log.formats").empty()) {
     throw ConfigError(c.Origin("log.formats") +
                       ": log.formats must name at least one of csv, jsonl");
@@ -343,20 +359,63 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   CheckpointHook checkpoint_hook(trainer.checkpoint_every, save_checkpoint);
   const std::vector<TrainHook*> hooks = {&nonfinite_hook, &unconverged_hook, &summary_hook,
                                          &log_hook, &checkpoint_hook};
-  // The Jacobian penalty of an implicit model, at a random fraction of the
-  // steps after pretraining.
+  // The regularisers of model.regularization.*, each an extra loss at the
+  // model's fixed point after pretraining; the Jacobian and spectral-radius
+  // terms at a random fraction of the steps.
   const ExtraLoss jacobian_penalty = [&](SequenceModel& replica, const Batch& rows, Rng& draws,
                                          double scale) {
-    const Var u = EmbedBatch(replica, rows);
     return mul_scalar(
-        replica.FixedPointJacobianPenalty(u, static_cast<int>(regularization.jacobian_probes),
-                                          draws),
+        replica.FixedPointJacobianPenalty(EmbedBatch(replica, rows),
+                                          static_cast<int>(regularization.jacobian_probes), draws),
         regularization.jacobian_weight * scale);
   };
+  SpectralRadiusOptions spectral_estimate;
+  spectral_estimate.max_iterations = static_cast<int>(regularization.spectral_radius_iterations);
+  spectral_estimate.tolerance = 1e-3;
+  const ExtraLoss spectral_penalty = [&](SequenceModel& replica, const Batch& rows, Rng&,
+                                         double scale) {
+    return mul_scalar(replica.FixedPointSpectralRadiusPenalty(
+                          EmbedBatch(replica, rows), regularization.spectral_radius_target,
+                          spectral_estimate),
+                      regularization.spectral_radius_weight * scale);
+  };
+  FixedPointCorrectionOptions correction;
+  correction.steps = static_cast<int>(regularization.correction_steps);
+  correction.tau = regularization.correction_tau;
+  correction.gamma = regularization.correction_gamma;
+  const ExtraLoss correction_loss = [&](SequenceModel& replica, const Batch& rows, Rng&,
+                                        double scale) {
+    const auto task_loss = [&rows](const Var& logits) {
+      const int64_t classes = logits.dim(-1);
+      return BatchLoss(reshape(logits, Shape{logits.numel() / classes, classes}), rows);
+    };
+    return mul_scalar(
+        replica.FixedPointCorrectionLoss(EmbedBatch(replica, rows), task_loss, correction),
+        regularization.correction_weight * scale);
+  };
   const auto extra_loss_at = [&](int64_t at) -> ExtraLoss {
-    const bool use = implicit && regularization.jacobian_weight > 0 &&
-                     at >= trainer.pretrain_steps && rng.Uniform() < regularization.jacobian_frequency;
-    return use ? jacobian_penalty : nullptr;
+    if (!implicit || at < trainer.pretrain_steps) return nullptr;
+    std::vector<const ExtraLoss*> terms;
+    // A frequency draw is taken only for a term that is on, so a run
+    // without it keeps the random stream it had before the term existed.
+    if (regularization.jacobian_weight > 0 &&
+        rng.Uniform() < regularization.jacobian_frequency) {
+      terms.push_back(&jacobian_penalty);
+    }
+    if (regularization.spectral_radius_weight > 0 &&
+        rng.Uniform() < regularization.spectral_radius_frequency) {
+      terms.push_back(&spectral_penalty);
+    }
+    if (regularization.correction_weight > 0) terms.push_back(&correction_loss);
+    if (terms.empty()) return nullptr;
+    if (terms.size() == 1) return *terms.front();
+    return [terms](SequenceModel& replica, const Batch& rows, Rng& draws, double scale) {
+      Var total = (*terms.front())(replica, rows, draws, scale);
+      for (size_t i = 1; i < terms.size(); ++i) {
+        total = add(total, (*terms[i])(replica, rows, draws, scale));
+      }
+      return total;
+    };
   };
 
   ResetBufferPoolStats();

@@ -102,7 +102,30 @@ const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
                     "loss")
            .Int("jacobian_probes", &O::jacobian_probes, 1, 64, "Probe vectors per estimate")
            .Double("jacobian_frequency", &O::jacobian_frequency, 0.0, 1.0,
-                   "Probability of adding the Jacobian term at a step");
+                   "Probability of adding the Jacobian term at a step")
+           .Double("spectral_radius_weight", &O::spectral_radius_weight, 0.0, kInf,
+                   "Weight of the spectral-radius penalty, the mean over samples of max(0, rho - "
+                   "target)^2 with rho the power-iteration estimate of the spectral radius of "
+                   "J_f(z*) (0: off)")
+           .Double("spectral_radius_target", &O::spectral_radius_target, 0.0, kInf,
+                   "Radius below which the spectral-radius penalty is zero (the fixed_point "
+                   "adjoint and Picard converge below 1)")
+           .Int("spectral_radius_iterations", &O::spectral_radius_iterations, 1, 1000,
+                "Power-iteration steps (one VJP each) of the penalty's estimate")
+           .Double("spectral_radius_frequency", &O::spectral_radius_frequency, 0.0, 1.0,
+                   "Probability of adding the spectral-radius term at a step")
+           .Double("correction_weight", &O::correction_weight, 0.0, kInf,
+                   "implicit: weight of the fixed-point correction loss, the task loss on "
+                   "intermediate forward iterates (0: off)")
+           .Int("correction_iterates", &O::correction_iterates, 1, 64,
+                "Forward iterates the correction loss is taken on (evenly spaced over the "
+                "iterations the solve ran, its last included)")
+           .Int("correction_steps", &O::correction_steps, 1, 64,
+                "Recorded damped steps of the cell applied to each iterate before its loss")
+           .Double("correction_tau", &O::correction_tau, OptionBounds::OpenClosed(0.0, 1.0),
+                   "Damping of those steps: z <- (1 - tau) z + tau f(z)")
+           .Double("correction_gamma", &O::correction_gamma, OptionBounds::OpenClosed(0.0, 1.0),
+                   "Iterate i of N is weighted gamma^(N - 1 - i): the last has weight 1");
   return *fields;
 }
 

@@ -55,11 +55,23 @@ struct LogOptions {
   static LogOptions FromConfig(const Config& config);
 };
 
-// model.regularization.*: the Jacobian penalty of implicit models.
+// model.regularization.*: the regularisers of implicit models added to the
+// training loss: the Jacobian and spectral-radius penalties (implicit and
+// energy models) and the fixed-point correction loss (implicit models);
+// solvers/regularizers.h.
 struct RegularizationOptions {
   double jacobian_weight = 0.0;
   int64_t jacobian_probes = 1;
   double jacobian_frequency = 1.0;
+  double spectral_radius_weight = 0.0;
+  double spectral_radius_target = 0.8;
+  int64_t spectral_radius_iterations = 10;
+  double spectral_radius_frequency = 1.0;
+  double correction_weight = 0.0;
+  int64_t correction_iterates = 2;
+  int64_t correction_steps = 1;
+  double correction_tau = 1.0;
+  double correction_gamma = 0.8;
 
   static const OptionFields<RegularizationOptions>& Fields();
   static RegularizationOptions FromConfig(const Config& config);

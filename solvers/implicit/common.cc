@@ -20,6 +20,47 @@ Shape RowsShape(const Shape& full, int64_t count) {
   return Shape(dims);
 }
 
+// Keeps `count` forward iterates spread over however many iterations the
+// solve runs, which is not known in advance (a tolerance stop may end it
+// after a few). Every stride-th iterate is copied; when 2 * count are held,
+// every other one is dropped and the stride doubles, so memory stays at most
+// 2 * count + 1 states. Take() returns `count` of them evenly spaced, ending
+// with the latest.
+class IterateThinning {
+ public:
+  explicit IterateThinning(int count) : count_(count) {}
+
+  void Offer(int iteration, const Tensor& state) {
+    if (count_ <= 0) return;
+    if (iteration % stride_ != 0) {
+      newest_ = state.Clone();  // so the solve's last iterate is never missed
+      return;
+    }
+    newest_ = Tensor();
+    kept_.push_back(state.Clone());
+    if (static_cast<int>(kept_.size()) < 2 * count_) return;
+    std::vector<Tensor> halved;
+    for (size_t i = 1; i < kept_.size(); i += 2) halved.push_back(std::move(kept_[i]));
+    kept_ = std::move(halved);
+    stride_ *= 2;
+  }
+
+  std::vector<Tensor> Take() {
+    if (newest_.defined()) kept_.push_back(std::move(newest_));
+    const int64_t held = static_cast<int64_t>(kept_.size());
+    if (held <= count_) return std::move(kept_);
+    std::vector<Tensor> chosen;
+    for (int64_t j = 1; j <= count_; ++j) chosen.push_back(std::move(kept_[j * held / count_ - 1]));
+    return chosen;
+  }
+
+ private:
+  int count_;
+  int stride_ = 1;
+  std::vector<Tensor> kept_;
+  Tensor newest_;  // the latest state offered off the stride, if newer than kept_
+};
+
 }  // namespace
 
 void HandOver(const Tensor& value, Tensor* out) {
@@ -138,13 +179,10 @@ Tensor SolveForward(const ModeInputs& in,
       return CallbackReturnType::kContinue;
     });
   }
+  IterateThinning thinning(options.sampled_iterates);
   if (options.sampled_iterates > 0) {
-    const int stride = std::max(1, forward.max_iterations / options.sampled_iterates);
-    forward.callbacks.push_back([&, stride](const IterationSummary& iteration) {
-      if (iteration.iteration > 0 && iteration.iteration % stride == 0 &&
-          static_cast<int>(result->sampled_iterates.size()) < options.sampled_iterates) {
-        result->sampled_iterates.push_back(latest.Clone().Reshape(shape));
-      }
+    forward.callbacks.push_back([&](const IterationSummary& iteration) {
+      if (iteration.iteration > 0) thinning.Offer(iteration.iteration, latest);
       return CallbackReturnType::kContinue;
     });
   }
@@ -154,6 +192,7 @@ Tensor SolveForward(const ModeInputs& in,
     NoGrad tape_off;
     result->forward = SolveFixedPoint(forward, problem, &z_solution);
   }
+  for (Tensor& iterate : thinning.Take()) result->sampled_iterates.push_back(iterate.Reshape(shape));
   return z_solution.Reshape(shape);
 }
 

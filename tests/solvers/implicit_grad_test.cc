@@ -623,6 +623,32 @@ TEST(ImplicitGrad, SampledIteratesAreKept) {
   EXPECT_LT(last, first);
 }
 
+TEST(ImplicitGrad, SampledIteratesFollowAToleranceStoppedSolve) {
+  // The solve stops on its tolerance long before max_iterations; the kept
+  // iterates still spread over the iterations it ran, ending with its last.
+  ImplicitProblem p = TanhProblem(2, 4, 3, 95, 0.5);
+  ImplicitOptions options;
+  options.forward.type = ForwardSolverType::kPicard;
+  options.forward.max_iterations = 400;
+  options.forward.absolute_tolerance = 1e-9;
+  options.forward.stop_mode = StopMode::kAbsolute;
+  options.sampled_iterates = 5;
+  ImplicitResult result = SolveImplicit(p.cell, p.z0, options);
+  const int ran = result.forward.iterations;
+  ASSERT_GT(ran, 10);
+  ASSERT_LT(ran, 100);
+  ASSERT_EQ(result.sampled_iterates.size(), 5u);
+  // Distances to z* shrink along the kept iterates, and the first one is
+  // far from z* while the last is the solve's final state.
+  std::vector<double> distance;
+  for (const Tensor& z : result.sampled_iterates) {
+    distance.push_back(MaxAbsDiff(z, result.z_star.value()));
+  }
+  for (size_t i = 1; i < distance.size(); ++i) EXPECT_LT(distance[i], distance[i - 1]) << i;
+  EXPECT_GT(distance.front(), 1e3 * distance.back());
+  EXPECT_LT(distance.back(), 1e-7);
+}
+
 TEST(ImplicitGrad, CellThatChangesShapeIsMisuse) {
   ImplicitProblem p = TanhProblem(2, 4, 3, 94);
   CellFn bad = [](const Var& z, const std::vector<int64_t>&) { return sum(z, 1, true); };

@@ -270,6 +270,12 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
   const std::vector<std::string> nonfinite = {"train.optimizer.lr=1e30", "train.clip_norm=0",
                                               "train.optimizer.type=sgd"};
   const std::vector<std::string> jacobian = {"model.regularization.jacobian_weight=0.5"};
+  const std::vector<std::string> correction = {"model.regularization.correction_weight=0.5"};
+  // A target of 0 penalises any radius, so the term is never zero.
+  const std::vector<std::string> spectral_anywhere = {
+      "model.regularization.spectral_radius_target=0"};
+  const std::vector<std::string> spectral = {"model.regularization.spectral_radius_weight=0.5",
+                                             "model.regularization.spectral_radius_target=0"};
   const std::string energy_transformer = "model.energy.layer=energy_transformer";
   const std::vector<std::string> probabilistic = {"model.kind=energy",
                                                   "model.energy.layer=probabilistic"};
@@ -298,6 +304,16 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"model.regularization.jacobian_weight", {{}, "0.5"}},
       {"model.regularization.jacobian_probes", {jacobian, "3"}},
       {"model.regularization.jacobian_frequency", {jacobian, "0.5"}},
+      {"model.regularization.spectral_radius_weight", {spectral_anywhere, "0.5"}},
+      {"model.regularization.spectral_radius_target",
+       {{"model.regularization.spectral_radius_weight=0.5"}, "0"}},
+      {"model.regularization.spectral_radius_iterations", {spectral, "3"}},
+      {"model.regularization.spectral_radius_frequency", {spectral, "0.5"}},
+      {"model.regularization.correction_weight", {{}, "0.5"}},
+      {"model.regularization.correction_iterates", {correction, "3"}},
+      {"model.regularization.correction_steps", {correction, "2"}},
+      {"model.regularization.correction_tau", {correction, "0.5"}},
+      {"model.regularization.correction_gamma", {correction, "0.5"}},
       {"train.optimizer.type", {{}, "sgd"}},
       {"train.optimizer.momentum", {{"train.optimizer.type=sgd"}, "0.5"}},
       {"train.optimizer.nesterov",

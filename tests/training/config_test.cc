@@ -10,6 +10,7 @@
 
 #include "training/compare.h"
 #include "training/config_schema.h"
+#include "training/trainer.h"
 #include "tests/scratch_path.h"
 
 namespace stillpoint {
@@ -332,10 +333,52 @@ TEST(EnergyConfigTest, BadValuesAreErrorsNamingTheKey) {
     const std::string m = ErrorOf([&] { ModelOptionsFromConfig(EnergyConfig(yaml)); });
     EXPECT_NE(m.find("model.energy."), std::string::npos) << yaml << " -> " << m;
   }
-  const std::string m = ErrorOf([] {
-    ModelOptionsFromConfig(EnergyConfig("  regularization: {jacobian_weight: 0.1}\n"));
-  });
-  EXPECT_NE(m.find("model.regularization.jacobian_weight"), std::string::npos) << m;
+}
+
+// The correction loss is taken on an implicit solve's iterates: other model
+// kinds are refused before a run starts, naming the key.
+TEST(ConfigTest, TheCorrectionLossNeedsAnImplicitModel) {
+  const auto config = [](const std::string& kind) {
+    return Config::FromYaml(StillpointSchema(),
+                            "model:\n  kind: " + kind +
+                                "\n  regularization: {correction_weight: 0.5}\n",
+                            "correction.yaml");
+  };
+  for (const std::string kind : {"explicit", "tied", "energy"}) {
+    const std::string m = ErrorOf([&] { CheckTrainingConfig(config(kind)); });
+    EXPECT_NE(m.find("correction.yaml:"), std::string::npos) << m;
+    EXPECT_NE(m.find("model.regularization.correction_weight needs model.kind implicit"),
+              std::string::npos)
+        << m;
+  }
+  EXPECT_NO_THROW(CheckTrainingConfig(config("implicit")));
+  const ModelOptions options = ModelOptionsFromConfig(config("implicit"));
+  EXPECT_EQ(options.implicit.sampled_iterates, 2);  // correction_iterates' default
+  Config off = config("implicit");
+  off.Set("model.regularization.correction_weight=0");
+  EXPECT_EQ(ModelOptionsFromConfig(off).implicit.sampled_iterates, 0);
+}
+
+// The Jacobian and spectral-radius penalties are taken at the model's own
+// fixed point: implicit and energy kinds; explicit and tied are refused.
+TEST(ConfigTest, FixedPointPenaltiesNeedAFixedPoint) {
+  for (const std::string key : {"jacobian_weight", "spectral_radius_weight"}) {
+    const auto config = [&](const std::string& kind) {
+      return Config::FromYaml(StillpointSchema(),
+                              "model:\n  kind: " + kind + "\n  regularization: {" + key +
+                                  ": 0.5}\n",
+                              "penalty.yaml");
+    };
+    for (const std::string kind : {"explicit", "tied"}) {
+      const std::string m = ErrorOf([&] { CheckTrainingConfig(config(kind)); });
+      EXPECT_NE(m.find("penalty.yaml:"), std::string::npos) << m;
+      EXPECT_NE(m.find("model.regularization." + key + " needs model.kind implicit or energy"),
+                std::string::npos)
+          << m;
+    }
+    EXPECT_NO_THROW(CheckTrainingConfig(config("implicit")));
+    EXPECT_NO_THROW(CheckTrainingConfig(config("energy")));
+  }
 }
 
 // Rules that tie solver keys together are checked with the solvers' own

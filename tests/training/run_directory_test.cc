@@ -176,14 +176,14 @@ TEST_F(RunDirectoryTest, CompareChecksEveryVariantBeforeTrainingTheFirst) {
   const std::string config = WriteConfig("cmpbad", true);
   CompareArgs args;
   args.config_path = config;
-  // The jacobian penalty does not apply to the energy model: only the
+  // The correction loss does not apply to the energy model: only the
   // second variant fails, and it used to fail after the first had trained.
-  args.overrides = {"compare.variants=[explicit, energy]",
-                    "model.regularization.jacobian_weight=0.1"};
+  args.overrides = {"compare.variants=[implicit, energy]",
+                    "model.regularization.correction_weight=0.1"};
   std::ostringstream out, err;
   EXPECT_EQ(RunCompare(args, out, err), 2);
   EXPECT_NE(err.str().find("variant 'energy'"), std::string::npos) << err.str();
-  EXPECT_FALSE(fs::exists(RunPath("cmpbad") / "explicit"));
+  EXPECT_FALSE(fs::exists(RunPath("cmpbad") / "implicit"));
 
   args.overrides = {"compare.variants=[explicit, tied, explicit]"};
   std::ostringstream err2;

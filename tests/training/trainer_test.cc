@@ -653,6 +653,60 @@ TEST_F(TrainerTest, JacobianPenaltyWorksWithShards) {
 }
 
 
+// The fixed-point correction loss on a solve that stops on its tolerance
+// well before its budget (the iterates it keeps follow the iterations it
+// ran): every step runs, the logged loss of the first step (same
+// parameters) is the task loss plus the correction term, and the updates
+// differ from the plain run's.
+TEST_F(TrainerTest, TheCorrectionLossTrainsOnAToleranceStoppedSolve) {
+  const std::string path = WriteConfig("correction");
+  auto run = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> overrides = {
+        "model.kind=implicit", "model.solver.forward.max_iterations=60",
+        "model.solver.forward.relative_tolerance=1e-3", "train.steps=6", "train.log_every=1",
+        "log.dir=" + (dir_ / name).string()};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    Experiment e = BuildExperiment(Config::FromFile(StillpointSchema(), path, overrides), path);
+    const TrainSummary summary = Train(e);
+    EXPECT_FALSE(summary.stopped_early) << summary.stop_reason;
+    EXPECT_EQ(summary.steps, 6);
+    return ReadMetricsCsv((dir_ / name / "metrics.csv").string());
+  };
+  const auto plain = run("plain", {});
+  const auto corrected = run("corrected", {"model.regularization.correction_weight=0.5",
+                                           "model.regularization.correction_iterates=3"});
+  EXPECT_LT(plain.at("fwd_iters_max")[0], 30.0);  // far inside the budget of 60
+  EXPECT_GT(corrected.at("loss")[0], plain.at("loss")[0] + 0.1);
+  EXPECT_NE(corrected.at("loss").back() - corrected.at("loss")[0],
+            plain.at("loss").back() - plain.at("loss")[0]);
+}
+
+// The spectral-radius penalty keeps the fixed-point map contractive: after
+// the same steps the radius logged at the evaluation (power iteration at
+// z*) is lower with it than without, for an implicit and an energy model.
+TEST_F(TrainerTest, TheSpectralRadiusPenaltyLowersTheLoggedRadius) {
+  const std::string path = WriteConfig("spectral");
+  for (const std::string kind : {"implicit", "energy"}) {
+    auto radius = [&](const std::string& name, std::vector<std::string> extra) {
+      std::vector<std::string> overrides = {"model.kind=" + kind, "train.steps=40",
+                                            "train.eval_every=40", "train.optimizer.lr=0.03",
+                                            "log.dir=" + (dir_ / (kind + name)).string()};
+      overrides.insert(overrides.end(), extra.begin(), extra.end());
+      Experiment e =
+          BuildExperiment(Config::FromFile(StillpointSchema(), path, overrides), path);
+      Train(e);
+      const auto metrics = ReadMetricsCsv((dir_ / (kind + name) / "metrics.csv").string());
+      return metrics.at("spectral_radius").back();
+    };
+    const double plain = radius("plain", {});
+    const double penalised = radius("penalised", {"model.regularization.spectral_radius_weight=5",
+                                                  "model.regularization.spectral_radius_target=0"});
+    EXPECT_GT(plain, 0.0) << kind;
+    EXPECT_LT(penalised, 0.9 * plain) << kind;
+  }
+}
+
+
 TEST(ConfigDocsTest, DocsConfigMdIsGeneratedFromTheSchema) {
   std::ifstream file(std::string(STILLPOINT_SOURCE_DIR) + "/docs/config.md");
   ASSERT_TRUE(file.good()) << "docs/config.md is missing; run `stillpoint config --doc`";
