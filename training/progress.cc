@@ -95,18 +95,29 @@ void Progress::Update(
           : 0.0;
   last_update_ = now;
   last_update_step_ = step;
-  std::ostringstream text;
-  text << std::fixed << "step " << step << "/" << total_ << "  loss " << std::setprecision(4)
-       << loss << "  acc " << std::setprecision(1) << 100.0 * accuracy << "%";
-  if (show_solver) text << "  fwd iters " << std::setprecision(1) << solver_iterations;
-  text << "  " << std::setprecision(1) << ms_per_step << " ms/step  " << MinutesSeconds(elapsed)
-       << " elapsed  ETA " << MinutesSeconds(eta);
+  const auto fixed = [](double value, int digits) {
+    std::ostringstream text;
+    text << std::fixed << std::setprecision(digits) << value;
+    return text.str();
+  };
+  const std::string steps = std::to_string(step) + "/" + std::to_string(total_);
+  const std::string acc = fixed(100.0 * accuracy, 1) + "%";
+  const std::string iterations = show_solver ? fixed(solver_iterations, 1) : "";
+  const std::string rate = fixed(ms_per_step, 1) + " ms/step";
+  const std::string eta_text = "ETA " + MinutesSeconds(eta);
+  std::string full = "step " + steps + "  loss " + fixed(loss, 4) + "  acc " + acc;
+  if (show_solver) full += "  fwd iters " + iterations;
+  const std::string without_elapsed = full + "  " + rate + "  " + eta_text;
+  full += "  " + rate + "  " + MinutesSeconds(elapsed) + " elapsed  " + eta_text;
   if (bar_) {
-    last_text_ = text.str();
+    std::string compact = steps + " loss " + fixed(loss, 3) + " acc " + acc;
+    if (show_solver) compact += " it " + iterations;
+    last_texts_ = {full, without_elapsed, compact + " " + rate + " " + eta_text,
+                   compact + " " + eta_text, steps + " acc " + acc};
     last_step_ = step;
     DrawBar();
   } else {
-    *out_ << text.str() << "\n" << std::flush;
+    *out_ << full << "\n" << std::flush;
   }
 }
 
@@ -114,20 +125,30 @@ void Progress::DrawBar() {
   if (terminal_resized.exchange(false)) width_ = columns_();
   // One column stays free: writing the last column wraps on some terminals.
   const int usable = std::max(1, width_ - 1);
-  std::string text = last_text_;
-  // The bar takes what the text leaves, from 40 down to 10 columns; below
-  // that it is left out, and then the text is cut.
-  const int room = usable - static_cast<int>(text.size()) - 3;  // "[", "] "
+  // The fullest text that leaves the bar at least kMinBar columns (the bar
+  // takes up to 40); when none does, the fullest text that fits alone, and
+  // at the last the shortest one cut.
+  constexpr int kMinBar = 8;
   std::string line;
-  if (room >= 10) {
+  for (const std::string& text : last_texts_) {
+    const int room = usable - static_cast<int>(text.size()) - 3;  // "[", "] "
+    if (room < kMinBar) continue;
     const int bar_width = std::min(room, 40);
     const int filled = total_ > 0
                            ? static_cast<int>(bar_width * std::min(last_step_, total_) / total_)
                            : bar_width;
     line = "[" + std::string(filled, '#') + std::string(bar_width - filled, '.') + "] " + text;
-  } else {
-    line = text.substr(0, static_cast<std::size_t>(usable));
+    break;
   }
+  if (line.empty()) {
+    for (const std::string& text : last_texts_) {
+      if (static_cast<int>(text.size()) <= usable) {
+        line = text;
+        break;
+      }
+    }
+  }
+  if (line.empty()) line = last_texts_.back().substr(0, static_cast<std::size_t>(usable));
   // \r to the line's start, the line, then clear what an earlier, longer
   // line left to its right.
   *bar_out_ << "\r" << line << "\033[K" << std::flush;

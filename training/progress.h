@@ -18,6 +18,7 @@
 #include <functional>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 namespace stillpoint {
 
@@ -59,7 +60,9 @@ class Progress {
   bool bar_ = false;
   bool lines_ = false;
   bool bar_open_ = false;
-  std::string last_text_;  // the text of the last bar, redrawn after messages
+  // The text of the last bar, redrawn after messages: the full line first,
+  // then ever shorter forms for narrower terminals.
+  std::vector<std::string> last_texts_;
   int64_t last_step_ = 0;
   int64_t total_;
   int64_t first_step_;

@@ -63,7 +63,12 @@ TEST(ProgressTest, TheBarFitsTheTerminalAndFollowsAResize) {
   progress.Finish();
   drawn = Redraws(bar.str());
   ASSERT_GE(drawn.size(), 10u);
-  for (const std::string& line : drawn) EXPECT_LE(line.size(), 49u) << line;
+  for (const std::string& line : drawn) {
+    EXPECT_LE(line.size(), 49u) << line;
+    // Shorter text keeps a bar on the line.
+    EXPECT_EQ(line.rfind("[", 0), 0u) << line;
+    EXPECT_NE(line.find("acc 50.0%"), std::string::npos) << line;
+  }
   // The message cleared the bar line before it and the bar came back after.
   const std::string raw = bar.str();
   const std::size_t clear = raw.rfind("\r\033[K");
@@ -95,14 +100,31 @@ TEST(ProgressTest, LinesWhenNotATerminalAndOnlyMessagesForNone) {
   EXPECT_EQ(automatic.find('\r'), std::string::npos);
 }
 
-TEST(ProgressTest, AVeryNarrowTerminalDropsTheBarThenCutsTheText) {
-  std::ostringstream messages, bar;
-  Progress progress(&messages, "bar", 10, 0, ProgressTerminal{&bar, [] { return 30; }});
-  progress.Update(5, 0.5, 0.5, 0, false);
-  const std::vector<std::string> drawn = Redraws(bar.str());
-  ASSERT_EQ(drawn.size(), 1u);
-  EXPECT_EQ(drawn[0].size(), 29u);
-  EXPECT_EQ(drawn[0].rfind("step 5/10  loss 0.5000", 0), 0u) << drawn[0];
+TEST(ProgressTest, NarrowerTerminalsGetShorterTextThenNoBarThenACut) {
+  const auto draw = [](int columns) {
+    std::ostringstream messages, bar;
+    Progress progress(&messages, "bar", 10, 0,
+                      ProgressTerminal{&bar, [columns] { return columns; }});
+    progress.Update(5, 0.5, 0.5, 4.0, true);
+    const std::vector<std::string> drawn = Redraws(bar.str());
+    EXPECT_EQ(drawn.size(), 1u);
+    return drawn.empty() ? std::string() : drawn[0];
+  };
+  // 70 columns: the compact text with the rate and the ETA, and a bar.
+  std::string line = draw(70);
+  EXPECT_LE(line.size(), 69u);
+  EXPECT_NE(line.find("] 5/10 loss 0.500 acc 50.0% it 4.0 "), std::string::npos) << line;
+  EXPECT_NE(line.find(" ms/step ETA 0:"), std::string::npos) << line;
+  // 30 columns: steps and accuracy beside a bar of at least 8.
+  line = draw(30);
+  EXPECT_LE(line.size(), 29u);
+  EXPECT_EQ(line.rfind("[", 0), 0u) << line;
+  EXPECT_GE(line.find(']'), 9u) << line;
+  EXPECT_NE(line.find("] 5/10 acc 50.0%"), std::string::npos) << line;
+  // 20 columns: no room for a bar, the short text alone.
+  EXPECT_EQ(draw(20), "5/10 acc 50.0%");
+  // 10 columns: the short text, cut.
+  EXPECT_EQ(draw(10), "5/10 acc ");
 }
 
 }  // namespace
