@@ -65,10 +65,15 @@ struct VariantResult {
   std::vector<std::pair<double, double>> accuracy_vs_depth;   // (iterations or depth, acc)
   std::vector<std::pair<double, double>> accuracy_vs_length;  // (length, acc)
   // The first evaluated step whose held-out accuracy reached
-  // kTargetAccuracy, and that many steps at the median step time (NaN when
-  // never reached).
+  // kTargetAccuracy, and the wall time of training until then (the
+  // metrics' elapsed_s: steps and earlier evaluations; NaN when never
+  // reached).
   double steps_to_target = std::numeric_limits<double>::quiet_NaN();
   double seconds_to_target = std::numeric_limits<double>::quiet_NaN();
+  // The same for the run's own final held-out accuracy: the first evaluated
+  // step within kFinalAccuracyMargin of it.
+  double steps_to_final = std::numeric_limits<double>::quiet_NaN();
+  double seconds_to_final = std::numeric_limits<double>::quiet_NaN();
   // The energy attentions' mean largest weight at the first iterate and at
   // the fixed point, at the last eval (NaN without energy attention).
   double max_weight_first = std::numeric_limits<double>::quiet_NaN();
@@ -77,6 +82,8 @@ struct VariantResult {
 
 // The held-out accuracy whose time to reach compare reports.
 inline constexpr double kTargetAccuracy = 0.98;
+// "Reached its final accuracy": within one percentage point of it.
+inline constexpr double kFinalAccuracyMargin = 0.01;
 
 struct CompareReport {
   std::vector<VariantResult> variants;

@@ -37,6 +37,9 @@ struct TrainLoopState {
   int64_t total_steps = 0;  // train.steps
   StepResult result;        // this step's
   double step_seconds = 0;  // its wall time (forward to update)
+  // Wall time from the start of this training call's first step to the end
+  // of this one, earlier evaluations and logging included.
+  double elapsed_seconds = 0;
   // Set by a hook: the run stops after this step (summary.stop_reason says
   // why).
   bool stop = false;

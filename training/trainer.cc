@@ -43,7 +43,7 @@ const std::vector<std::string> kColumns = {
     "fwd_iters_mean", "fwd_iters_max", "fwd_residual", "fwd_unconverged", "bwd_iters_mean",
     "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
     "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean",
-    "grad_cos",       "grad_rel_err", "spectral_radius"};
+    "grad_cos",       "grad_rel_err", "spectral_radius", "elapsed_s"};
 
 bool AllFinite(const NamedVars& parameters) {
   for (const auto& [name, p] : parameters) {
@@ -423,6 +423,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   state.total_steps = trainer.steps;
   state.summary = &summary;
   int64_t steps_this_call = 0;
+  const auto loop_start = Clock::now();
   while (step < trainer.steps &&
          (options.stop_after_steps == 0 || steps_this_call < options.stop_after_steps) &&
          AgreedStopRequest() == 0 && !state.stop) {
@@ -441,6 +442,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
       break;
     }
     state.step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    state.elapsed_seconds = std::chrono::duration<double>(Clock::now() - loop_start).count();
     state.step = ++step;
     ++steps_this_call;
     for (TrainHook* hook : hooks) {

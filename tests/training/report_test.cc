@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <iomanip>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "tests/scratch_path.h"
 #include "training/cli/cli_commands.h"
 #include "training/config_schema.h"
+#include "training/metrics.h"
 #include "training/provenance.h"
 #include "training/svg_plot.h"
 #include "training/trainer.h"
@@ -213,6 +215,50 @@ TEST_F(ReportTest, SeedsArePooledAndTheReportRebuildsFromTheRunDirectories) {
   std::ostringstream none, none_err;
   EXPECT_EQ(RunReport(report, none, none_err), 2);
   EXPECT_NE(none_err.str().find("holds no run"), std::string::npos) << none_err.str();
+}
+
+// The table says when each variant first reached 98% held-out accuracy and
+// came within a point of its final accuracy, in steps and in the wall time
+// of training until then (the metrics' elapsed_s at that evaluation).
+TEST_F(ReportTest, TheTableReportsTheTimeToAccuracy) {
+  CompareArgs args;
+  args.config_path = WriteConfig("compare: {variants: [explicit, tied]}\n");
+  args.overrides = {"train.steps=30", "train.eval_every=5", "train.optimizer.lr=0.03"};
+  std::ostringstream out, err;
+  ASSERT_EQ(RunCompare(args, out, err), 0) << err.str();
+  const std::string md = ReadAll(dir_ / "cmp" / "report.md");
+  EXPECT_NE(md.find("| ms/step | to 98% | to final acc |"), std::string::npos) << md;
+  for (const std::string variant : {"explicit", "tied"}) {
+    const auto metrics = ReadMetricsCsv((dir_ / "cmp" / variant / "metrics.csv").string());
+    const std::vector<double>& step = metrics.at("step");
+    const std::vector<double>& accuracy = metrics.at("test_accuracy");
+    const std::vector<double>& elapsed = metrics.at("elapsed_s");
+    double final_accuracy = NAN;
+    for (double a : accuracy) {
+      if (std::isfinite(a)) final_accuracy = a;
+    }
+    ASSERT_TRUE(std::isfinite(final_accuracy)) << variant;
+    auto expected_cell = [&](double level) {
+      for (std::size_t i = 0; i < step.size(); ++i) {
+        if (!std::isfinite(accuracy[i]) || accuracy[i] < level) continue;
+        std::ostringstream cell;
+        cell << static_cast<int64_t>(step[i]) << " steps, " << std::fixed << std::setprecision(1)
+             << elapsed[i] << " s";
+        return cell.str();
+      }
+      return std::string("not reached");
+    };
+    // Elapsed wall time grows along the run.
+    for (std::size_t i = 1; i < elapsed.size(); ++i) EXPECT_GE(elapsed[i], elapsed[i - 1]);
+    const std::string row = "| " + variant + " | ";
+    const std::size_t at = md.find(row);
+    ASSERT_NE(at, std::string::npos) << md;
+    const std::string line = md.substr(at, md.find('\n', at) - at);
+    EXPECT_NE(line.find(" | " + expected_cell(0.98) + " | " + expected_cell(final_accuracy - 0.01) +
+                        " | "),
+              std::string::npos)
+        << line;
+  }
 }
 
 TEST_F(ReportTest, SeedsMustBeDistinctWholeNumbers) {
