@@ -263,6 +263,32 @@ class OptionFields {
     return Add(std::move(field));
   }
 
+  // The fields of a member struct, declared by its own Fields(), named
+  // prefix + their name (e.g. "key_adaptation." + "iterations"); `names`
+  // (empty: all) picks some of them, in this order, so a section can
+  // interleave a member's fields with its own. `applies` (nullptr: always)
+  // says when the member is read at all; a field's own condition still holds.
+  template <typename Sub>
+  OptionFields& Include(const std::string& prefix, Sub Options::*member,
+                        const OptionFields<Sub>& sub, const std::vector<std::string>& names = {},
+                        std::function<bool(const Options&)> applies = nullptr) {
+    std::vector<const typename OptionFields<Sub>::Field*> picked;
+    if (names.empty()) {
+      for (const auto& field : sub.fields()) picked.push_back(&field);
+    } else {
+      for (const std::string& name : names) {
+        const typename OptionFields<Sub>::Field* found = nullptr;
+        for (const auto& field : sub.fields()) {
+          if (field.name == name) found = &field;
+        }
+        if (found == nullptr) throw std::invalid_argument("Include: no field '" + name + "'");
+        picked.push_back(found);
+      }
+    }
+    for (const auto* s : picked) Add(Wrap(prefix, member, *s, applies));
+    return *this;
+  }
+
   // Keeps the field declared last out of the config schema.
   OptionFields& NotInConfig() {
     fields_.back().in_config = false;
@@ -324,6 +350,47 @@ class OptionFields {
   OptionFields& Add(Field field) {
     fields_.push_back(std::move(field));
     return *this;
+  }
+  // A field of the member struct `member` as a field of Options.
+  template <typename Sub>
+  static Field Wrap(const std::string& prefix, Sub Options::*member,
+                    const typename OptionFields<Sub>::Field& s,
+                    const std::function<bool(const Options&)>& applies) {
+    Field field = Make(prefix + s.name, s.kind, s.doc);
+    field.bounds = s.bounds;
+    field.choices = s.choices;
+    field.in_config = s.in_config;
+    if (applies || s.applies) {
+      field.applies = [member, applies, inner = s.applies](const Options& o) {
+        return (!applies || applies(o)) && (!inner || inner(o.*member));
+      };
+    }
+    if (s.get_number) {
+      field.get_number = [member, get = s.get_number](const Options& o) { return get(o.*member); };
+      field.set_number = [member, set = s.set_number](Options& o, double v) { set(o.*member, v); };
+    }
+    if (s.get_text) {
+      field.get_text = [member, get = s.get_text](const Options& o) { return get(o.*member); };
+      field.set_text = [member, set = s.set_text](Options& o, const std::string& v) {
+        set(o.*member, v);
+      };
+    }
+    if (s.get_texts) {
+      field.get_texts = [member, get = s.get_texts](const Options& o) { return get(o.*member); };
+      field.set_texts = [member, set = s.set_texts](Options& o,
+                                                    const std::vector<std::string>& v) {
+        set(o.*member, v);
+      };
+    }
+    if (s.get_numbers) {
+      field.get_numbers = [member, get = s.get_numbers](const Options& o) {
+        return get(o.*member);
+      };
+      field.set_numbers = [member, set = s.set_numbers](Options& o, const std::vector<double>& v) {
+        set(o.*member, v);
+      };
+    }
+    return field;
   }
   static bool IsChoice(const Field& field, const std::string& value) {
     if (field.choices.empty()) return true;

@@ -25,6 +25,7 @@
 #include "framework/autograd.h"
 #include "framework/module.h"
 #include "framework/ops.h"
+#include "framework/option_fields.h"
 #include "framework/tensor.h"
 #include "layers/energy_block.h"
 #include "solvers/implicit.h"
@@ -62,6 +63,16 @@ struct CellOptions {
   // Cell-specific numeric options, by name (unknown names are an Error in
   // the cell that reads them).
   std::map<std::string, double> extra = {};
+
+  // The model.* keys of the cell (framework/option_fields.h; ModelOptions
+  // includes them): attention, heads, hidden, dropout, ln_eps. dim and
+  // causal are settings for code only.
+  static const OptionFields<CellOptions>& Fields();
+  // The fields' ranges (whether dim must be a multiple of heads is the
+  // attention's to say; an energy attention's block and solver options are
+  // checked where the attention is built).
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 class Cell : public Module {

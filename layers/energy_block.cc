@@ -1,6 +1,8 @@
 #include "layers/energy_block.h"
 
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <utility>
 
 #include "framework/check.h"
@@ -101,9 +103,6 @@ class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
       : CatalogueBlock("ProbabilisticBlock", o,
                        std::make_shared<ProbabilisticAttention>(
                            [&] {
-                             SP_CHECK(o.value_precision >= 0.0,
-                                      "ProbabilisticBlock: value_precision must be >= 0, got ",
-                                      o.value_precision);
                              ProbabilisticAttentionOptions options;
                              options.dim = o.dim;
                              options.heads = o.heads;
@@ -255,10 +254,106 @@ Registry<EnergyBlockFactory>& EnergyBlockRegistry() {
   return *registry;
 }
 
+namespace {
+
+// The applies-when predicate of a field read by one block only.
+std::function<bool(const EnergyBlockOptions&)> ReadBy(const std::string& block) {
+  return [block](const EnergyBlockOptions& o) { return o.layer == block; };
+}
+
+}  // namespace
+
+const OptionFields<EnergyBlockOptions>& EnergyBlockOptions::Fields() {
+  using O = EnergyBlockOptions;
+  constexpr double kInf = std::numeric_limits<double>::max();
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->String("layer", &O::layer,
+                    "energy kind: the energy attention block, by registered name (built-in: "
+                    "hopfield, probabilistic, expfam, energy_transformer), unless model.attention "
+                    "names one")
+           .Double("beta", &O::beta, 0.0, kInf,
+                   "Energy attention: initial inverse temperature per head (hopfield, expfam and "
+                   "energy_transformer beta; probabilistic query precision alpha); 0: 1/sqrt(head "
+                   "width)")
+           .Double("value_precision", &O::value_precision, 0.0, kInf,
+                   "Energy attention, probabilistic only (an error for a config without it): "
+                   "initial value precision times the head width (beta_v = value_precision / head "
+                   "width; the EM value term's scale is about value_precision / 3 at "
+                   "initialisation); 0: one-step softmax attention")
+           .AppliesWhen(ReadBy("probabilistic"))
+           .Bool("normalize_input", &O::normalize_input,
+                 "Energy attention: layer norm of the block's input before its projections "
+                 "(keeps the operating point whatever the embedding scale)")
+           .Enum("key_grad", &O::key_grad, {KeyGrad::kFull, KeyGrad::kStop}, stillpoint::ToString,
+                 "energy, energy_transformer only (an error for a config without it): full keeps "
+                 "the key-side attention gradient (energy descent); stop holds keys fixed in the "
+                 "update")
+           .AppliesWhen(ReadBy("energy_transformer"))
+           .Enum("dynamics", &O::dynamics,
+                 {EnergyTransformerDynamics::kLeaky, EnergyTransformerDynamics::kNonLeaky},
+                 stillpoint::ToString,
+                 "energy, energy_transformer only (an error for a config without it): leaky has "
+                 "isolated fixed points; non_leaky (the reference Euler steps) does not, so solve "
+                 "it with few fixed steps")
+           .AppliesWhen(ReadBy("energy_transformer"))
+           .Enum("memory", &O::memory,
+                 {EnergyTransformerMemory::kRelu2, EnergyTransformerMemory::kSoftmax},
+                 stillpoint::ToString,
+                 "energy, energy_transformer only (an error for a config without it): Hopfield "
+                 "memory term")
+           .AppliesWhen(ReadBy("energy_transformer"))
+           .Int("memories", &O::memories, 1, 1 << 20,
+                "energy, energy_transformer only (an error for a config without it): number of "
+                "memories")
+           .AppliesWhen(ReadBy("energy_transformer"))
+           .Double("step", &O::step, 1e-12, kInf,
+                   "energy, energy_transformer only (an error for a config without it): Euler step "
+                   "alpha")
+           .AppliesWhen(ReadBy("energy_transformer"))
+           .Include("key_adaptation.", &O::key_adaptation, KeyAdaptationOptions::Fields(), {},
+                    ReadBy("probabilistic"))
+           .Enum("measure", &O::measure,
+                 {ExpFamMeasure::kDiscrete, ExpFamMeasure::kGaussian, ExpFamMeasure::kMixture},
+                 stillpoint::ToString,
+                 "expfam: the intrinsic measure (discrete: the tokens' key patterns; gaussian, "
+                 "mixture: learned, the query as the field)")
+           .AppliesWhen(ReadBy("expfam"))
+           .Int("components", &O::components, 1, 1 << 16, "expfam, mixture measure: components")
+           .AppliesWhen(ReadBy("expfam"))
+           .Int("dim", &O::dim, 1, 1 << 16, "Token width d")
+           .NotInConfig()
+           .Int("heads", &O::heads, 1, 1024, "Attention heads (dim must be a multiple)")
+           .NotInConfig()
+           .Bool("projection_bias", &O::projection_bias,
+                 "probabilistic: biases on the projections")
+           .NotInConfig()
+           .AppliesWhen(ReadBy("probabilistic"))
+           .Bool("learn_precisions", &O::learn_precisions,
+                 "probabilistic: learn the precisions alpha and beta_v")
+           .NotInConfig()
+           .AppliesWhen(ReadBy("probabilistic"))
+           .Bool("causal", &O::causal, "Autoregressive masking of the attention")
+           .NotInConfig();
+  return *fields;
+}
+
+bool EnergyBlockOptions::IsValid(std::string* error) const {
+  std::string problem = Fields().Check(*this);
+  if (problem.empty() && dim % heads != 0) {
+    problem = "dim (" + std::to_string(dim) + ") must be a multiple of heads (" +
+              std::to_string(heads) + ")";
+  }
+  if (problem.empty() && !key_adaptation.IsValid(&problem)) problem = "key_adaptation: " + problem;
+  if (!problem.empty() && error != nullptr) *error = "EnergyBlockOptions: " + problem;
+  return problem.empty();
+}
+
+std::string EnergyBlockOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
+
 std::shared_ptr<EnergyBlock> CreateEnergyBlock(const EnergyBlockOptions& options, Rng& rng) {
-  SP_CHECK(options.dim > 0 && options.heads > 0 && options.dim % options.heads == 0,
-           "energy block '", options.layer, "': dim (", options.dim,
-           ") must be a positive multiple of heads (", options.heads, ")");
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "energy block '", options.layer, "': ", error);
   return EnergyBlockRegistry().Get(options.layer)(options, rng);
 }
 

@@ -66,6 +66,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
 #include "layers/energy_layer.h"
@@ -136,6 +137,14 @@ struct EnergyBlockOptions {
   // Autoregressive masking of the attention (every block).
   bool causal = false;
   DType dtype = DType::kFloat32;
+
+  // model.energy.* (framework/option_fields.h); dim, heads, causal, dtype,
+  // projection_bias and learn_precisions are settings for code only. A
+  // block-specific field applies when `layer` is its block.
+  static const OptionFields<EnergyBlockOptions>& Fields();
+  // The fields' ranges and dim a multiple of heads.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 // What Prepare computes from u: the energy's context, the initial state,

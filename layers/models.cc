@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <sstream>
 
 #include "framework/ops.h"
@@ -19,9 +20,8 @@ namespace {
 // fixed point with the inner-solve options of the model's energy attention.
 HopfieldOptions ReadoutHopfieldOptions(const ModelOptions& o) {
   const int64_t heads = o.cell_options.heads;
-  SP_CHECK(heads > 0 && o.dim % heads == 0, "SequenceModel: dim (", o.dim,
-           ") must be a positive multiple of heads (", heads, ") for the Hopfield ",
-           o.pooling == "hopfield" ? "pooling" : "lookup");
+  SP_CHECK(o.dim % heads == 0, "SequenceModel: dim (", o.dim, ") must be a multiple of heads (",
+           heads, ") for the Hopfield ", o.pooling == "hopfield" ? "pooling" : "lookup");
   HopfieldOptions h;
   h.state_size = o.dim;
   h.heads = heads;
@@ -65,6 +65,90 @@ bool StringToModelKind(const std::string& text, ModelKind* kind) {
   return false;
 }
 
+const OptionFields<ModelOptions>& ModelOptions::Fields() {
+  using O = ModelOptions;
+  constexpr double kInf = std::numeric_limits<double>::max();
+  const OptionFields<CellOptions>& cell = CellOptions::Fields();
+  static const auto* fields = [&] {
+    // model.energy.*: the block's config fields (its dim, heads, causal and
+    // dtype come from the model's).
+    std::vector<std::string> energy_keys;
+    for (const auto& field : EnergyBlockOptions::Fields().fields()) {
+      if (field.in_config) energy_keys.push_back(field.name);
+    }
+    return &(new OptionFields<O>)
+                ->Enum("kind", &O::kind,
+                       {ModelKind::kExplicit, ModelKind::kTied, ModelKind::kImplicit,
+                        ModelKind::kEnergy},
+                       stillpoint::ToString,
+                       "explicit: num_layers untied cells; tied: one cell unrolled unroll_steps "
+                       "times with backprop; implicit: the cell solved to its fixed point; energy: "
+                       "an energy attention block (model.energy.*) solved to its fixed point, then "
+                       "a feed-forward sublayer")
+                .String("cell", &O::cell, "Registered cell name (explicit, tied, implicit)")
+                .Include("", &O::cell_options, cell, {"attention"})
+                .Int("dim", &O::dim, 1, 1 << 16, "Model width d")
+                .Include("", &O::cell_options, cell, {"heads", "hidden"})
+                .Int("max_length", &O::max_length, 1, 1 << 20,
+                     "Longest sequence the positional table covers (>= every training and "
+                     "evaluation length)")
+                .Int("num_layers", &O::num_layers, 1, 1024, "explicit: number of untied cells")
+                .Int("unroll_steps", &O::unroll_steps, 1, 4096,
+                     "tied: applications of the one cell; implicit/energy: steps of the tied "
+                     "unroll during train.pretrain_steps")
+                .Include("", &O::cell_options, cell, {"dropout", "ln_eps"})
+                .Double("embedding_init_std", &O::embedding_init_std, 0.0, kInf,
+                        "Standard deviation of the token and position tables")
+                .Choice("pooling", &O::pooling, {"mean", "hopfield"},
+                        "Classification tasks (one target per sequence): how the token states are "
+                        "pooled before the head. mean, or hopfield: model.pooling_patterns learned "
+                        "state patterns retrieve from the states at the fixed point of the "
+                        "Hopfield energy (the patterns as an external field, so they learn through "
+                        "the implicit gradient), solved by model.attention_solver.*; the patterns' "
+                        "outputs are averaged")
+                .Int("pooling_patterns", &O::pooling_patterns, 1, 4096,
+                     "pooling hopfield only (an error otherwise): number of learned state "
+                     "patterns")
+                .Choice("lookup", &O::lookup, {"none", "hopfield"},
+                        "An associative memory after the encoder, every kind: none, or hopfield: z "
+                        "<- z + lookup(z), each token queries model.lookup_size learned stored "
+                        "patterns and reads their learned targets at the fixed point of the "
+                        "Hopfield energy (the token as an external field), solved by "
+                        "model.attention_solver.*")
+                .Int("lookup_size", &O::lookup_size, 1, 1 << 20,
+                     "lookup hopfield only (an error otherwise): number of stored patterns")
+                .Include("energy.", &O::energy, EnergyBlockOptions::Fields(), energy_keys)
+                .Int("vocab_size", &O::vocab_size, 1, int64_t{1} << 40,
+                     "Token ids are in [0, vocab_size)")
+                .NotInConfig()
+                .Int("feature_dim", &O::feature_dim, 0, 1 << 20,
+                     "Numbers per input token (0: the inputs are token ids)")
+                .NotInConfig()
+                .Int("num_classes", &O::num_classes, 0, 1 << 20,
+                     "Output classes (0: vocab_size, per-token models)")
+                .NotInConfig()
+                .Double("head_ln_eps", &O::head_ln_eps, 0.0, 1.0,
+                        "Epsilon of the final layer norm")
+                .NotInConfig()
+                .Enum("dtype", &O::dtype, {DType::kFloat32, DType::kFloat64}, stillpoint::ToString,
+                      "Number type of parameters and states")
+                .NotInConfig();
+  }();
+  return *fields;
+}
+
+bool ModelOptions::IsValid(std::string* error) const {
+  std::string problem = Fields().Check(*this);
+  if (problem.empty() && (kind == ModelKind::kImplicit || kind == ModelKind::kEnergy) &&
+      !implicit.IsValid(&problem)) {
+    problem = "implicit: " + problem;
+  }
+  if (!problem.empty() && error != nullptr) *error = "ModelOptions: " + problem;
+  return problem.empty();
+}
+
+std::string ModelOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
+
 SequenceModel::SequenceModel(const ModelOptions& options)
     : SequenceModel(options,
                     options.num_classes > 0 ? options.num_classes : options.vocab_size,
@@ -72,15 +156,14 @@ SequenceModel::SequenceModel(const ModelOptions& options)
 
 SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, bool pool)
     : options_(options), pool_(pool) {
-  SP_CHECK(options.vocab_size > 0 && options.max_length > 0 && options.dim > 0,
-           "SequenceModel: vocab_size, max_length and dim must be positive, got ",
-           options.vocab_size, ", ", options.max_length, ", ", options.dim);
+  // Every field of the model's own, once (a config's were checked when read:
+  // training/config_schema.cc).
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "SequenceModel: ", error);
   SP_CHECK(out_features > 0, "SequenceModel: the head needs a positive number of outputs, got ",
            out_features, pool ? " (set num_classes)" : "");
   Rng rng(options.seed);
   const EmbeddingOptions embedding{.init_std = options.embedding_init_std, .dtype = options.dtype};
-  SP_CHECK(options.feature_dim >= 0, "SequenceModel: feature_dim must be >= 0, got ",
-           options.feature_dim);
   if (options.feature_dim == 0) {
     token_embedding_ =
         std::make_shared<TokenEmbedding>(options.vocab_size, options.dim, rng, embedding);
@@ -107,8 +190,6 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
   cell_options.dtype = options.dtype;
   switch (options.kind) {
     case ModelKind::kExplicit: {
-      SP_CHECK(options.num_layers >= 1,
-               "SequenceModel: an explicit model needs num_layers >= 1, got ", options.num_layers);
       auto list = RegisterModule("cells", std::make_shared<ModuleList>());
       for (int64_t l = 0; l < options.num_layers; ++l) {
         cells_.push_back(list->Append(CreateCell(options.cell, cell_options, rng)));
@@ -116,21 +197,15 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
       break;
     }
     case ModelKind::kTied:
-      SP_CHECK(options.unroll_steps >= 1,
-               "SequenceModel: a tied model needs unroll_steps >= 1, got ", options.unroll_steps);
       cells_.push_back(RegisterModule("cell", CreateCell(options.cell, cell_options, rng)));
       break;
     case ModelKind::kImplicit: {
-      std::string error;
-      SP_CHECK(options.implicit.IsValid(&error), "SequenceModel: implicit options: ", error);
       cells_.push_back(RegisterModule("cell", CreateCell(options.cell, cell_options, rng)));
       // Not registered: its only parameters are the cell's, already "cell.*".
       implicit_ = std::make_shared<Implicit>(cells_[0], options.implicit);
       break;
     }
     case ModelKind::kEnergy: {
-      std::string error;
-      SP_CHECK(options.implicit.IsValid(&error), "SequenceModel: implicit options: ", error);
       EnergyBlockOptions block = options.energy;
       // model.attention names the block when it is an energy attention.
       if (options.cell_options.attention != "softmax") block.layer = options.cell_options.attention;
@@ -151,23 +226,13 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
   }
   // After the cells, so that they do not change the initialisation of the
   // parameters before them.
-  SP_CHECK(options.pooling == "mean" || options.pooling == "hopfield",
-           "SequenceModel: pooling must be \"mean\" or \"hopfield\", got \"", options.pooling,
-           "\"");
-  SP_CHECK(options.lookup == "none" || options.lookup == "hopfield",
-           "SequenceModel: lookup must be \"none\" or \"hopfield\", got \"", options.lookup,
-           "\"");
   if (options.lookup == "hopfield") {
-    SP_CHECK(options.lookup_size > 0, "SequenceModel: lookup_size must be > 0, got ",
-             options.lookup_size);
     lookup_ = RegisterModule("lookup", std::make_shared<HopfieldLookup>(
                                            ReadoutHopfieldOptions(options), options.lookup_size, rng));
   }
   if (options.pooling == "hopfield") {
     SP_CHECK(pool, "SequenceModel: pooling \"hopfield\" needs a model that pools its tokens "
                    "(a classifier); per-token models have no pooling");
-    SP_CHECK(options.pooling_patterns > 0, "SequenceModel: pooling_patterns must be > 0, got ",
-             options.pooling_patterns);
     hopfield_pooling_ = RegisterModule(
         "pool", std::make_shared<HopfieldPooling>(ReadoutHopfieldOptions(options),
                                                   options.pooling_patterns, rng));

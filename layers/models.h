@@ -46,6 +46,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
 #include "layers/cell.h"
@@ -123,6 +124,20 @@ struct ModelOptions {
   // encoder learns through it). Parameters "lookup.*".
   std::string lookup = "none";
   int64_t lookup_size = 64;
+
+  // The model.* keys (framework/option_fields.h), the cell's
+  // (cell_options: attention, heads, hidden, dropout, ln_eps) and the energy
+  // block's (model.energy.*) among them; implicit is read from
+  // model.solver.* (ImplicitOptions), vocab_size, feature_dim, num_classes
+  // and head_ln_eps are settings for code only (a config's task and
+  // model.ln_eps set them).
+  static const OptionFields<ModelOptions>& Fields();
+  // The fields' ranges, and implicit for the kinds that solve (implicit,
+  // energy). The model's constructors check it; the cells (a user's cell
+  // need not have heads), the energy block and the cells' energy attentions
+  // check their own options where they are built.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 // What every model offers a trainer.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <sstream>
 #include <utility>
@@ -87,6 +88,41 @@ bool IsInfinite(double x) { return std::isinf(x) && x > 0.0; }
 
 // ----------------------------------------------------------------- AdaptKeys
 
+const OptionFields<KeyAdaptationOptions>& KeyAdaptationOptions::Fields() {
+  using O = KeyAdaptationOptions;
+  constexpr double kInf = std::numeric_limits<double>::max();
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Int("iterations", &O::iterations, 0, 1 << 16,
+                 "probabilistic: online key adaptation, MAP-EM iterations over the keys given the "
+                 "queries before value inference (0: off)")
+           .Double("prior_precision", &O::key_prior_precision, 0.0, kInf,
+                   "probabilistic: precision of the Gaussian prior centring each adapted key on "
+                   "its projection (0: soft k-means)")
+           .Bool("recentre_prior", &O::recentre_prior,
+                 "probabilistic: centre the prior on the current key at each iteration (the "
+                 "reference code's variant; not exact MAP-EM)")
+           .Bool("adapt_precision", &O::adapt_precision,
+                 "probabilistic: also re-estimate each key's precision (Gamma prior)")
+           .Double("precision_prior_shape", &O::precision_prior_shape, 1.0, kInf,
+                   "probabilistic: shape of the key precisions' Gamma prior (>= 1)")
+           .Double("precision_prior_rate", &O::precision_prior_rate, 0.0, kInf,
+                   "probabilistic: rate of the key precisions' Gamma prior");
+  return *fields;
+}
+
+bool KeyAdaptationOptions::IsValid(std::string* error) const {
+  KeyAdaptationOptions finite = *this;
+  if (key_prior_precision == std::numeric_limits<double>::infinity()) {
+    finite.key_prior_precision = 0.0;  // frozen keys
+  }
+  const std::string problem = Fields().Check(finite);
+  if (!problem.empty() && error != nullptr) *error = "KeyAdaptationOptions: " + problem;
+  return problem.empty();
+}
+
+std::string KeyAdaptationOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
+
 KeyAdaptationResult AdaptKeys(const Var& queries,
                               const Var& keys,
                               const Var& key_precision,
@@ -101,11 +137,9 @@ KeyAdaptationResult AdaptKeys(const Var& queries,
   const double d = static_cast<double>(keys.dim(3));
   CheckPrecision(op, "key_precision", key_precision, batch, heads, num_keys, false);
   const double lambda = options.key_prior_precision;
-  SP_CHECK(options.iterations >= 0 && lambda >= 0.0 && options.precision_prior_rate >= 0.0, op,
-           ": iterations, key_prior_precision and precision_prior_rate must be >= 0");
-  SP_CHECK(options.precision_prior_shape >= 1.0, op,
-           ": precision_prior_shape must be >= 1 (else the precision update can turn negative), "
-           "got ", options.precision_prior_shape);
+  // precision_prior_shape >= 1, else the precision update can turn negative.
+  std::string error;
+  SP_CHECK(options.IsValid(&error), op, ": ", error);
 
   Var log_pi = NormalizedLogPrior(log_prior, queries, num_keys);
   Var alpha = broadcast_to(key_precision, Shape{batch, heads, num_keys});

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "framework/autograd.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "layers/attention.h"
 #include "layers/energy_layer.h"
@@ -74,6 +75,13 @@ struct KeyAdaptationOptions {
   bool adapt_precision = false;
   double precision_prior_shape = 1.0;
   double precision_prior_rate = 0.0;
+
+  // model.energy.key_adaptation.* (framework/option_fields.h). The declared
+  // range of key_prior_precision is finite (a config value); IsValid also
+  // accepts +infinity, the library's frozen keys.
+  static const OptionFields<KeyAdaptationOptions>& Fields();
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 struct KeyAdaptationResult {

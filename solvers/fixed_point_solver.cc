@@ -64,8 +64,7 @@ void NoteUnusedOptions(const ForwardSolverOptions& options, std::vector<OptionUs
 // ---- factory ----
 
 std::unique_ptr<FixedPointSolver> FixedPointSolver::Create(const ForwardSolverOptions& options) {
-  std::string error;
-  SP_CHECK(options.IsValid(&error), "FixedPointSolver::Create: ", error);
+  // The options are checked once, by the constructor every solver runs.
   switch (options.type) {
     case ForwardSolverType::kPicard:
       return std::make_unique<PicardSolver>(options);

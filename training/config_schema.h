@@ -19,6 +19,10 @@ namespace stillpoint {
 
 const ConfigSchema& StillpointSchema();
 
+// The model.* keys' defaults: ModelOptions' own, except max_length 64
+// (the struct's 32 serve models built by hand).
+ModelOptions ConfigModelDefaults();
+
 // Model options for a dataset with the given vocabulary/classes (the task
 // decides vocab_size and num_classes; the config decides the rest).
 ModelOptions ModelOptionsFromConfig(const Config& config);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 
 #include "framework/parallel.h"
 
@@ -209,21 +210,39 @@ Registry<OptimizerFactory>& OptimizerRegistry() {
   return *registry;
 }
 
-bool OptimizerOptions::IsValid(std::string* error) const {
-  auto fail = [&](const std::string& message) {
-    if (error) *error = message;
-    return false;
-  };
-  if (!OptimizerRegistry().Has(type)) return fail("type '" + type + "' is not a registered optimizer");
-  if (!(learning_rate >= 0)) return fail("learning_rate must be >= 0");
-  if (!(momentum >= 0 && momentum < 1)) return fail("momentum must be in [0, 1)");
-  if (nesterov && momentum <= 0) return fail("nesterov needs momentum > 0");
-  if (!(beta1 >= 0 && beta1 < 1)) return fail("beta1 must be in [0, 1)");
-  if (!(beta2 >= 0 && beta2 < 1)) return fail("beta2 must be in [0, 1)");
-  if (!(epsilon > 0)) return fail("epsilon must be > 0");
-  if (!(weight_decay >= 0)) return fail("weight_decay must be >= 0");
-  return true;
+const OptionFields<OptimizerOptions>& OptimizerOptions::Fields() {
+  using O = OptimizerOptions;
+  constexpr double kInf = std::numeric_limits<double>::max();
+  // Decay rates below 1 (at 1 the moments never forget); the config's
+  // bound, 1 - 1e-6, is the declared one.
+  constexpr double kBelowOne = 0.999999;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->String("type", &O::type, "Optimizer (OptimizerRegistry, training/optimizer.h)")
+           .Double("lr", &O::learning_rate, 0.0, kInf, "Base learning rate")
+           .Double("momentum", &O::momentum, 0.0, kBelowOne, "sgd: momentum")
+           .Bool("nesterov", &O::nesterov, "sgd: Nesterov momentum")
+           .Double("beta1", &O::beta1, 0.0, kBelowOne, "adam/adamw: first-moment decay")
+           .Double("beta2", &O::beta2, 0.0, kBelowOne, "adam/adamw: second-moment decay")
+           .Double("epsilon", &O::epsilon, 1e-30, 1.0, "adam/adamw: denominator epsilon")
+           .Double("weight_decay", &O::weight_decay, 0.0, kInf,
+                   "Weight decay (decoupled for adamw, L2 for sgd and adam)")
+           .StringList("no_weight_decay", &O::no_weight_decay_suffixes, {},
+                       "Parameter-name suffixes exempt from weight decay");
+  return *fields;
 }
+
+bool OptimizerOptions::IsValid(std::string* error) const {
+  std::string problem = Fields().Check(*this);
+  if (problem.empty() && !OptimizerRegistry().Has(type)) {
+    problem = "type '" + type + "' is not a registered optimizer";
+  }
+  if (problem.empty() && nesterov && momentum <= 0) problem = "nesterov needs momentum > 0";
+  if (!problem.empty() && error != nullptr) *error = problem;
+  return problem.empty();
+}
+
+std::string OptimizerOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 std::unique_ptr<Optimizer> Optimizer::Create(const OptimizerOptions& options,
                                              const NamedVars& parameters) {

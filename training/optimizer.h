@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "layers/name_registry.h"
 
 namespace stillpoint {
@@ -49,7 +50,12 @@ struct OptimizerOptions {
   // weight decay (default: biases and norm gains/biases).
   std::vector<std::string> no_weight_decay_suffixes = {".bias", ".gain"};
 
+  // train.optimizer.* (framework/option_fields.h; the config key of
+  // learning_rate is lr).
+  static const OptionFields<OptimizerOptions>& Fields();
+  // The fields' ranges, type registered, nesterov only with momentum.
   bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 class Optimizer {

@@ -28,18 +28,30 @@ bool StringToScheduleType(const std::string& text, ScheduleType* type) {
   return false;
 }
 
-bool ScheduleOptions::IsValid(std::string* error) const {
-  auto fail = [&](const std::string& message) {
-    if (error) *error = message;
-    return false;
-  };
-  if (warmup_steps < 0) return fail("warmup_steps must be >= 0");
-  if (step_size < 1) return fail("step_size must be >= 1");
-  if (!(gamma > 0 && gamma <= 1)) return fail("gamma must be in (0, 1]");
-  if (total_steps < 1) return fail("total_steps must be >= 1");
-  if (!(min_ratio >= 0 && min_ratio <= 1)) return fail("min_ratio must be in [0, 1]");
-  return true;
+const OptionFields<ScheduleOptions>& ScheduleOptions::Fields() {
+  using O = ScheduleOptions;
+  constexpr int64_t kBig = int64_t{1} << 40;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Enum("type", &O::type,
+                  {ScheduleType::kConstant, ScheduleType::kStep, ScheduleType::kCosine},
+                  stillpoint::ToString, "Learning-rate schedule after warm-up")
+           .Int("warmup_steps", &O::warmup_steps, 0, kBig, "Linear warm-up steps")
+           .Int("step_size", &O::step_size, 1, kBig, "step: steps between decays")
+           .Double("gamma", &O::gamma, 1e-12, 1.0, "step: decay factor")
+           .Double("min_ratio", &O::min_ratio, 0.0, 1.0, "cosine: final lr / base lr")
+           .Int("total_steps", &O::total_steps, 1, kBig, "cosine: steps of the whole run")
+           .NotInConfig();
+  return *fields;
 }
+
+bool ScheduleOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = problem;
+  return problem.empty();
+}
+
+std::string ScheduleOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 double LearningRateAt(const ScheduleOptions& options, double base_lr, int64_t step) {
   double factor = 1.0;

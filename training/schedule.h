@@ -14,24 +14,30 @@
 #include <cstdint>
 #include <string>
 
+#include "framework/option_fields.h"
+
 namespace stillpoint {
 
 enum class ScheduleType { kConstant, kStep, kCosine };
 const char* ToString(ScheduleType type);
 bool StringToScheduleType(const std::string& text, ScheduleType* type);
 
+// train.schedule.* (framework/option_fields.h); total_steps is a setting
+// for code only (a config's train.steps sets it).
 struct ScheduleOptions {
   ScheduleType type = ScheduleType::kCosine;
-  // Linear warm-up from base_lr / warmup_steps to base_lr.
-  int64_t warmup_steps = 0;
+  // Linear warm-up from base_lr / warmup_steps to base_lr (0: none).
+  int64_t warmup_steps = 20;
   // kStep: multiply by gamma every step_size steps.
   int64_t step_size = 1000;
   double gamma = 0.1;
   // kCosine: decay to min_ratio * base_lr at total_steps.
   int64_t total_steps = 1000;
-  double min_ratio = 0.0;
+  double min_ratio = 0.1;
 
+  static const OptionFields<ScheduleOptions>& Fields();
   bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 double LearningRateAt(const ScheduleOptions& options, double base_lr, int64_t step);

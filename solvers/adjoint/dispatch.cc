@@ -70,9 +70,16 @@ AdjointSummary SolveAdjoint(const BackwardOptions& options,
                             const BatchedVjp& vjp,
                             const Tensor& g,
                             Tensor* w) {
-  const auto start = std::chrono::steady_clock::now();
   std::string error;
   SP_CHECK(options.IsValid(&error), "SolveAdjoint: ", error);
+  return adjoint::SolveWithCheckedOptions(options, vjp, g, w);
+}
+
+AdjointSummary adjoint::SolveWithCheckedOptions(const BackwardOptions& options,
+                                                const BatchedVjp& vjp,
+                                                const Tensor& g,
+                                                Tensor* w) {
+  const auto start = std::chrono::steady_clock::now();
   SP_CHECK(static_cast<bool>(vjp), "SolveAdjoint: the VJP callback is empty");
   SP_CHECK(g.defined() && g.rank() == 2, "SolveAdjoint: g must be [B, n], got ",
            g.defined() ? g.shape().ToString() : std::string("an empty tensor"));

@@ -54,4 +54,11 @@ void SolveWithFixedPointSolver(const BackwardOptions& options,
                                Tensor* w,
                                AdjointSummary* summary);
 
+// SolveAdjoint without its check of the options, for a caller that checked
+// them already (SolveImplicit checks its ImplicitOptions once per call).
+AdjointSummary SolveWithCheckedOptions(const BackwardOptions& options,
+                                       const BatchedVjp& vjp,
+                                       const Tensor& g,
+                                       Tensor* w);
+
 }  // namespace stillpoint::adjoint

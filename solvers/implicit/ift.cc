@@ -8,6 +8,7 @@
 
 #include "framework/check.h"
 #include "framework/ops.h"
+#include "solvers/adjoint/methods.h"
 #include "solvers/implicit/modes.h"
 
 namespace stillpoint::implicit {
@@ -154,7 +155,8 @@ ImplicitResult SolveIft(const ModeInputs& in) {
             warm->solution.shape() == g_rows.shape() && warm->solution.dtype() == g_rows.dtype()) {
           w = warm->solution.Clone();
         }
-        *summary = SolveAdjoint(backward, vjp, g_rows, &w);
+        // backward was checked with the options by SolveImplicit.
+        *summary = adjoint::SolveWithCheckedOptions(backward, vjp, g_rows, &w);
         if (backward.warm_start && warm) warm->solution = w.Clone();
         VarList grads(inputs.size());
         if (GradModeEnabled() && !second_order_inputs.empty()) {

@@ -282,6 +282,7 @@ TEST(ScheduleTest, WarmupThenCosineDecay) {
 TEST(ScheduleTest, StepAndConstant) {
   ScheduleOptions options;
   options.type = ScheduleType::kStep;
+  options.warmup_steps = 0;  // the step decay alone (the default warms up for 20 steps)
   options.step_size = 10;
   options.gamma = 0.5;
   EXPECT_DOUBLE_EQ(LearningRateAt(options, 2.0, 9), 2.0);

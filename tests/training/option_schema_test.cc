@@ -1,7 +1,8 @@
 // Options that describe themselves (framework/option_fields.h,
-// training/option_schema.h): the config keys of the forward solver, the
-// trainer, evaluation, logging and regularisation are made from the
-// structs' own field declarations, so a key's default, range and choices
+// training/option_schema.h): the config keys of the forward and backward
+// solvers, the model (with its cell and energy block), the optimizer, the
+// schedule, the trainer, evaluation, logging and regularisation are made
+// from the structs' own field declarations, so a key's default, range and choices
 // are the struct's, and a value the schema refuses is one the struct's own
 // check refuses (the schema and IsValid once disagreed: anderson_memory
 // 1-1024 against 1-64, broyden_memory 1024 against 256, gmres_restart 4096
@@ -16,8 +17,11 @@
 
 #include "solvers/adjoint.h"
 #include "solvers/options.h"
+#include "layers/models.h"
 #include "training/config_schema.h"
+#include "training/optimizer.h"
 #include "training/option_schema.h"
+#include "training/schedule.h"
 #include "training/trainer_options.h"
 
 namespace stillpoint {
@@ -117,6 +121,93 @@ TEST(OptionSchemaTest, TrainerEvalLogAndRegularizationKeysAreTheirOptionsFields)
   ExpectSchemaMatchesFields<RegularizationOptions>(
       "model.regularization.", RegularizationOptions{},
       [](const RegularizationOptions& o) { return RegularizationOptions::Fields().Check(o).empty(); });
+}
+
+// model.* (ModelOptions with the cell's fields and model.energy.*),
+// model.energy.* and its key_adaptation.* on their own, train.optimizer.*
+// and train.schedule.*: each key's default, bounds and choices are its
+// field's, and a value below a bound is refused by the schema and by the
+// struct's IsValid.
+TEST(OptionSchemaTest, ModelEnergyOptimizerAndScheduleKeysAreTheirOptionsFields) {
+  ExpectSchemaMatchesFields<ModelOptions>(
+      "model.", ConfigModelDefaults(),
+      [](const ModelOptions& o) { return o.IsValid(nullptr); });
+  ExpectSchemaMatchesFields<EnergyBlockOptions>(
+      "model.energy.", EnergyBlockOptions{},
+      [](const EnergyBlockOptions& o) { return o.IsValid(nullptr); });
+  ExpectSchemaMatchesFields<KeyAdaptationOptions>(
+      "model.energy.key_adaptation.", KeyAdaptationOptions{},
+      [](const KeyAdaptationOptions& o) { return o.IsValid(nullptr); });
+  ExpectSchemaMatchesFields<OptimizerOptions>(
+      "train.optimizer.", OptimizerOptions{},
+      [](const OptimizerOptions& o) { return o.IsValid(nullptr); });
+  ExpectSchemaMatchesFields<ScheduleOptions>(
+      "train.schedule.", ScheduleOptions{},
+      [](const ScheduleOptions& o) { return o.IsValid(nullptr); });
+}
+
+// The model's keys land in the struct members they name, the cell's and the
+// energy block's nested ones included, and the defaults a config gets are
+// the structs' (the positional table's 64 rows the one exception).
+TEST(OptionSchemaTest, ModelKeysAreReadIntoTheirMembers) {
+  const Config defaults = Config::FromYaml(StillpointSchema(), "", "defaults");
+  const ModelOptions d = ModelOptionsFromConfig(defaults);
+  EXPECT_EQ(d.max_length, 64);
+  EXPECT_EQ(ModelOptions{}.max_length, 32);
+  EXPECT_EQ(d.cell_options.heads, CellOptions{}.heads);
+  EXPECT_EQ(d.energy.key_adaptation.key_prior_precision,
+            KeyAdaptationOptions{}.key_prior_precision);
+  EXPECT_EQ(ScheduleOptionsFromConfig(defaults).warmup_steps, ScheduleOptions{}.warmup_steps);
+  EXPECT_EQ(ScheduleOptionsFromConfig(defaults).min_ratio, ScheduleOptions{}.min_ratio);
+
+  const Config config = Config::FromYaml(
+      StillpointSchema(), "", "probe",
+      {"model.heads=8", "model.ln_eps=0.001", "model.dropout=0.25", "model.kind=energy",
+       "model.energy.layer=energy_transformer", "model.energy.memories=7",
+       "model.energy.dynamics=non_leaky", "train.optimizer.lr=0.5",
+       "train.optimizer.no_weight_decay=[.w]", "train.schedule.type=step",
+       "train.schedule.warmup_steps=0"});
+  const ModelOptions m = ModelOptionsFromConfig(config);
+  EXPECT_EQ(m.kind, ModelKind::kEnergy);
+  EXPECT_EQ(m.cell_options.heads, 8);
+  EXPECT_EQ(m.energy.heads, 8);
+  EXPECT_EQ(m.cell_options.ln_eps, 0.001);
+  EXPECT_EQ(m.head_ln_eps, 0.001);
+  EXPECT_EQ(m.cell_options.dropout, 0.25);
+  EXPECT_EQ(m.energy.memories, 7);
+  EXPECT_EQ(m.energy.dynamics, EnergyTransformerDynamics::kNonLeaky);
+  const OptimizerOptions o = OptimizerOptionsFromConfig(config);
+  EXPECT_EQ(o.learning_rate, 0.5);
+  EXPECT_EQ(o.no_weight_decay_suffixes, std::vector<std::string>{".w"});
+  const ScheduleOptions schedule = ScheduleOptionsFromConfig(config);
+  EXPECT_EQ(schedule.type, ScheduleType::kStep);
+  EXPECT_EQ(schedule.warmup_steps, 0);
+}
+
+// Which energy block reads a model.energy.* key is its field's AppliesWhen:
+// a key set for a block the config does not use names the one that reads it.
+TEST(OptionSchemaTest, EnergyKeysOfAnotherBlockAreFoundFromTheDeclaration) {
+  EnergyBlockOptions options;
+  options.layer = "hopfield";
+  options.memories = 8;
+  options.key_adaptation.iterations = 2;
+  std::vector<std::string> names;
+  for (const auto* field : EnergyBlockOptions::Fields().Unused(options)) {
+    names.push_back(field->name);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"memories", "key_adaptation.iterations"}));
+  options.layer = "probabilistic";
+  ASSERT_EQ(EnergyBlockOptions::Fields().Unused(options).size(), 1u);
+  try {
+    ModelOptionsFromConfig(Config::FromYaml(
+        StillpointSchema(), "", "probe",
+        {"model.kind=energy", "model.energy.layer=hopfield", "model.energy.components=3"}));
+    ADD_FAILURE() << "model.energy.components under hopfield was accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find("read only by the expfam energy attention"),
+              std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(OptionSchemaTest, TheSchemaAndTheSolverAgreeWhereTheyOnceDisagreed) {

@@ -1,0 +1,37 @@
+#include "layers/cell.h"
+
+namespace stillpoint {
+
+const OptionFields<CellOptions>& CellOptions::Fields() {
+  using O = CellOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->String("attention", &O::attention,
+                    "The cell's attention sublayer: softmax, or a registered energy attention "
+                    "(built-in: hopfield, probabilistic, expfam, energy_transformer) read at the "
+                    "fixed point of its energy, solved by model.attention_solver.* (nested in the "
+                    "outer solve of an implicit model); energy kind: the block (instead of "
+                    "model.energy.layer)")
+           .Int("heads", &O::heads, 1, 1024,
+                "Attention heads of the cell or of the energy block (dim must be a multiple)")
+           .Int("hidden", &O::hidden, 1, 1 << 20,
+                "Hidden width of the feed-forward block (the cell's, or the energy model's FFN)")
+           .Double("dropout", &O::dropout, 0.0, 0.99,
+                   "Dropout inside the cell (masks frozen per solve)")
+           .Double("ln_eps", &O::ln_eps, 0.0, 1.0, "Epsilon of the layer norms")
+           .Int("dim", &O::dim, 1, 1 << 16, "Width of the state (the model dimension d)")
+           .NotInConfig()
+           .Bool("causal", &O::causal, "Autoregressive attention masking")
+           .NotInConfig();
+  return *fields;
+}
+
+bool CellOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "CellOptions: " + problem;
+  return problem.empty();
+}
+
+std::string CellOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
+
+}  // namespace stillpoint
