@@ -12,6 +12,23 @@
 #include "framework/autograd.h"
 #include "framework/check.h"
 
+// ThreadSanitizer builds (scripts/sanitize.sh tsan): oneTBB's scheduler is a
+// prebuilt library without ThreadSanitizer instrumentation, so the moments a
+// task is handed to a worker and reported done happen where the sanitizer
+// cannot see them. ParallelFor tells it about both (TsanHandoff below) rather
+// than suppressing every report from a oneTBB thread, which would hide races
+// in the loop bodies as well.
+#if defined(__SANITIZE_THREAD__)
+#define STILLPOINT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define STILLPOINT_TSAN 1
+#endif
+#endif
+#ifdef STILLPOINT_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace stillpoint {
 namespace {
 
@@ -89,6 +106,37 @@ class ChunkLanes {
   std::vector<Lane> lanes_;
 };
 
+#ifdef STILLPOINT_TSAN
+// The copy of fn that task_group::run stores in its task. Its copy
+// constructor runs on the calling thread before the task is published and
+// releases at the copy's own address; the worker acquires there before it
+// reads anything, so the caller's writes before the loop happen before the
+// task in the sanitizer's eyes. Each run, also one that throws, ends with a
+// release at `done`, which the caller acquires once the group has been
+// waited for.
+template <typename Fn>
+class TsanHandoff {
+ public:
+  TsanHandoff(const Fn& fn, char* done) : fn_(fn), done_(done) {}
+  TsanHandoff(const TsanHandoff& other) : fn_(other.fn_), done_(other.done_) {
+    __tsan_release(this);
+  }
+  TsanHandoff& operator=(const TsanHandoff&) = delete;
+  void operator()() const {
+    __tsan_acquire(const_cast<TsanHandoff*>(this));
+    struct ReleaseAtEnd {
+      char* done;
+      ~ReleaseAtEnd() { __tsan_release(done); }
+    } release_at_end{done_};
+    fn_();
+  }
+
+ private:
+  Fn fn_;
+  char* done_;
+};
+#endif
+
 }  // namespace
 
 void SetNumThreads(int num_threads) {
@@ -148,16 +196,31 @@ void ParallelFor(int64_t begin,
       for (int64_t chunk; !failed && (chunk = lanes.TakeBack(lane)) >= 0;) run(chunk);
     }
   };
+#ifdef STILLPOINT_TSAN
+  char done = 0;
+  const TsanHandoff<decltype(run_lanes)> task(run_lanes, &done);
+  // Acquires what each task released at `done` when the wait is over.
+  auto wait = [&](tbb::task_group& group) {
+    struct AcquireAtEnd {
+      char* done;
+      ~AcquireAtEnd() { __tsan_acquire(done); }
+    } acquire_at_end{&done};
+    group.wait();
+  };
+#else
+  const auto& task = run_lanes;
+  auto wait = [](tbb::task_group& group) { group.wait(); };
+#endif
   Arena(threads).execute([&] {
     tbb::task_group group;
-    for (int t = 1; t < threads; ++t) group.run(run_lanes);
+    for (int t = 1; t < threads; ++t) group.run(task);
     try {
       run_lanes();  // a chunk that throws has already set failed
     } catch (...) {
-      group.wait();  // the others' running chunks still use this frame
+      wait(group);  // the others' running chunks still use this frame
       throw;
     }
-    group.wait();  // rethrows another thread's exception
+    wait(group);  // rethrows another thread's exception
   });
 }
 
