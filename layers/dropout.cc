@@ -121,6 +121,8 @@ const OptionFields<DropoutOptions>& DropoutOptions::Fields() {
       &(new OptionFields<O>)
            ->Double("p", &O::p, OptionBounds{0.0, 1.0, false, true},
                     "Probability of zeroing an entry, in [0, 1)")
+           // Printed through a double, like every integer field: exact below
+           // 2^53, which any seed written by hand is.
            .Int("seed", &O::seed,
                 OptionBounds::Closed(0.0, static_cast<double>(std::numeric_limits<uint64_t>::max())),
                 "Seed of the layer's own random stream (masks are reproducible)");

@@ -417,7 +417,8 @@ const OptionFields<EnergyTraceOptions>& EnergyTraceOptions::Fields() {
       &(new OptionFields<O>)
            ->Int("max_steps", &O::max_steps, 0, std::numeric_limits<int>::max(),
                  "Updates to run at most")
-           .Double("tolerance", &O::tolerance, 0.0, std::numeric_limits<double>::max(),
+           // +infinity stays accepted, as before: one update, then stop.
+           .Double("tolerance", &O::tolerance, 0.0, std::numeric_limits<double>::infinity(),
                    "Stop when every sample's step ||z_{t+1} - z_t|| is <= tolerance (0: exactly "
                    "max_steps updates)");
   return *fields;

@@ -321,6 +321,8 @@ TEST(LayerOptionsTest, EnergySolveAndTraceOptions) {
   trace = {};
   trace.tolerance = -1e-12;
   ExpectRefused(trace, "tolerance", "EnergyTraceOptions");
+  trace.tolerance = kInfinity;  // accepted, as before: stops after one update
+  ExpectValid(trace);
   ExpectNamesEveryField(EnergyTraceOptions(), {"max_steps", "tolerance"});
 }
 
