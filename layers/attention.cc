@@ -28,8 +28,8 @@ MultiHeadAttention::MultiHeadAttention(int64_t dim,
     : dim_(dim), heads_(heads), causal_(options.causal) {
   SP_CHECK(dim > 0 && heads > 0 && dim % heads == 0, "MultiHeadAttention: dim ", dim,
            " must be a positive multiple of heads ", heads);
-  SP_CHECK(options.scale >= 0.0, "MultiHeadAttention: scale must be >= 0 (0 = 1/sqrt(dh)), got ",
-           options.scale);
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "MultiHeadAttention: ", error);
   scale_ = options.scale > 0.0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(dim / heads));
   const LinearOptions linear{.bias = options.bias, .dtype = options.dtype};
   wq_ = RegisterModule("wq", std::make_shared<Linear>(dim, dim, rng, linear));
@@ -139,5 +139,26 @@ Var MultiHeadAttention::Forward(const Var& x, const Var& context, const Attentio
   const Var weights = softmax(scores);
   return wo_->Forward(MergeHeads(matmul(weights, v)));
 }
+
+const OptionFields<AttentionOptions>& AttentionOptions::Fields() {
+  using O = AttentionOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Bool("causal", &O::causal, "Lower-triangular (autoregressive) masking")
+           .Double("scale", &O::scale, 0.0, std::numeric_limits<double>::max(),
+                   "Multiplies Q K^T in every head; 0: 1/sqrt(dim / heads)")
+           .Bool("bias", &O::bias, "Biases on the four projections")
+           .Enum("dtype", &O::dtype, {DType::kFloat32, DType::kFloat64}, stillpoint::ToString,
+                 "The dtype of the parameters");
+  return *fields;
+}
+
+bool AttentionOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "AttentionOptions: " + problem;
+  return problem.empty();
+}
+
+std::string AttentionOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

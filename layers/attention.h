@@ -30,6 +30,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
 #include "layers/linear.h"
@@ -44,6 +45,12 @@ struct AttentionOptions {
   // Biases on the four projections.
   bool bias = true;
   DType dtype = DType::kFloat32;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<AttentionOptions>& Fields();
+  // The fields' ranges (dim and heads are the constructor's).
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 struct AttentionMask {

@@ -1,6 +1,7 @@
 #include "layers/dropout.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
@@ -24,7 +25,8 @@ void ForEachModule(Module& root, Fn&& fn) {
 }  // namespace
 
 Dropout::Dropout(const DropoutOptions& options) : p_(options.p), rng_(options.seed) {
-  SP_CHECK(options.p >= 0.0 && options.p < 1.0, "Dropout: p must be in [0, 1), got ", options.p);
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "Dropout: ", error);
 }
 
 std::string Dropout::Name() const {
@@ -112,5 +114,27 @@ void ReleaseDropoutMasks(Module& module) {
     if (auto* dropout = dynamic_cast<Dropout*>(&m)) dropout->ReleaseMask();
   });
 }
+
+const OptionFields<DropoutOptions>& DropoutOptions::Fields() {
+  using O = DropoutOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Double("p", &O::p, OptionBounds{0.0, 1.0, false, true},
+                    "Probability of zeroing an entry, in [0, 1)")
+           // Printed through a double, like every integer field: exact below
+           // 2^53, which any seed written by hand is.
+           .Int("seed", &O::seed,
+                OptionBounds::Closed(0.0, static_cast<double>(std::numeric_limits<uint64_t>::max())),
+                "Seed of the layer's own random stream (masks are reproducible)");
+  return *fields;
+}
+
+bool DropoutOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "DropoutOptions: " + problem;
+  return problem.empty();
+}
+
+std::string DropoutOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

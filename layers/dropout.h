@@ -26,6 +26,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
 
@@ -36,6 +37,12 @@ struct DropoutOptions {
   double p = 0.1;
   // Seed of the layer's own random stream (masks are reproducible).
   uint64_t seed = 0;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<DropoutOptions>& Fields();
+  // The fields' ranges: p in [0, 1).
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 class Dropout : public Module {

@@ -1,5 +1,6 @@
 #include "layers/embedding.h"
 
+#include <limits>
 #include <sstream>
 
 #include "framework/init.h"
@@ -14,6 +15,8 @@ TokenEmbedding::TokenEmbedding(int64_t vocab_size,
     : vocab_size_(vocab_size), dim_(dim) {
   SP_CHECK(vocab_size > 0 && dim > 0, "TokenEmbedding: extents must be positive, got vocab ",
            vocab_size, ", dim ", dim);
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "TokenEmbedding: ", error);
   Tensor table(Shape{vocab_size, dim}, options.dtype);
   init::Normal(table, 0.0, options.init_std, rng);
   weight_ = RegisterParameter("weight", table);
@@ -37,6 +40,8 @@ PositionalEmbedding::PositionalEmbedding(int64_t max_length,
   SP_CHECK(max_length > 0 && dim > 0,
            "PositionalEmbedding: extents must be positive, got max_length ", max_length, ", dim ",
            dim);
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "PositionalEmbedding: ", error);
   Tensor table(Shape{max_length, dim}, options.dtype);
   init::Normal(table, 0.0, options.init_std, rng);
   weight_ = RegisterParameter("weight", table);
@@ -60,5 +65,24 @@ Var PositionalEmbedding::Forward(const Var& x) const {
            (x.defined() ? x.shape().ToString() : "undefined"), " must be [B, T, ", dim_, "]");
   return add(x, Positions(x.dim(1)));
 }
+
+const OptionFields<EmbeddingOptions>& EmbeddingOptions::Fields() {
+  using O = EmbeddingOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Double("init_std", &O::init_std, 0.0, std::numeric_limits<double>::max(),
+                    "Standard deviation of the normal initialisation")
+           .Enum("dtype", &O::dtype, {DType::kFloat32, DType::kFloat64}, stillpoint::ToString,
+                 "The dtype of the table");
+  return *fields;
+}
+
+bool EmbeddingOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "EmbeddingOptions: " + problem;
+  return problem.empty();
+}
+
+std::string EmbeddingOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

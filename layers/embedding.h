@@ -18,6 +18,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
 
@@ -27,6 +28,12 @@ struct EmbeddingOptions {
   // Standard deviation of the normal initialisation.
   double init_std = 1.0;
   DType dtype = DType::kFloat32;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<EmbeddingOptions>& Fields();
+  // The fields' ranges: init_std >= 0.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 class TokenEmbedding : public Module {

@@ -70,10 +70,7 @@ ImplicitOptions DefaultAttentionSolverOptions() {
 EnergyAttention::EnergyAttention(const EnergyAttentionOptions& options, Rng& rng)
     : options_(options) {
   std::string error;
-  SP_CHECK(options.solver.IsValid(&error), "EnergyAttention: inner solver options: ", error);
-  SP_CHECK(!options.solver.backward.warm_start,
-           "EnergyAttention: the inner adjoint cannot be warm-started (one call site serves "
-           "every evaluation of the cell)");
+  SP_CHECK(options.IsValid(&error), "EnergyAttention: ", error);
   block_ = RegisterModule("block", CreateEnergyBlock(options.block, rng));
   implicit_ = std::make_shared<Implicit>(block_->layer(), options.solver);
 }
@@ -133,5 +130,31 @@ std::vector<std::pair<std::string, const EnergyAttention*>> FindEnergyAttentions
   Collect(module, "", &found);
   return found;
 }
+
+const OptionFields<EnergyAttentionOptions>& EnergyAttentionOptions::Fields() {
+  using O = EnergyAttentionOptions;
+  // solver is left out: ImplicitOptions declares no fields (IsValid checks
+  // it with its own IsValid).
+  static const auto* fields =
+      &(new OptionFields<O>)->Include("block.", &O::block, EnergyBlockOptions::Fields());
+  return *fields;
+}
+
+bool EnergyAttentionOptions::IsValid(std::string* error) const {
+  // The block's own IsValid covers its fields and their cross-field rules.
+  std::string problem;
+  std::string nested;
+  if (!block.IsValid(&nested)) problem = "block: " + nested;
+  if (problem.empty() && !solver.IsValid(&nested)) problem = "inner solver options: " + nested;
+  if (problem.empty() && solver.backward.warm_start) {
+    problem =
+        "the inner adjoint cannot be warm-started (one call site serves every evaluation of the "
+        "cell)";
+  }
+  if (!problem.empty() && error != nullptr) *error = "EnergyAttentionOptions: " + problem;
+  return problem.empty();
+}
+
+std::string EnergyAttentionOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

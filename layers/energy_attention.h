@@ -26,6 +26,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "layers/energy_block.h"
 #include "layers/implicit.h"
@@ -43,6 +44,13 @@ struct EnergyAttentionOptions {
   EnergyBlockOptions block;
   // The inner solve.
   ImplicitOptions solver = DefaultAttentionSolverOptions();
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<EnergyAttentionOptions>& Fields();
+  // The block's options (EnergyBlockOptions::IsValid), the inner solve's
+  // (ImplicitOptions::IsValid) and no warm start of the inner adjoint.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 // What happened to the attention over one solve, averaged over samples,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "framework/ops.h"
@@ -353,9 +354,8 @@ EnergyTrace TraceUpdates(const EnergyLayer& layer,
                          const Tensor& z0,
                          const EnergyContext& ctx,
                          const EnergyTraceOptions& options) {
-  SP_CHECK(options.max_steps >= 0, "TraceUpdates: max_steps must be >= 0, got ", options.max_steps);
-  SP_CHECK(options.tolerance >= 0.0, "TraceUpdates: tolerance must be >= 0, got ",
-           options.tolerance);
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "TraceUpdates: ", error);
   NoGrad no_grad;
   const int64_t batch = z0.dim(0);
   const int64_t per_sample = z0.numel() / std::max<int64_t>(batch, 1);
@@ -387,5 +387,49 @@ EnergyTrace TraceUpdates(const EnergyLayer& layer,
   trace.final_state = z.value();
   return trace;
 }
+
+const OptionFields<EnergySolveOptions>& EnergySolveOptions::Fields() {
+  using O = EnergySolveOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Enum("mode", &O::mode, {EnergySolveMode::kFixedSteps, EnergySolveMode::kFixedPoint},
+                  stillpoint::ToString,
+                  "fixed_steps: `steps` updates, backpropagated through; fixed_point: solved to "
+                  "the fixed point with `implicit`")
+           .Int("steps", &O::steps, 0, std::numeric_limits<int>::max(),
+                "Updates in fixed_steps mode (0: the state is left as initialised)")
+           .Bool("trace_energy", &O::trace_energy,
+                 "Record the energy of every sample along the solve in the report");
+  return *fields;
+}
+
+bool EnergySolveOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "EnergySolveOptions: " + problem;
+  return problem.empty();
+}
+
+std::string EnergySolveOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
+
+const OptionFields<EnergyTraceOptions>& EnergyTraceOptions::Fields() {
+  using O = EnergyTraceOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Int("max_steps", &O::max_steps, 0, std::numeric_limits<int>::max(),
+                 "Updates to run at most")
+           // +infinity stays accepted, as before: one update, then stop.
+           .Double("tolerance", &O::tolerance, 0.0, std::numeric_limits<double>::infinity(),
+                   "Stop when every sample's step ||z_{t+1} - z_t|| is <= tolerance (0: exactly "
+                   "max_steps updates)");
+  return *fields;
+}
+
+bool EnergyTraceOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "EnergyTraceOptions: " + problem;
+  return problem.empty();
+}
+
+std::string EnergyTraceOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

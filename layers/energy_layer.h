@@ -32,6 +32,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/tensor.h"
 #include "layers/attention.h"
 #include "solvers/implicit.h"
@@ -120,6 +121,13 @@ struct EnergySolveOptions {
   // every step (fixed steps), or at z0 and z* (fixed point). Costs one
   // energy evaluation per entry, off the tape.
   bool trace_energy = false;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<EnergySolveOptions>& Fields();
+  // The fields' ranges. implicit is not declared (ImplicitOptions has no
+  // Fields()): SolveImplicit checks it on each call of the fixed-point mode.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 // Fixed-steps options with the given number of steps (for in-class defaults).
@@ -297,6 +305,12 @@ struct EnergyTraceOptions {
   // Stop when every sample's step ||z_{t+1} - z_t|| (Euclidean over the
   // whole state) is <= tolerance. 0 runs exactly max_steps updates.
   double tolerance = 0.0;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<EnergyTraceOptions>& Fields();
+  // The fields' ranges.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 // The energy along the updates, for tests and diagnostics. Nothing is

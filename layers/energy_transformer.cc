@@ -1,6 +1,7 @@
 #include "layers/energy_transformer.h"
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -43,15 +44,9 @@ bool StringToEnergyTransformerDynamics(const std::string& text,
 EnergyTransformerBlock::EnergyTransformerBlock(const EnergyTransformerOptions& options, Rng& rng)
     : options_(options) {
   EnergyTransformerOptions& o = options_;
-  SP_CHECK(o.dim > 0 && o.heads > 0 && o.head_dim > 0 && o.memories > 0,
-           "EnergyTransformerBlock: dim, heads, head_dim and memories must be > 0");
-  SP_CHECK(o.step > 0.0, "EnergyTransformerBlock: step must be > 0, got ", o.step);
-  SP_CHECK(
-      o.memory_beta > 0.0 && o.layer_norm_eps >= 0.0 && o.weight_std >= 0.0 && o.memory_std >= 0.0,
-      "EnergyTransformerBlock: memory_beta must be > 0, layer_norm_eps and the init "
-      "scales >= 0");
+  std::string error;
+  SP_CHECK(o.IsValid(&error), "EnergyTransformerBlock: ", error);
   if (o.beta == 0.0) o.beta = 1.0 / std::sqrt(static_cast<double>(o.head_dim));
-  SP_CHECK(o.beta > 0.0, "EnergyTransformerBlock: beta must be > 0, got ", o.beta);
   gamma_ = RegisterParameter("gamma", Tensor::Ones({1}, o.dtype));
   delta_ = RegisterParameter("delta", Tensor::Zeros({o.dim}, o.dtype));
   Tensor wq(Shape{o.dim, o.heads * o.head_dim}, o.dtype);
@@ -190,5 +185,52 @@ Var EnergyTransformerBlock::Update(const Var& x, const EnergyContext& ctx) const
 Var EnergyTransformerBlock::Forward(const Var& x, const AttentionMask& mask) const {
   return Solve(x, Prepare(x, mask), options_.solve);
 }
+
+const OptionFields<EnergyTransformerOptions>& EnergyTransformerOptions::Fields() {
+  using O = EnergyTransformerOptions;
+  constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+  constexpr double kInf = std::numeric_limits<double>::max();
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Int("dim", &O::dim, 1, kNoLimit, "Token width D")
+           .Int("heads", &O::heads, 1, kNoLimit, "Attention heads")
+           .Int("head_dim", &O::head_dim, 1, kNoLimit, "Query/key width Y per head")
+           .Int("memories", &O::memories, 1, kNoLimit, "Hopfield memories M (the paper uses 4 D)")
+           .Enum("memory", &O::memory,
+                 {EnergyTransformerMemory::kRelu2, EnergyTransformerMemory::kSoftmax},
+                 stillpoint::ToString, "Hopfield memory term")
+           .Double("memory_beta", &O::memory_beta, OptionBounds::OpenClosed(0.0, kInf),
+                   "Inverse temperature of the softmax memory")
+           .Double("beta", &O::beta, 0.0, kInf,
+                   "Initial attention inverse temperature of every head; 0: 1/sqrt(head_dim)")
+           .Bool("learn_beta", &O::learn_beta, "Learn beta")
+           .Bool("exclude_self", &O::exclude_self,
+                 "Drop B = C from the attention energy (the paper); false keeps it (the reference "
+                 "code)")
+           .Bool("causal", &O::causal, "Autoregressive masking of the attention")
+           .Enum("key_grad", &O::key_grad, {KeyGrad::kFull, KeyGrad::kStop}, stillpoint::ToString,
+                 "full keeps the key-side attention gradient; stop holds keys fixed in the update")
+           .Enum("dynamics", &O::dynamics,
+                 {EnergyTransformerDynamics::kLeaky, EnergyTransformerDynamics::kNonLeaky},
+                 stillpoint::ToString, "leaky has isolated fixed points; non_leaky does not")
+           .Double("step", &O::step, OptionBounds::OpenClosed(0.0, kInf), "Euler step alpha")
+           .Double("layer_norm_eps", &O::layer_norm_eps, 0.0, kInf,
+                   "Epsilon of the energy layer norm")
+           .Double("weight_std", &O::weight_std, 0.0, kInf,
+                   "Initial W_Q, W_K ~ N(0, weight_std^2)")
+           .Double("memory_std", &O::memory_std, 0.0, kInf, "Initial memories ~ N(0, memory_std^2)")
+           .Include("solve.", &O::solve, EnergySolveOptions::Fields())
+           .Enum("dtype", &O::dtype, {DType::kFloat32, DType::kFloat64}, stillpoint::ToString,
+                 "The dtype of the parameters");
+  return *fields;
+}
+
+bool EnergyTransformerOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "EnergyTransformerOptions: " + problem;
+  return problem.empty();
+}
+
+std::string EnergyTransformerOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

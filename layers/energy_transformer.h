@@ -49,6 +49,7 @@
 #include <string>
 
 #include "framework/autograd.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "layers/attention.h"
 #include "layers/energy_layer.h"
@@ -100,6 +101,12 @@ struct EnergyTransformerOptions {
   // T steps (default 12) or the fixed point.
   EnergySolveOptions solve = FixedSteps(12);
   DType dtype = DType::kFloat32;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<EnergyTransformerOptions>& Fields();
+  // The fields' ranges (beta 0: 1/sqrt(head_dim)).
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 class EnergyTransformerBlock : public EnergyLayer {

@@ -1,6 +1,7 @@
 #include "layers/expfam_attention.h"
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -50,13 +51,11 @@ bool StringToExpFamUpdate(const std::string& text, ExpFamUpdate* update) {
 ExpFamAttention::ExpFamAttention(const ExpFamAttentionOptions& options, Rng& rng)
     : options_(options) {
   const ExpFamAttentionOptions& o = options_;
-  SP_CHECK(o.dim > 0 && o.heads > 0 && o.dim % o.heads == 0, "ExpFamAttention: dim ", o.dim,
-           " must be a positive multiple of heads ", o.heads);
-  SP_CHECK(o.layer_norm_eps >= 0.0, "ExpFamAttention: layer_norm_eps must be >= 0");
+  std::string error;
+  SP_CHECK(o.IsValid(&error), "ExpFamAttention: ", error);
   const int64_t dh = head_dim();
   switch (o.measure) {
     case ExpFamMeasure::kDiscrete: {
-      SP_CHECK(o.beta > 0.0, "ExpFamAttention: beta must be > 0, got ", o.beta);
       beta_ = RegisterParameter("beta", Tensor::Full({o.heads}, o.beta, o.dtype), o.learn_beta);
       if (o.project_patterns) {
         LinearOptions linear;
@@ -73,7 +72,6 @@ ExpFamAttention::ExpFamAttention(const ExpFamAttentionOptions& options, Rng& rng
       break;
     }
     case ExpFamMeasure::kMixture: {
-      SP_CHECK(o.components > 0, "ExpFamAttention: components must be > 0");
       Tensor means(Shape{o.heads, o.components, dh}, o.dtype);
       init::Normal(means, 0.0, 1.0 / std::sqrt(static_cast<double>(dh)), rng);
       means_ = RegisterParameter("means", means);
@@ -90,9 +88,6 @@ ExpFamAttention::ExpFamAttention(const ExpFamAttentionOptions& options, Rng& rng
     scale_ = RegisterParameter("scale", scale);
   }
   if (o.query_field) {
-    SP_CHECK(o.update == ExpFamUpdate::kCccp,
-             "ExpFamAttention: query_field needs the cccp update (the residual update has no "
-             "energy to add the field to)");
     LinearOptions linear;
     linear.bias = false;
     linear.dtype = o.dtype;
@@ -251,5 +246,64 @@ Var ExpFamAttention::Forward(const Var& x) const {
 Var ExpFamAttention::Forward(const Var& x, const Var& patterns) const {
   return Solve(x, Prepare(patterns, wq_ ? x : Var()), options_.solve);
 }
+
+const OptionFields<ExpFamAttentionOptions>& ExpFamAttentionOptions::Fields() {
+  using O = ExpFamAttentionOptions;
+  constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+  constexpr double kInf = std::numeric_limits<double>::max();
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Enum("measure", &O::measure,
+                  {ExpFamMeasure::kDiscrete, ExpFamMeasure::kGaussian, ExpFamMeasure::kMixture},
+                  stillpoint::ToString, "The intrinsic measure")
+           .Int("dim", &O::dim, 1, kNoLimit, "Width of the tokens (state and input)")
+           .Int("heads", &O::heads, 1, kNoLimit,
+                "Heads; dim must be a multiple. Each head has its own measure")
+           .Int("components", &O::components, 1, kNoLimit, "Mixture measure: components K")
+           .AppliesWhen([](const O& o) { return o.measure == ExpFamMeasure::kMixture; })
+           .Double("beta", &O::beta, OptionBounds::OpenClosed(0.0, kInf),
+                   "Discrete measure: initial inverse temperature beta of every head")
+           .AppliesWhen([](const O& o) { return o.measure == ExpFamMeasure::kDiscrete; })
+           .Bool("learn_beta", &O::learn_beta, "Discrete measure: learn beta")
+           .Bool("project_patterns", &O::project_patterns,
+                 "Discrete measure: project the stored patterns with W_K (dim -> dim)")
+           .Enum("update", &O::update, {ExpFamUpdate::kCccp, ExpFamUpdate::kResidual},
+                 stillpoint::ToString,
+                 "cccp: energy descent; residual: the attention sublayer's update")
+           .Bool("query_field", &O::query_field,
+                 "The queries as an external field (needs update = cccp)")
+           .Bool("layer_norm", &O::layer_norm,
+                 "Residual update: renormalise with a layer norm over dim")
+           .Double("layer_norm_eps", &O::layer_norm_eps, 0.0, kInf,
+                   "The layer norm's epsilon (0 is allowed: exact normalisation)")
+           .Bool("layer_norm_affine", &O::layer_norm_affine, "Learn the layer norm's gain and bias")
+           .Include("solve.", &O::solve, EnergySolveOptions::Fields())
+           .Enum("dtype", &O::dtype, {DType::kFloat32, DType::kFloat64}, stillpoint::ToString,
+                 "The dtype of the parameters");
+  return *fields;
+}
+
+bool ExpFamAttentionOptions::IsValid(std::string* error) const {
+  // beta and components are checked only for the measure that reads them
+  // (an unread value is left as it was accepted before).
+  ExpFamAttentionOptions read = *this;
+  const ExpFamAttentionOptions defaults;
+  if (measure != ExpFamMeasure::kDiscrete) read.beta = defaults.beta;
+  if (measure != ExpFamMeasure::kMixture) read.components = defaults.components;
+  std::string problem = Fields().Check(read);
+  if (problem.empty() && dim % heads != 0) {
+    problem = "dim " + std::to_string(dim) + " must be a multiple of heads " +
+              std::to_string(heads);
+  }
+  if (problem.empty() && query_field && update != ExpFamUpdate::kCccp) {
+    problem =
+        "query_field needs the cccp update (the residual update has no energy to add the field "
+        "to)";
+  }
+  if (!problem.empty() && error != nullptr) *error = "ExpFamAttentionOptions: " + problem;
+  return problem.empty();
+}
+
+std::string ExpFamAttentionOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

@@ -46,6 +46,7 @@
 #include <string>
 
 #include "framework/autograd.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "layers/energy_layer.h"
 #include "layers/layer_norm.h"
@@ -91,6 +92,14 @@ struct ExpFamAttentionOptions {
   // Default: one step, i.e. the one-step attention sublayer.
   EnergySolveOptions solve = FixedSteps(1);
   DType dtype = DType::kFloat32;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<ExpFamAttentionOptions>& Fields();
+  // The fields' ranges (beta is read by the discrete measure only,
+  // components by the mixture only: each is checked when read), dim a
+  // multiple of heads, and query_field only with the cccp update.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 class ExpFamAttention : public EnergyLayer {

@@ -1,6 +1,7 @@
 #include "layers/hopfield.h"
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -11,26 +12,17 @@
 namespace stillpoint {
 namespace {
 
+// The options with their 0 defaults filled in (checked first: after it every
+// size and beta is positive).
 HopfieldOptions Resolve(HopfieldOptions options) {
-  SP_CHECK(options.state_size > 0, "HopfieldAttention: state_size must be > 0, got ",
-           options.state_size);
-  SP_CHECK(options.heads > 0, "HopfieldAttention: heads must be > 0, got ", options.heads);
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "HopfieldAttention: ", error);
   if (options.stored_size == 0) options.stored_size = options.state_size;
   if (options.value_size == 0) options.value_size = options.stored_size;
-  if (options.head_dim == 0) {
-    SP_CHECK(options.state_size % options.heads == 0, "HopfieldAttention: state_size ",
-             options.state_size, " is not a multiple of heads ", options.heads, "; set head_dim");
-    options.head_dim = options.state_size / options.heads;
-  }
+  if (options.head_dim == 0) options.head_dim = options.state_size / options.heads;
   if (options.value_head_dim == 0) options.value_head_dim = options.head_dim;
   if (options.output_size == 0) options.output_size = options.state_size;
   if (options.beta == 0.0) options.beta = 1.0 / std::sqrt(static_cast<double>(options.head_dim));
-  SP_CHECK(options.stored_size > 0 && options.value_size > 0 && options.head_dim > 0 &&
-               options.value_head_dim > 0 && options.output_size > 0,
-           "HopfieldAttention: sizes must be > 0");
-  SP_CHECK(options.beta > 0.0, "HopfieldAttention: beta must be > 0, got ", options.beta);
-  SP_CHECK(options.solve.steps >= 0, "HopfieldAttention: solve.steps must be >= 0, got ",
-           options.solve.steps);
   return options;
 }
 
@@ -233,5 +225,52 @@ Var HopfieldLookup::Forward(const Var& state, const AttentionMask& mask) const {
   Var targets = broadcast_to(targets_, Shape{batch, targets_.dim(0), targets_.dim(1)});
   return hopfield_->Forward(stored, state, targets, mask);
 }
+
+const OptionFields<HopfieldOptions>& HopfieldOptions::Fields() {
+  using O = HopfieldOptions;
+  constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Int("state_size", &O::state_size, 1, kNoLimit,
+                 "Width of the state patterns R (the query source)")
+           .Int("stored_size", &O::stored_size, 0, kNoLimit,
+                "Width of the stored patterns Y (the key source); 0: state_size")
+           .Int("value_size", &O::value_size, 0, kNoLimit,
+                "Width of the value source Z; 0: stored_size")
+           .Int("heads", &O::heads, 1, kNoLimit, "Attention heads")
+           .Int("head_dim", &O::head_dim, 0, kNoLimit,
+                "Query/key width per head; 0: state_size / heads")
+           .Int("value_head_dim", &O::value_head_dim, 0, kNoLimit,
+                "Value width per head; 0: head_dim")
+           .Int("output_size", &O::output_size, 0, kNoLimit, "Output width; 0: state_size")
+           .Double("beta", &O::beta, 0.0, std::numeric_limits<double>::max(),
+                   "Initial inverse temperature of every head; 0: 1/sqrt(head_dim)")
+           .Bool("learn_beta", &O::learn_beta, "Learn beta")
+           .Bool("normalize_stored", &O::normalize_stored,
+                 "LayerNorm on the stored patterns before their projections")
+           .Bool("normalize_state", &O::normalize_state,
+                 "LayerNorm on the state patterns before their projections")
+           .Bool("projection_bias", &O::projection_bias, "Biases on the four projections")
+           .Bool("causal", &O::causal, "Autoregressive masking (query i sees keys j <= i + S - N)")
+           .Bool("energy_constants", &O::energy_constants,
+                 "Add Ramsauer's constants (1/beta) ln S + M^2/2 per query to the energy")
+           .Bool("query_field", &O::query_field, "The queries as an external field on the state")
+           .Include("solve.", &O::solve, EnergySolveOptions::Fields())
+           .Enum("dtype", &O::dtype, {DType::kFloat32, DType::kFloat64}, stillpoint::ToString,
+                 "The dtype of the parameters");
+  return *fields;
+}
+
+bool HopfieldOptions::IsValid(std::string* error) const {
+  std::string problem = Fields().Check(*this);
+  if (problem.empty() && head_dim == 0 && state_size % heads != 0) {
+    problem = "state_size " + std::to_string(state_size) + " is not a multiple of heads " +
+              std::to_string(heads) + "; set head_dim";
+  }
+  if (!problem.empty() && error != nullptr) *error = "HopfieldOptions: " + problem;
+  return problem.empty();
+}
+
+std::string HopfieldOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

@@ -49,6 +49,7 @@
 #include <string>
 
 #include "framework/autograd.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "layers/attention.h"
 #include "layers/energy_layer.h"
@@ -92,6 +93,13 @@ struct HopfieldOptions {
   // Fixed steps (default 0: one-step attention) or the fixed point.
   EnergySolveOptions solve = FixedSteps(0);
   DType dtype = DType::kFloat32;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<HopfieldOptions>& Fields();
+  // The fields' ranges (0 picks a size's or beta's default), state_size a
+  // multiple of heads when head_dim is 0, and solve's fields.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 // What Prepare computes from the inputs: the energy's context, the initial

@@ -36,6 +36,8 @@ Implicit::Implicit(std::shared_ptr<EnergyLayer> layer,
       options_(options),
       energy_options_(energy_options) {
   SP_CHECK(energy_layer_ != nullptr, "Implicit: the energy layer is null");
+  std::string error;
+  SP_CHECK(energy_options.IsValid(&error), "Implicit: ", error);
   f_ = [name = energy_layer_->Name()](const Var&, const Var&, const std::vector<int64_t>&) -> Var {
     SP_CHECK(false, "Implicit: this layer solves the energy layer ", name,
              "; call Forward(ctx, z0) with its context, not Forward(u)");
@@ -111,5 +113,22 @@ Var Implicit::Forward(const EnergyContext& ctx, const Var& z0) {
                                 energy_options_.trace_energy ? &energy_trace_ : nullptr);
   return last_.z_star;
 }
+
+const OptionFields<EnergyImplicitOptions>& EnergyImplicitOptions::Fields() {
+  using O = EnergyImplicitOptions;
+  static const auto* fields = &(new OptionFields<O>)
+                                   ->Bool("trace_energy", &O::trace_energy,
+                                          "Record energy_trace(): the energy after every forward "
+                                          "solver iteration and at the returned state");
+  return *fields;
+}
+
+bool EnergyImplicitOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "EnergyImplicitOptions: " + problem;
+  return problem.empty();
+}
+
+std::string EnergyImplicitOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

@@ -60,6 +60,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/tensor.h"
 #include "layers/cell.h"
 #include "layers/energy_layer.h"
@@ -93,6 +94,12 @@ struct EnergyImplicitOptions {
   // at the end, off the tape (about what one Update costs for the layers of
   // the catalogue), plus a copy of the evaluated states. Default off.
   bool trace_energy = false;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<EnergyImplicitOptions>& Fields();
+  // Always valid (one flag); declared for ToString and uniformity.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 class Implicit : public Module {

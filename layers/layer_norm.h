@@ -13,6 +13,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/tensor.h"
 
 namespace stillpoint {
@@ -23,6 +24,12 @@ struct LayerNormOptions {
   // Learn a per-feature gain and bias.
   bool elementwise_affine = true;
   DType dtype = DType::kFloat32;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<LayerNormOptions>& Fields();
+  // The fields' ranges: eps >= 0 (0 is exact normalisation).
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 class LayerNorm : public Module {

@@ -12,6 +12,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, Rng& rng, const Linear
     : in_features_(in_features), out_features_(out_features) {
   SP_CHECK(in_features > 0 && out_features > 0, "Linear: extents must be positive, got ",
            in_features, " -> ", out_features);
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "Linear: ", error);
   Tensor weight(Shape{in_features, out_features}, options.dtype);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   init::Uniform(weight, -bound, bound, rng);
@@ -62,5 +64,23 @@ Var Linear::Apply(const Var& x, int64_t out, const std::function<Var(const Var& 
   dims.back() = out;
   return reshape(y, Shape(dims));
 }
+
+const OptionFields<LinearOptions>& LinearOptions::Fields() {
+  using O = LinearOptions;
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Bool("bias", &O::bias, "Add a learned bias b")
+           .Enum("dtype", &O::dtype, {DType::kFloat32, DType::kFloat64}, stillpoint::ToString,
+                 "The dtype of the parameters (and so of the inputs it accepts)");
+  return *fields;
+}
+
+bool LinearOptions::IsValid(std::string* error) const {
+  const std::string problem = Fields().Check(*this);
+  if (!problem.empty() && error != nullptr) *error = "LinearOptions: " + problem;
+  return problem.empty();
+}
+
+std::string LinearOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
 
 }  // namespace stillpoint

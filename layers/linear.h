@@ -20,6 +20,7 @@
 
 #include "framework/autograd.h"
 #include "framework/module.h"
+#include "framework/option_fields.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
 
@@ -30,6 +31,13 @@ struct LinearOptions {
   bool bias = true;
   // The dtype of the parameters (and so of the inputs it accepts).
   DType dtype = DType::kFloat32;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<LinearOptions>& Fields();
+  // Always valid (a dtype and a flag); declared for ToString and
+  // uniformity.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 class Linear : public Module {

@@ -212,14 +212,8 @@ ValueBeliefResult PropagateClampedValues(const Var& queries,
   CheckPrecision(op, "key_precision", key_precision, batch, heads, num_keys, false);
   CheckPrecision(op, "value_precision", value_precision, batch, heads, num_keys, false);
   const double lambda = options.value_prior_precision;
-  SP_CHECK(options.iterations >= 0 && lambda >= 0.0 && options.precision_prior_rate >= 0.0 &&
-               options.mixing_concentration >= 1.0,
-           op,
-           ": iterations, value_prior_precision and precision_prior_rate must be >= 0 and "
-           "mixing_concentration >= 1");
-  SP_CHECK(options.precision_prior_shape >= 1.0, op,
-           ": precision_prior_shape must be >= 1 (else the precision update can turn negative), "
-           "got ", options.precision_prior_shape);
+  std::string error;
+  SP_CHECK(options.IsValid(&error), op, ": ", error);
   SP_CHECK(!options.adapt_mixing || !log_prior.defined() || log_prior.rank() < 2 ||
                log_prior.dim(-2) == 1,
            op,
@@ -293,19 +287,14 @@ ValueBeliefResult PropagateClampedValues(const Var& queries,
 
 namespace {
 
+// The options with their 0 defaults filled in (checked first).
 ProbabilisticAttentionOptions Resolve(ProbabilisticAttentionOptions o) {
-  SP_CHECK(o.dim > 0 && o.heads > 0, "ProbabilisticAttention: dim and heads must be > 0");
-  if (o.head_dim == 0) {
-    SP_CHECK(o.dim % o.heads == 0, "ProbabilisticAttention: dim ", o.dim,
-             " is not a multiple of heads ", o.heads, "; set head_dim");
-    o.head_dim = o.dim / o.heads;
-  }
+  std::string error;
+  SP_CHECK(o.IsValid(&error), "ProbabilisticAttention: ", error);
+  if (o.head_dim == 0) o.head_dim = o.dim / o.heads;
   if (o.value_head_dim == 0) o.value_head_dim = o.head_dim;
   if (o.query_precision == 0.0)
     o.query_precision = 1.0 / std::sqrt(static_cast<double>(o.head_dim));
-  SP_CHECK(o.query_precision > 0.0 && o.value_precision >= 0.0,
-           "ProbabilisticAttention: query_precision must be > 0 and value_precision >= 0");
-  SP_CHECK(o.solve.steps >= 0, "ProbabilisticAttention: solve.steps must be >= 0");
   return o;
 }
 
@@ -528,6 +517,97 @@ Var ProbabilisticAttention::Forward(const Var& x,
 Var ProbabilisticAttention::Forward(const Var& x,
                                     const ProbabilisticAttentionInputs& inputs) const {
   return Forward(x, x, inputs);
+}
+
+const OptionFields<ValueBeliefOptions>& ValueBeliefOptions::Fields() {
+  using O = ValueBeliefOptions;
+  constexpr double kInf = std::numeric_limits<double>::max();
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Int("iterations", &O::iterations, 0, std::numeric_limits<int>::max(),
+                 "EM iterations over the value parameters (0: off)")
+           .Double("value_prior_precision", &O::value_prior_precision, 0.0, kInf,
+                   "Precision of the Gaussian prior on each value mean, centred on the "
+                   "pretrained value (0: the weighted mean of the clamped values; +infinity, "
+                   "accepted by IsValid, freezes the values)")
+           .Bool("adapt_value_precision", &O::adapt_value_precision,
+                 "Re-estimate the value precisions (Gamma prior)")
+           .Double("precision_prior_shape", &O::precision_prior_shape, 1.0, kInf,
+                   "Shape of the value precisions' Gamma prior (>= 1, else the precision update "
+                   "can turn negative)")
+           .Double("precision_prior_rate", &O::precision_prior_rate, 0.0, kInf,
+                   "Rate of the value precisions' Gamma prior")
+           .Bool("adapt_mixing", &O::adapt_mixing,
+                 "Re-estimate the mixing proportions (symmetric Dirichlet prior)")
+           .Double("mixing_concentration", &O::mixing_concentration, 1.0, kInf,
+                   "Concentration of the mixing proportions' Dirichlet prior (>= 1)");
+  return *fields;
+}
+
+bool ValueBeliefOptions::IsValid(std::string* error) const {
+  ValueBeliefOptions finite = *this;
+  if (value_prior_precision == std::numeric_limits<double>::infinity()) {
+    finite.value_prior_precision = 0.0;  // frozen values
+  }
+  const std::string problem = Fields().Check(finite);
+  if (!problem.empty() && error != nullptr) *error = "ValueBeliefOptions: " + problem;
+  return problem.empty();
+}
+
+std::string ValueBeliefOptions::ToString() const { return Fields().Describe(*this) + "\n"; }
+
+const OptionFields<ProbabilisticAttentionOptions>& ProbabilisticAttentionOptions::Fields() {
+  using O = ProbabilisticAttentionOptions;
+  constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+  constexpr double kInf = std::numeric_limits<double>::max();
+  static const auto* fields =
+      &(new OptionFields<O>)
+           ->Int("dim", &O::dim, 1, kNoLimit, "Model width of x and the context (and the output)")
+           .Int("heads", &O::heads, 1, kNoLimit, "Attention heads")
+           .Int("head_dim", &O::head_dim, 0, kNoLimit, "Query/key width d per head; 0: dim / heads")
+           .Int("value_head_dim", &O::value_head_dim, 0, kNoLimit,
+                "Value width dv per head; 0: head_dim")
+           .Double("query_precision", &O::query_precision, 0.0, kInf,
+                   "Initial uniform query/key precision alpha; 0: 1/sqrt(head_dim)")
+           .Double("value_precision", &O::value_precision, 0.0, kInf,
+                   "Initial uniform value precision beta (0: standard attention)")
+           .Bool("learn_precisions", &O::learn_precisions, "Learn the precisions alpha and beta")
+           .Bool("magnitude_prior", &O::magnitude_prior,
+                 "pi_ij proportional to exp(alpha_j/2 |xi_j|^2 + beta_j/2 |mu_j|^2) (eq 17)")
+           .Bool("log_normalizer", &O::log_normalizer,
+                 "Keep (d/2) log alpha_j + (dv/2) log beta_j in the logits")
+           .Bool("causal", &O::causal, "Autoregressive masking")
+           .Bool("projection_bias", &O::projection_bias, "Biases on the projections")
+           .Include("solve.", &O::solve, EnergySolveOptions::Fields())
+           .Include("key_adaptation.", &O::key_adaptation, KeyAdaptationOptions::Fields())
+           .Include("value_belief.", &O::value_belief, ValueBeliefOptions::Fields())
+           .Bool("force_clamped_output", &O::force_clamped_output,
+                 "Output the clamped value itself at clamped units")
+           .Enum("dtype", &O::dtype, {DType::kFloat32, DType::kFloat64}, stillpoint::ToString,
+                 "The dtype of the parameters");
+  return *fields;
+}
+
+bool ProbabilisticAttentionOptions::IsValid(std::string* error) const {
+  // The nested options are checked by their own IsValid (which accepts an
+  // infinite prior precision: frozen keys or values).
+  ProbabilisticAttentionOptions own = *this;
+  own.key_adaptation = KeyAdaptationOptions();
+  own.value_belief = ValueBeliefOptions();
+  std::string problem = Fields().Check(own);
+  if (problem.empty() && head_dim == 0 && dim % heads != 0) {
+    problem = "dim " + std::to_string(dim) + " is not a multiple of heads " +
+              std::to_string(heads) + "; set head_dim";
+  }
+  std::string nested;
+  if (problem.empty() && !key_adaptation.IsValid(&nested)) problem = "key_adaptation: " + nested;
+  if (problem.empty() && !value_belief.IsValid(&nested)) problem = "value_belief: " + nested;
+  if (!problem.empty() && error != nullptr) *error = "ProbabilisticAttentionOptions: " + problem;
+  return problem.empty();
+}
+
+std::string ProbabilisticAttentionOptions::ToString() const {
+  return Fields().Describe(*this) + "\n";
 }
 
 }  // namespace stillpoint

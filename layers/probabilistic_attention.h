@@ -125,6 +125,13 @@ struct ValueBeliefOptions {
   // symmetric Dirichlet(concentration) prior (eq 38); concentration >= 1.
   bool adapt_mixing = false;
   double mixing_concentration = 1.0;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<ValueBeliefOptions>& Fields();
+  // The fields' ranges; value_prior_precision may also be +infinity (frozen
+  // values).
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 struct ValueBeliefResult {
@@ -187,6 +194,14 @@ struct ProbabilisticAttentionOptions {
   // Output the clamped value itself at clamped units.
   bool force_clamped_output = false;
   DType dtype = DType::kFloat32;
+
+  // The fields, declared once (framework/option_fields.h); not config keys.
+  static const OptionFields<ProbabilisticAttentionOptions>& Fields();
+  // The fields' ranges (0 picks head_dim's, value_head_dim's or
+  // query_precision's default), dim a multiple of heads when head_dim is 0,
+  // and the nested key_adaptation and value_belief options.
+  bool IsValid(std::string* error) const;
+  std::string ToString() const;
 };
 
 // Optional inputs of a forward pass.
