@@ -326,16 +326,12 @@ Var SequenceModel::FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng)
 
 Var SequenceModel::FixedPointSpectralRadiusPenalty(const Var& u, double target,
                                                    const SpectralRadiusOptions& estimate) {
+  // One map (for an energy model, one Prepare of the block's context) for
+  // both: the estimate differentiates only with respect to its own leaf, so
+  // its directions are a fixed input of the penalty.
   const CellFn map = FixedPointMap(u);
   const Tensor& z_star = FixedPoint();
-  Tensor directions;
-  {
-    // The directions are a fixed input of the penalty: found on a map
-    // evaluated apart from the training tape.
-    const SpectralRadiusResult found =
-        EstimateSpectralRadius(FixedPointMap(constant(u.value())), z_star, estimate);
-    directions = found.directions;
-  }
+  const Tensor directions = EstimateSpectralRadius(map, z_star, estimate).directions;
   return SpectralRadiusPenalty(map, z_star, directions, target);
 }
 

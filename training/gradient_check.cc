@@ -5,7 +5,6 @@
 
 #include "framework/ops.h"
 #include "layers/energy_attention.h"
-#include "solvers/regularizers.h"
 #include "training/experiment.h"
 
 namespace stillpoint {
@@ -57,17 +56,6 @@ Batch GradientProbeBatch(const Dataset& dataset, int64_t size, DType dtype) {
   return probe.Next();
 }
 
-namespace {
-
-// Power iteration on J_f^T at the fixed point of the model's last forward
-// (implicit kind: the cell with the batch's injection; energy kind: the
-// block's update).
-double FixedPointSpectralRadius(SequenceModel& model, const Batch& batch) {
-  return model.FixedPointSpectralRadius(EmbedBatch(model, batch)).max_radius;
-}
-
-}  // namespace
-
 bool HasImplicitLayer(const SequenceModel& model) {
   return model.implicit() != nullptr || !FindEnergyAttentions(model).empty() ||
          !model.HopfieldReadouts().empty();
@@ -103,7 +91,8 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
     check.used_brief = layers[0]->backward_summary()->BriefReport();
   }
   if (model.options().kind == ModelKind::kImplicit || model.options().kind == ModelKind::kEnergy) {
-    check.spectral_radius = FixedPointSpectralRadius(model, batch);
+    // Power iteration on J_f^T at the fixed point of the forward just run.
+    check.spectral_radius = model.FixedPointSpectralRadius(EmbedBatch(model, batch)).max_radius;
   }
   for (Implicit* layer : layers) layer->mutable_options().backward = ReferenceBackwardOptions();
   for (ImplicitOptions* options : readouts) options->backward = ReferenceBackwardOptions();

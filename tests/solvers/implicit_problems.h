@@ -115,6 +115,14 @@ inline Tensor AffineSolution(const ImplicitProblem& p) {
 }
 
 // f(z) = tanh(z W^T + x U^T + b), ||W|| <= 0.6 (a contraction).
+// The map z -> tanh(z W^T + x[ids] U^T + b) of TanhProblem, for tests that
+// rebuild it around a perturbed W.
+inline CellFn TanhCell(const Var& w, const Var& u, const Var& b, const Var& x) {
+  return [w, u, b, x](const Var& z, const std::vector<int64_t>& ids) {
+    return tanh(add(add(matmul(z, w, false, true), matmul(gather(x, 0, ids), u, false, true)), b));
+  };
+}
+
 inline ImplicitProblem TanhProblem(
     int64_t batch, int64_t n, int64_t d, uint64_t seed, double w_norm = 0.6) {
   Rng rng(seed);
@@ -126,9 +134,7 @@ inline ImplicitProblem TanhProblem(
   Var x = Leaf(RandomNormal(Shape{batch, d}, 0.0, 1.0, DType::kFloat64, rng));
   p.params = {w, u, b, x};
   p.param_names = {"W", "U", "b", "x"};
-  p.cell = [w, u, b, x](const Var& z, const std::vector<int64_t>& ids) {
-    return tanh(add(add(matmul(z, w, false, true), matmul(gather(x, 0, ids), u, false, true)), b));
-  };
+  p.cell = TanhCell(w, u, b, x);
   p.z0 = Tensor::Zeros(Shape{batch, n}, DType::kFloat64);
   return p;
 }

@@ -69,11 +69,7 @@ TEST(JacobianFrobeniusPenalty, IsDifferentiableInTheParameters) {
   const Var b = p.params[2].detach();
   const Var x = p.params[3].detach();
   auto penalty_of = [&](const VarList& inputs) {
-    const Var w = inputs[0];
-    CellFn cell = [w, u, b, x](const Var& state, const std::vector<int64_t>& ids) {
-      return tanh(
-          add(add(matmul(state, w, false, true), matmul(gather(x, 0, ids), u, false, true)), b));
-    };
+    const CellFn cell = implicit_test::TanhCell(inputs[0], u, b, x);
     Rng rng(11);  // the same probes at every evaluation
     return JacobianFrobeniusPenalty(cell, z, 3, rng);
   };
@@ -161,11 +157,7 @@ TEST(SpectralRadiusPenalty, IsDifferentiableInTheParameters) {
   const Var b = p.params[2].detach();
   const Var x = p.params[3].detach();
   auto penalty_of = [&](const VarList& inputs) {
-    const Var w = inputs[0];
-    CellFn cell = [w, u, b, x](const Var& state, const std::vector<int64_t>& ids) {
-      return tanh(
-          add(add(matmul(state, w, false, true), matmul(gather(x, 0, ids), u, false, true)), b));
-    };
+    const CellFn cell = implicit_test::TanhCell(inputs[0], u, b, x);
     return SpectralRadiusPenalty(cell, z, directions, 0.1);
   };
   GradCheckOptions options;
