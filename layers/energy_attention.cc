@@ -53,6 +53,18 @@ void Collect(const Module& module,
   }
 }
 
+// What is wrong with the inner solve's options ("" if nothing): the part of
+// EnergyAttentionOptions::IsValid that is not the block's.
+std::string InnerSolveProblem(const ImplicitOptions& solver) {
+  std::string nested;
+  if (!solver.IsValid(&nested)) return "inner solver options: " + nested;
+  if (solver.backward.warm_start) {
+    return "the inner adjoint cannot be warm-started (one call site serves every evaluation of "
+           "the cell)";
+  }
+  return "";
+}
+
 }  // namespace
 
 ImplicitOptions DefaultAttentionSolverOptions() {
@@ -69,9 +81,11 @@ ImplicitOptions DefaultAttentionSolverOptions() {
 
 EnergyAttention::EnergyAttention(const EnergyAttentionOptions& options, Rng& rng)
     : options_(options) {
-  std::string error;
-  SP_CHECK(options.IsValid(&error), "EnergyAttention: ", error);
+  // The block's options are checked once, by CreateEnergyBlock, which builds
+  // it; the rest of EnergyAttentionOptions::IsValid here.
   block_ = RegisterModule("block", CreateEnergyBlock(options.block, rng));
+  const std::string problem = InnerSolveProblem(options.solver);
+  SP_CHECK(problem.empty(), "EnergyAttention: EnergyAttentionOptions: ", problem);
   implicit_ = std::make_shared<Implicit>(block_->layer(), options.solver);
 }
 
@@ -145,12 +159,7 @@ bool EnergyAttentionOptions::IsValid(std::string* error) const {
   std::string problem;
   std::string nested;
   if (!block.IsValid(&nested)) problem = "block: " + nested;
-  if (problem.empty() && !solver.IsValid(&nested)) problem = "inner solver options: " + nested;
-  if (problem.empty() && solver.backward.warm_start) {
-    problem =
-        "the inner adjoint cannot be warm-started (one call site serves every evaluation of the "
-        "cell)";
-  }
+  if (problem.empty()) problem = InnerSolveProblem(solver);
   if (!problem.empty() && error != nullptr) *error = "EnergyAttentionOptions: " + problem;
   return problem.empty();
 }

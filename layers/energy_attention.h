@@ -78,6 +78,9 @@ struct AttentionDiagnostics {
 
 class EnergyAttention : public Module {
  public:
+  // Throws stillpoint::Error when the options are not valid: the block's
+  // with CreateEnergyBlock's message ("energy block '<layer>': ..."), the
+  // inner solve's with "EnergyAttention: EnergyAttentionOptions: ...".
   EnergyAttention(const EnergyAttentionOptions& options, Rng& rng);
 
   std::string Name() const override;

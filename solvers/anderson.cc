@@ -314,4 +314,8 @@ void AndersonSolver::FinishSolver(SolverSummary* summary) {
   }
 }
 
+std::unique_ptr<FixedPointSolver> CreateAndersonSolver(const ForwardSolverOptions& options) {
+  return std::make_unique<AndersonSolver>(options);
+}
+
 }  // namespace stillpoint

@@ -198,4 +198,8 @@ void BroydenSolver::FinishSolver(SolverSummary* summary) {
   }
 }
 
+std::unique_ptr<FixedPointSolver> CreateBroydenSolver(const ForwardSolverOptions& options) {
+  return std::make_unique<BroydenSolver>(options);
+}
+
 }  // namespace stillpoint

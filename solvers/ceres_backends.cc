@@ -465,4 +465,13 @@ std::string CeresTrustRegionSolver::RunCeres(int64_t sample,
   return summary.BriefReport();
 }
 
+std::unique_ptr<FixedPointSolver> CreateCeresLbfgsSolver(const ForwardSolverOptions& options) {
+  return std::make_unique<CeresLbfgsSolver>(options);
+}
+
+std::unique_ptr<FixedPointSolver> CreateCeresTrustRegionSolver(
+    const ForwardSolverOptions& options) {
+  return std::make_unique<CeresTrustRegionSolver>(options);
+}
+
 }  // namespace stillpoint

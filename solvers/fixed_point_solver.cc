@@ -9,12 +9,7 @@
 #include "framework/check.h"
 #include "framework/parallel.h"
 #include "framework/parallel_loops.h"
-#include "solvers/anderson.h"
-#include "solvers/broyden.h"
-#include "solvers/ceres_backends.h"
 #include "solvers/fallback.h"
-#include "solvers/newton_krylov.h"
-#include "solvers/picard.h"
 #include "solvers/report_format.h"
 
 namespace stillpoint {
@@ -66,18 +61,11 @@ void NoteUnusedOptions(const ForwardSolverOptions& options, std::vector<OptionUs
 std::unique_ptr<FixedPointSolver> FixedPointSolver::Create(const ForwardSolverOptions& options) {
   // The options are checked once, by the constructor every solver runs.
   switch (options.type) {
-    case ForwardSolverType::kPicard:
-      return std::make_unique<PicardSolver>(options);
-    case ForwardSolverType::kAnderson:
-      return std::make_unique<AndersonSolver>(options);
-    case ForwardSolverType::kBroyden:
-      return std::make_unique<BroydenSolver>(options);
-    case ForwardSolverType::kNewtonKrylov:
-      return std::make_unique<NewtonKrylovSolver>(options);
-    case ForwardSolverType::kCeresLbfgs:
-      return std::make_unique<CeresLbfgsSolver>(options);
-    case ForwardSolverType::kCeresTrustRegion:
-      return std::make_unique<CeresTrustRegionSolver>(options);
+#define SP_CREATE_FORWARD_SOLVER(value, name, factory) \
+  case ForwardSolverType::value:                       \
+    return factory(options);
+    SP_FORWARD_SOLVERS(SP_CREATE_FORWARD_SOLVER)
+#undef SP_CREATE_FORWARD_SOLVER
   }
   SP_CHECK(false, "FixedPointSolver::Create: unknown solver type ", static_cast<int>(options.type));
   return nullptr;

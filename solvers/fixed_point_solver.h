@@ -39,7 +39,8 @@ namespace stillpoint {
 
 class FixedPointSolver {
  public:
-  // Creates the solver that options.type names (one switch); throws
+  // Creates the solver that options.type names (one switch over
+  // solvers/forward_solver_list.h); throws
   // stillpoint::Error with IsValid's message if the options are invalid.
   static std::unique_ptr<FixedPointSolver> Create(const ForwardSolverOptions& options);
 
@@ -274,6 +275,15 @@ class FixedPointSolver {
 
   friend class FixedPointSolverTestPeer;
 };
+
+// The factory of each solver, one per line of solvers/forward_solver_list.h,
+// each defined in its solver's .cc (e.g. CreatePicardSolver in picard.cc).
+// FixedPointSolver::Create calls the one options.type names; calling one
+// directly builds that solver whatever options.type says.
+#define SP_DECLARE_FORWARD_SOLVER_FACTORY(value, name, factory) \
+  std::unique_ptr<FixedPointSolver> factory(const ForwardSolverOptions& options);
+SP_FORWARD_SOLVERS(SP_DECLARE_FORWARD_SOLVER_FACTORY)
+#undef SP_DECLARE_FORWARD_SOLVER_FACTORY
 
 // Create(options)->Solve(problem, z, &summary); returns the summary.
 SolverSummary SolveFixedPoint(const ForwardSolverOptions& options,

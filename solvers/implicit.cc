@@ -1,6 +1,7 @@
 // SolveImplicit checks its inputs and hands them to the function of the
-// backward mode (solvers/implicit/: unrolled.cc, phantom.cc, ift.cc for kIft
-// and kJfb; what they share is in common.cc).
+// backward mode (one per line of solvers/implicit/mode_list.h, in
+// solvers/implicit/: unrolled.cc, phantom.cc, ift.cc for kIft and kJfb; what
+// they share is in common.cc).
 #include "solvers/implicit.h"
 
 #include <numeric>
@@ -70,17 +71,16 @@ ImplicitResult SolveImplicit(const CellFn& f,
            "size n = ",
            in.n, " exceeds backward.dense_max_state_size = ", backward.dense_max_state_size);
 
+  // One case per line of solvers/implicit/mode_list.h.
   switch (backward.mode) {
-    case BackwardMode::kUnrolled:
-      return implicit::SolveUnrolled(in);
-    case BackwardMode::kPhantom:
-      return implicit::SolvePhantom(in);
-    case BackwardMode::kJfb:
-      return implicit::SolveJfb(in);
-    case BackwardMode::kIft:
-      break;
+#define SP_SOLVE_BACKWARD_MODE(value, name, function, summary) \
+  case BackwardMode::value:                                    \
+    return implicit::function(in);
+    SP_BACKWARD_MODES(SP_SOLVE_BACKWARD_MODE)
+#undef SP_SOLVE_BACKWARD_MODE
   }
-  return implicit::SolveIft(in);
+  SP_CHECK(false, "SolveImplicit: unknown backward mode ", static_cast<int>(backward.mode));
+  return {};
 }
 
 }  // namespace stillpoint

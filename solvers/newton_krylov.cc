@@ -294,4 +294,8 @@ void NewtonKrylovSolver::FinishSolver(SolverSummary* summary) {
   }
 }
 
+std::unique_ptr<FixedPointSolver> CreateNewtonKrylovSolver(const ForwardSolverOptions& options) {
+  return std::make_unique<NewtonKrylovSolver>(options);
+}
+
 }  // namespace stillpoint

@@ -20,28 +20,24 @@ bool ParseEnum(const std::string& text, std::initializer_list<Enum> values, Enum
 
 // ---- enums ----
 
+// The names and the list of values come from solvers/forward_solver_list.h.
 const char* ToString(ForwardSolverType type) {
   switch (type) {
-    case ForwardSolverType::kPicard:
-      return "picard";
-    case ForwardSolverType::kAnderson:
-      return "anderson";
-    case ForwardSolverType::kBroyden:
-      return "broyden";
-    case ForwardSolverType::kNewtonKrylov:
-      return "newton_krylov";
-    case ForwardSolverType::kCeresLbfgs:
-      return "ceres_lbfgs";
-    case ForwardSolverType::kCeresTrustRegion:
-      return "ceres_trust_region";
+#define SP_FORWARD_SOLVER_NAME(value, name, factory) \
+  case ForwardSolverType::value:                     \
+    return name;
+    SP_FORWARD_SOLVERS(SP_FORWARD_SOLVER_NAME)
+#undef SP_FORWARD_SOLVER_NAME
   }
   return "unknown";
 }
 
 std::vector<ForwardSolverType> AllForwardSolverTypes() {
-  return {ForwardSolverType::kPicard,     ForwardSolverType::kAnderson,
-          ForwardSolverType::kBroyden,    ForwardSolverType::kNewtonKrylov,
-          ForwardSolverType::kCeresLbfgs, ForwardSolverType::kCeresTrustRegion};
+  return {
+#define SP_FORWARD_SOLVER_VALUE(value, name, factory) ForwardSolverType::value,
+      SP_FORWARD_SOLVERS(SP_FORWARD_SOLVER_VALUE)
+#undef SP_FORWARD_SOLVER_VALUE
+  };
 }
 
 bool StringToForwardSolverType(const std::string& text, ForwardSolverType* type) {

@@ -19,18 +19,18 @@
 #include <vector>
 
 #include "framework/option_fields.h"
+#include "solvers/forward_solver_list.h"
 
 namespace stillpoint {
 
 // ---- enums ----
 
+// The forward solvers: one enumerator per line of
+// solvers/forward_solver_list.h, in its order (see there what each does).
 enum class ForwardSolverType {
-  kPicard,           // "picard": damped fixed-point iteration
-  kAnderson,         // "anderson": Anderson acceleration (type II or I)
-  kBroyden,          // "broyden": limited-memory Broyden (good or bad)
-  kNewtonKrylov,     // "newton_krylov": inexact Newton with matrix-free GMRES
-  kCeresLbfgs,       // "ceres_lbfgs": ceres::GradientProblemSolver on the energy
-  kCeresTrustRegion  // "ceres_trust_region": Ceres LM / dogleg on f(z) - z = 0
+#define SP_FORWARD_SOLVER_ENUMERATOR(value, name, factory) value,
+  SP_FORWARD_SOLVERS(SP_FORWARD_SOLVER_ENUMERATOR)
+#undef SP_FORWARD_SOLVER_ENUMERATOR
 };
 const char* ToString(ForwardSolverType type);
 bool StringToForwardSolverType(const std::string& text, ForwardSolverType* type);

@@ -38,4 +38,8 @@ void PicardSolver::StepSolver() {
   EvaluateRows(samples, state(), &map_value());
 }
 
+std::unique_ptr<FixedPointSolver> CreatePicardSolver(const ForwardSolverOptions& options) {
+  return std::make_unique<PicardSolver>(options);
+}
+
 }  // namespace stillpoint

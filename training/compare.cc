@@ -14,6 +14,7 @@
 #include "framework/ops.h"
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
+#include "solvers/adjoint/options.h"
 #include "training/compare_report.h"
 #include "training/config_schema.h"
 #include "training/distributed.h"
@@ -29,8 +30,6 @@ namespace stillpoint {
 namespace {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-const std::vector<std::string> kBackwardModes = {"ift", "jfb", "phantom", "unrolled"};
 
 std::vector<double> DepthSweep(const Config& config) {
   std::vector<double> sweep = config.GetDoubleList("eval.iterations_sweep");
@@ -67,9 +66,9 @@ std::vector<std::string> VariantOverrides(const std::string& variant) {
   if (variant == "explicit" || variant == "tied" || variant == "implicit") {
     return {"model.kind=" + variant};
   }
-  for (const std::string& mode : kBackwardModes) {
-    if (variant == "implicit_" + mode) {
-      return {"model.kind=implicit", "model.solver.backward.mode=" + mode};
+  for (BackwardMode mode : AllBackwardModes()) {
+    if (variant == std::string("implicit_") + ToString(mode)) {
+      return {"model.kind=implicit", std::string("model.solver.backward.mode=") + ToString(mode)};
     }
   }
   if (variant == "energy") return {"model.kind=energy"};
@@ -127,7 +126,9 @@ void ValidateCompareVariants(const Config& config, const std::string& config_pat
                           "and energy)");
       }
       std::string known = "explicit, tied, implicit";
-      for (const std::string& mode : kBackwardModes) known += ", implicit_" + mode;
+      for (BackwardMode mode : AllBackwardModes()) {
+        known += std::string(", implicit_") + ToString(mode);
+      }
       known += ", energy";
       for (const std::string& layer : EnergyBlockRegistry().Names()) known += ", energy_" + layer;
       throw ConfigError(config.Origin("compare.variants") + ": unknown variant '" + v +

@@ -1,5 +1,5 @@
-// SolveAdjoint: checks its inputs, picks the method for options.solver
-// (methods.h) and turns the per-sample outcome into the summary.
+// SolveAdjoint: checks its inputs, runs the method options.solver names
+// (solvers/adjoint/method_list.h, methods.h) and turns the per-sample outcome into the summary.
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -16,9 +16,10 @@ using adjoint::Float64Solve;
 using adjoint::RowMatrix;
 using adjoint::SampleState;
 
-// GMRES, CG, MINRES, Neumann and dense, on float64 copies of g and w (the
-// start: *w if defined, else g); writes the solution into *w.
-void SolveOnFloat64Rows(const BackwardOptions& options,
+// A float64 method (GMRES, CG, MINRES, Neumann, dense) on float64 copies of
+// g and w (the start: *w if defined, else g); writes the solution into *w.
+void SolveOnFloat64Rows(void (*method)(Float64Solve*),
+                        const BackwardOptions& options,
                         const BatchedVjp& vjp,
                         const Tensor& g,
                         Tensor* w,
@@ -38,30 +39,36 @@ void SolveOnFloat64Rows(const BackwardOptions& options,
   AdjointOperator op(vjp, batch, n, g.dtype());
   RowMatrix residual(batch, n);
   Float64Solve solve{options, &op, g_matrix, &w_matrix, &samples, summary, &residual};
-  switch (options.solver) {
-    case AdjointSolverType::kNeumann:
-      adjoint::SolveNeumann(&solve);
-      break;
-    case AdjointSolverType::kGmres:
-      adjoint::SolveGmres(&solve);
-      break;
-    case AdjointSolverType::kConjugateGradient:
-      adjoint::SolveConjugateGradient(&solve);
-      break;
-    case AdjointSolverType::kMinres:
-      adjoint::SolveMinres(&solve);
-      break;
-    case AdjointSolverType::kDense:
-      adjoint::SolveDense(&solve);
-      break;
-    default:
-      break;
-  }
+  method(&solve);
   adjoint::Finalize(&op, g_matrix, solve.has_final_residual ? &residual : nullptr, &samples,
                     &w_matrix, summary);
   summary->vjp_evaluations = op.calls();
   if (!w->defined()) *w = Tensor(g.shape(), g.dtype());
   adjoint::MatrixToTensor(w_matrix, w);
+}
+
+// Runs the method options.solver names: one case per line of
+// solvers/adjoint/method_list.h. The forward solvers work on the state's
+// tensors, the others on float64 copies (see SolveWithFixedPointSolver).
+void RunMethod(const BackwardOptions& options,
+               const BatchedVjp& vjp,
+               const Tensor& g,
+               Tensor* w,
+               AdjointSummary* summary) {
+  switch (options.solver) {
+#define SP_RUN_ON_FORWARD_SOLVER(value, name, forward)                                           \
+  case AdjointSolverType::value:                                                                 \
+    adjoint::SolveWithFixedPointSolver(options, ForwardSolverType::forward, vjp, g, w, summary); \
+    return;
+#define SP_RUN_ON_FLOAT64_ROWS(value, name, method)                    \
+  case AdjointSolverType::value:                                       \
+    SolveOnFloat64Rows(&adjoint::method, options, vjp, g, w, summary); \
+    return;
+    SP_ADJOINT_SOLVERS(SP_RUN_ON_FORWARD_SOLVER, SP_RUN_ON_FLOAT64_ROWS)
+#undef SP_RUN_ON_FORWARD_SOLVER
+#undef SP_RUN_ON_FLOAT64_ROWS
+  }
+  SP_CHECK(false, "SolveAdjoint: unknown adjoint solver ", static_cast<int>(options.solver));
 }
 
 }  // namespace
@@ -100,13 +107,7 @@ AdjointSummary adjoint::SolveWithCheckedOptions(const BackwardOptions& options,
   summary.state_size = n;
   summary.warm_started = warm && options.solver != AdjointSolverType::kDense;
 
-  // The forward solvers work on the state's tensors, the others on float64
-  // copies (see SolveWithFixedPointSolver).
-  if (adjoint::UsesForwardSolver(options.solver)) {
-    adjoint::SolveWithFixedPointSolver(options, vjp, g, w, &summary);
-  } else {
-    SolveOnFloat64Rows(options, vjp, g, w, &summary);
-  }
+  RunMethod(options, vjp, g, w, &summary);
 
   summary.tolerance = options.tolerance;
   if (options.tolerance == 0.0 && options.solver != AdjointSolverType::kDense) {

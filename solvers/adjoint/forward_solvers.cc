@@ -224,26 +224,16 @@ bool IsPlainBudget(const BackwardOptions& options) {
          options.max_iterations >= 1;
 }
 
-// The forward solver options that solve the normalised adjoint equation to
-// options.tolerance.
-ForwardSolverOptions ForwardOptionsFor(const BackwardOptions& options) {
+// The options of the forward solver `type` that solve the normalised adjoint
+// equation to options.tolerance. Anderson and Broyden take their history
+// size from the backward options; every other forward option keeps its
+// default (the summary lists them).
+ForwardSolverOptions ForwardOptionsFor(const BackwardOptions& options, ForwardSolverType type) {
   ForwardSolverOptions forward;
-  switch (options.solver) {
-    case AdjointSolverType::kFixedPoint:
-      forward.type = ForwardSolverType::kPicard;
-      forward.picard_damping = 1.0;
-      break;
-    case AdjointSolverType::kAnderson:
-      forward.type = ForwardSolverType::kAnderson;
-      forward.anderson_memory = options.anderson_memory;
-      break;
-    case AdjointSolverType::kBroyden:
-      forward.type = ForwardSolverType::kBroyden;
-      forward.broyden_memory = options.broyden_memory;
-      break;
-    default:
-      SP_CHECK(false, "SolveAdjoint: ", ToString(options.solver), " is not a fixed-point solver");
-  }
+  forward.type = type;
+  if (type == ForwardSolverType::kPicard) forward.picard_damping = 1.0;
+  if (type == ForwardSolverType::kAnderson) forward.anderson_memory = options.anderson_memory;
+  if (type == ForwardSolverType::kBroyden) forward.broyden_memory = options.broyden_memory;
   forward.max_iterations = options.max_iterations;
   forward.stagnation_window = options.stagnation_window;
   forward.stop_mode = StopMode::kAbsolute;
@@ -259,11 +249,6 @@ ForwardSolverOptions ForwardOptionsFor(const BackwardOptions& options) {
 
 }  // namespace
 
-bool UsesForwardSolver(AdjointSolverType type) {
-  return type == AdjointSolverType::kFixedPoint || type == AdjointSolverType::kAnderson ||
-         type == AdjointSolverType::kBroyden;
-}
-
 // Runs a forward fixed-point solver on the normalised adjoint map
 // u -> g_b / ||g_b|| + J^T u, from u0 = w0 / ||g_b|| (w0 = *w if defined,
 // else g), and writes w = ||g_b|| u into *w. With ||g_b|| scaled to 1, the
@@ -271,6 +256,7 @@ bool UsesForwardSolver(AdjointSolverType type) {
 // residual, so the forward absolute stopping rule implements the adjoint
 // tolerance.
 void SolveWithFixedPointSolver(const BackwardOptions& options,
+                               ForwardSolverType forward_type,
                                const BatchedVjp& vjp,
                                const Tensor& g,
                                Tensor* w,
@@ -278,7 +264,7 @@ void SolveWithFixedPointSolver(const BackwardOptions& options,
   const int64_t batch = g.dim(0);
   const std::vector<double> g_norm = RowNorms(g);
   const std::vector<double> inverse_norm = InverseNorms(g_norm);
-  const ForwardSolverOptions forward = ForwardOptionsFor(options);
+  const ForwardSolverOptions forward = ForwardOptionsFor(options, forward_type);
   const bool plain_budget = IsPlainBudget(options);
 
   NormalisedAdjointMap map(vjp, g, inverse_norm);

@@ -1,5 +1,5 @@
 // The adjoint solve methods behind SolveAdjoint (internal; dispatch.cc picks
-// one by BackwardOptions::solver).
+// one by BackwardOptions::solver, from solvers/adjoint/method_list.h).
 //
 // The float64 methods share one signature: they start from *w (the initial
 // guess, g or a warm start) and iterate the active samples of *samples with
@@ -31,24 +31,24 @@ struct Float64Solve {
   bool has_final_residual = false;
 };
 
-// krylov.cc: restarted GMRES(m), conjugate gradient and MINRES.
-void SolveGmres(Float64Solve* solve);
-void SolveConjugateGradient(Float64Solve* solve);
-void SolveMinres(Float64Solve* solve);
+// The float64 methods, one per ON_FLOAT64_ROWS line of
+// solvers/adjoint/method_list.h: krylov.cc (SolveGmres,
+// SolveConjugateGradient, SolveMinres), neumann.cc (SolveNeumann), dense.cc
+// (SolveDense, LU of I - J^T assembled from n VJPs per sample).
+#define SP_DECLARE_FLOAT64_ADJOINT_METHOD(value, name, method) void method(Float64Solve* solve);
+#define SP_IGNORE_FORWARD_SOLVER(value, name, forward)
+SP_ADJOINT_SOLVERS(SP_IGNORE_FORWARD_SOLVER, SP_DECLARE_FLOAT64_ADJOINT_METHOD)
+#undef SP_IGNORE_FORWARD_SOLVER
+#undef SP_DECLARE_FLOAT64_ADJOINT_METHOD
 
-// neumann.cc: the truncated Neumann series.
-void SolveNeumann(Float64Solve* solve);
-
-// dense.cc: LU of I - J^T assembled from n VJPs per sample.
-void SolveDense(Float64Solve* solve);
-
-// forward_solvers.cc: fixed_point, anderson and broyden, which run the
-// forward fixed-point solvers (solvers/fixed_point_solver.h) on the
-// normalised adjoint map, on tensors of the state's dtype rather than on
-// float64 rows. Writes the solution into *w (started from *w if defined,
-// else g) and fills the per-sample part of the summary itself.
-bool UsesForwardSolver(AdjointSolverType type);
+// forward_solvers.cc: the methods of the ON_FORWARD_SOLVER lines
+// (fixed_point, anderson, broyden), which run the forward solver `forward`
+// (solvers/fixed_point_solver.h) on the normalised adjoint map, on tensors
+// of the state's dtype rather than on float64 rows. Writes the solution
+// into *w (started from *w if defined, else g) and fills the per-sample part
+// of the summary itself.
 void SolveWithFixedPointSolver(const BackwardOptions& options,
+                               ForwardSolverType forward,
                                const BatchedVjp& vjp,
                                const Tensor& g,
                                Tensor* w,

@@ -1,7 +1,6 @@
 #include "solvers/adjoint/options.h"
 
 #include <cmath>
-#include <initializer_list>
 #include <limits>
 #include <sstream>
 
@@ -11,55 +10,49 @@ namespace stillpoint {
 
 // ------------------------------------------------------------------- enums
 
+// The names and the lists of values come from solvers/implicit/mode_list.h
+// and solvers/adjoint/method_list.h.
+
 const char* ToString(BackwardMode mode) {
   switch (mode) {
-    case BackwardMode::kIft:
-      return "ift";
-    case BackwardMode::kJfb:
-      return "jfb";
-    case BackwardMode::kPhantom:
-      return "phantom";
-    case BackwardMode::kUnrolled:
-      return "unrolled";
+#define SP_BACKWARD_MODE_NAME(value, name, function, summary) \
+  case BackwardMode::value:                                   \
+    return name;
+    SP_BACKWARD_MODES(SP_BACKWARD_MODE_NAME)
+#undef SP_BACKWARD_MODE_NAME
   }
   return "unknown";
 }
 
+std::vector<BackwardMode> AllBackwardModes() {
+  return {
+#define SP_BACKWARD_MODE_VALUE(value, name, function, summary) BackwardMode::value,
+      SP_BACKWARD_MODES(SP_BACKWARD_MODE_VALUE)
+#undef SP_BACKWARD_MODE_VALUE
+  };
+}
+
 bool StringToBackwardMode(const std::string& text, BackwardMode* mode) {
-  return internal::ParseEnumByName(
-      text,
-      std::initializer_list<BackwardMode>{BackwardMode::kIft, BackwardMode::kJfb,
-                                          BackwardMode::kPhantom, BackwardMode::kUnrolled},
-      mode);
+  return internal::ParseEnumByName(text, AllBackwardModes(), mode);
 }
 
 const char* ToString(AdjointSolverType type) {
   switch (type) {
-    case AdjointSolverType::kFixedPoint:
-      return "fixed_point";
-    case AdjointSolverType::kAnderson:
-      return "anderson";
-    case AdjointSolverType::kBroyden:
-      return "broyden";
-    case AdjointSolverType::kGmres:
-      return "gmres";
-    case AdjointSolverType::kConjugateGradient:
-      return "cg";
-    case AdjointSolverType::kMinres:
-      return "minres";
-    case AdjointSolverType::kNeumann:
-      return "neumann";
-    case AdjointSolverType::kDense:
-      return "dense";
+#define SP_ADJOINT_SOLVER_NAME(value, name, method) \
+  case AdjointSolverType::value:                    \
+    return name;
+    SP_ADJOINT_SOLVERS(SP_ADJOINT_SOLVER_NAME, SP_ADJOINT_SOLVER_NAME)
+#undef SP_ADJOINT_SOLVER_NAME
   }
   return "unknown";
 }
 
 std::vector<AdjointSolverType> AllAdjointSolverTypes() {
-  return {AdjointSolverType::kFixedPoint,        AdjointSolverType::kAnderson,
-          AdjointSolverType::kBroyden,           AdjointSolverType::kGmres,
-          AdjointSolverType::kConjugateGradient, AdjointSolverType::kMinres,
-          AdjointSolverType::kNeumann,           AdjointSolverType::kDense};
+  return {
+#define SP_ADJOINT_SOLVER_VALUE(value, name, method) AdjointSolverType::value,
+      SP_ADJOINT_SOLVERS(SP_ADJOINT_SOLVER_VALUE, SP_ADJOINT_SOLVER_VALUE)
+#undef SP_ADJOINT_SOLVER_VALUE
+  };
 }
 
 bool StringToAdjointSolverType(const std::string& text, AdjointSolverType* type) {
@@ -68,6 +61,21 @@ bool StringToAdjointSolverType(const std::string& text, AdjointSolverType* type)
 
 // ------------------------------------------------------------------ options
 
+namespace {
+
+// The doc of the key backward.mode, "ift: ...; jfb: ...", from the
+// summaries of solvers/implicit/mode_list.h.
+std::string BackwardModeDoc() {
+  std::string doc;
+#define SP_BACKWARD_MODE_DOC(value, name, function, summary) \
+  doc += std::string(doc.empty() ? "" : "; ") + name + ": " + summary;
+  SP_BACKWARD_MODES(SP_BACKWARD_MODE_DOC)
+#undef SP_BACKWARD_MODE_DOC
+  return doc;
+}
+
+}  // namespace
+
 const OptionFields<BackwardOptions>& BackwardOptions::Fields() {
   using O = BackwardOptions;
   constexpr double kInf = std::numeric_limits<double>::max();
@@ -75,12 +83,7 @@ const OptionFields<BackwardOptions>& BackwardOptions::Fields() {
   const auto ift = [](const O& o) { return o.mode == BackwardMode::kIft; };
   static const auto* fields =
       &(new OptionFields<O>)
-           ->Enum("mode", &O::mode,
-                  {BackwardMode::kIft, BackwardMode::kJfb, BackwardMode::kPhantom,
-                   BackwardMode::kUnrolled},
-                  stillpoint::ToString,
-                  "ift: implicit function theorem (default); jfb: Jacobian-free; phantom: k damped "
-                  "unrolled steps from z*; unrolled: backprop through k forward steps")
+           ->Enum("mode", &O::mode, AllBackwardModes(), stillpoint::ToString, BackwardModeDoc())
            .Enum("solver", &O::solver, AllAdjointSolverTypes(), stillpoint::ToString,
                  "ift: solver of the adjoint equation g = dL/dz* + J^T g")
            .AppliesWhen(ift)

@@ -7,56 +7,31 @@
 #include <vector>
 
 #include "framework/option_fields.h"
+#include "solvers/adjoint/method_list.h"
+#include "solvers/implicit/mode_list.h"
 
 namespace stillpoint {
 
-// How gradients flow through an implicit layer (solvers/implicit.h).
+// How gradients flow through an implicit layer (solvers/implicit.h): one
+// enumerator per line of solvers/implicit/mode_list.h, in its order (see
+// there what each does; kIft is the default).
 enum class BackwardMode {
-  // "ift" (the default): exact implicit gradient; solves (*) with
-  // BackwardOptions::solver.
-  kIft,
-  // "jfb": Jacobian-free backward, w = g (as if J = 0). One VJP through f,
-  // no linear solve. An approximation that is a descent direction when f is
-  // a strong enough contraction.
-  kJfb,
-  // "phantom": phantom gradient. The forward value is k damped steps
-  // z <- (1 - tau) z + tau f(z) taken from z* (detached), recorded on the
-  // tape; backward is plain backprop through those k steps.
-  kPhantom,
-  // "unrolled": the explicit reference. No solver: the value is k plain
-  // steps z <- f(z) from z0, recorded on the tape, and backward differentiates
-  // through all of them (memory grows with k).
-  kUnrolled
+#define SP_BACKWARD_MODE_ENUMERATOR(value, name, function, summary) value,
+  SP_BACKWARD_MODES(SP_BACKWARD_MODE_ENUMERATOR)
+#undef SP_BACKWARD_MODE_ENUMERATOR
 };
 const char* ToString(BackwardMode mode);
 bool StringToBackwardMode(const std::string& text, BackwardMode* mode);
+// Every value, in declaration order (for tests and docs).
+std::vector<BackwardMode> AllBackwardModes();
 
-// Linear solver for (*) in BackwardMode::kIft.
+// Linear solver for (*) in BackwardMode::kIft: one enumerator per line of
+// solvers/adjoint/method_list.h, in its order (see there what each does and
+// needs).
 enum class AdjointSolverType {
-  // "fixed_point": w <- g + J^T w, the forward Picard solver (tau = 1) run
-  // on (*). Converges when the spectral radius of J is below 1.
-  kFixedPoint,
-  // "anderson": the forward Anderson solver run on (*) (memory
-  // anderson_memory); converges faster and also for mildly expansive J.
-  kAnderson,
-  // "broyden": the forward limited-memory Broyden solver run on (*).
-  kBroyden,
-  // "gmres": restarted GMRES on (I - J^T) w = g; any nonsingular I - J.
-  kGmres,
-  // "cg": conjugate gradient; requires I - J symmetric positive definite
-  // (energy maps f = z - s grad E at a minimum of E). A non-positive
-  // curvature ends the sample in kLinearAlgebraFailure.
-  kConjugateGradient,
-  // "minres": MINRES; requires I - J symmetric, may be indefinite (energy
-  // maps at saddle points).
-  kMinres,
-  // "neumann": the truncated Neumann series w = sum_{i=0..k} (J^T)^i g, i.e.
-  // k = neumann_terms fixed-point steps; a fixed-cost approximation that
-  // stops early once the tolerance is met.
-  kNeumann,
-  // "dense": assembles J_b^T from n VJPs and solves exactly by LU. For small
-  // states (n <= dense_max_state_size); the reference for the others.
-  kDense
+#define SP_ADJOINT_SOLVER_ENUMERATOR(value, name, method) value,
+  SP_ADJOINT_SOLVERS(SP_ADJOINT_SOLVER_ENUMERATOR, SP_ADJOINT_SOLVER_ENUMERATOR)
+#undef SP_ADJOINT_SOLVER_ENUMERATOR
 };
 const char* ToString(AdjointSolverType type);
 bool StringToAdjointSolverType(const std::string& text, AdjointSolverType* type);

@@ -32,13 +32,15 @@ struct ModeInputs {
   bool recording = false;        // the tape was on when SolveImplicit was called
 };
 
-// ---- one function per BackwardMode (unrolled.cc, phantom.cc, ift.cc) ----
-ImplicitResult SolveUnrolled(const ModeInputs& in);
-ImplicitResult SolvePhantom(const ModeInputs& in);
-// kIft and kJfb: one recorded evaluation at z*, one "implicit" node whose
-// backward solves the adjoint equation (kIft) or passes g through (kJfb).
-ImplicitResult SolveIft(const ModeInputs& in);
-ImplicitResult SolveJfb(const ModeInputs& in);
+// ---- one function per BackwardMode ----
+// One per line of solvers/implicit/mode_list.h, each defined in its mode's
+// file (unrolled.cc, phantom.cc; ift.cc holds kIft and kJfb, which share one
+// recorded evaluation at z* and one "implicit" node whose backward solves the
+// adjoint equation (kIft) or passes g through (kJfb)).
+#define SP_DECLARE_BACKWARD_MODE(value, name, function, summary) \
+  ImplicitResult function(const ModeInputs& in);
+SP_BACKWARD_MODES(SP_DECLARE_BACKWARD_MODE)
+#undef SP_DECLARE_BACKWARD_MODE
 
 // ---- shared (common.cc) ----
 
