@@ -66,11 +66,7 @@ void EmForwardKernel(const EmGeometry& g,
         const T* lrow = lu + i * s;
         for (int64_t j = 0; j < s; ++j) row[j] += lrow[j];
         const T top = internal::VecMax(row, s);
-        for (int64_t j = 0; j < s; ++j) row[j] -= top;
-        internal::VecExp(row, row, s);
-        T total = 0;
-        for (int64_t j = 0; j < s; ++j) total += row[j];
-        const T inverse = T(1) / total;
+        const T inverse = T(1) / internal::VecExpShifted(row, top, row, s);
         for (int64_t j = 0; j < s; ++j) row[j] *= inverse;
       }
       internal::Gemm<T>(false, false, n, d, s, T(1), w, s, mu_u, d, out + unit * n * d, d);
@@ -107,8 +103,7 @@ void EmBackwardKernel(const EmGeometry& g,
       // dW = G mu^T, then dS = W o (dW - G_i . out_i).
       internal::Gemm<T>(false, true, n, s, d, T(1), gu, d, mu_u, d, ds.data(), s);
       for (int64_t i = 0; i < n; ++i) {
-        T rowdot = 0;
-        for (int64_t c = 0; c < d; ++c) rowdot += gu[i * d + c] * ou[i * d + c];
+        const T rowdot = internal::VecDot(gu + i * d, ou + i * d, d);
         T* row = ds.data() + i * s;
         const T* wrow = w + i * s;
         for (int64_t j = 0; j < s; ++j) row[j] = wrow[j] * (row[j] - rowdot);
@@ -122,9 +117,7 @@ void EmBackwardKernel(const EmGeometry& g,
           for (int64_t e = 0; e < n * d; ++e) dvu[e] = b * ds_mu[e];
         }
         if (beta_parts != nullptr) {
-          T part = 0;
-          for (int64_t e = 0; e < n * d; ++e) part += vu[e] * ds_mu[e];
-          beta_parts[unit] = part;
+          beta_parts[unit] = internal::VecDot(vu, ds_mu.data(), n * d);
         }
       }
       if (dmu != nullptr) {
