@@ -22,6 +22,14 @@ const OptionFields<CellOptions>& CellOptions::Fields() {
            .Int("dim", &O::dim, 1, 1 << 16, "Width of the state (the model dimension d)")
            .NotInConfig()
            .Bool("causal", &O::causal, "Autoregressive attention masking")
+           .NotInConfig()
+           .Bool("attention_solver.warm_start", &O::attention_warm_start,
+                 "Energy attention in an implicit model: while the outer solver iterates (tape "
+                 "off), each inner solve starts from the previous evaluation's inner solution "
+                 "instead of the block's initial state (the first evaluation of an outer solve "
+                 "and every evaluation with the tape on start as without it). The inner solution "
+                 "and the gradient are unchanged up to the inner tolerance when the inner solves "
+                 "converge")
            .NotInConfig();
   return *fields;
 }

@@ -60,6 +60,9 @@ struct CellOptions {
   // The inner solve of an energy attention; nullopt: its defaults
   // (DefaultAttentionSolverOptions in energy_attention.h).
   std::optional<ImplicitOptions> attention_solver;
+  // Warm start of that inner solve across the iterations of an outer solve
+  // (EnergyAttentionOptions::warm_start; model.attention_solver.warm_start).
+  bool attention_warm_start = true;
   // Cell-specific numeric options, by name (unknown names are an Error in
   // the cell that reads them).
   std::map<std::string, double> extra = {};

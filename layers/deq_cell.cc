@@ -43,6 +43,7 @@ DEQCell::DEQCell(const CellOptions& options, Rng& rng) : options_(options) {
     attention.block.causal = options.causal;
     attention.block.dtype = options.dtype;
     if (options.attention_solver) attention.solver = *options.attention_solver;
+    attention.warm_start = options.attention_warm_start;
     energy_attention_ =
         RegisterModule("attention", std::make_shared<EnergyAttention>(attention, rng));
   }
@@ -81,7 +82,7 @@ Var DEQCell::Forward(const Var& z, const Var& u, const std::vector<int64_t>& sam
   if (!(GradModeEnabled() && z.requires_grad()) && IsAllZero(z.value())) {
     return ForwardAtZero(u, sample_ids);
   }
-  return AfterAttention(z, Attend(z), u, sample_ids);
+  return AfterAttention(z, Attend(z, sample_ids), u, sample_ids);
 }
 
 Var DEQCell::ForwardAtZero(const Var& u, const std::vector<int64_t>& sample_ids) const {
@@ -89,12 +90,12 @@ Var DEQCell::ForwardAtZero(const Var& u, const std::vector<int64_t>& sample_ids)
   SP_CHECK(u.rank() == 3 && u.dim(2) == options_.dim, "DEQCell(dim ", options_.dim, "): injection ",
            u.shape(), " must be [k, T, ", options_.dim, "]");
   const Var attended = attention_ ? attention_->ForwardAtZero(u.dim(0), u.dim(1))
-                                  : energy_attention_->Forward(zeros_like(u));
+                                  : energy_attention_->Forward(zeros_like(u), sample_ids);
   return AfterAttention(Var(), attended, u, sample_ids);
 }
 
-Var DEQCell::Attend(const Var& z) const {
-  return attention_ ? attention_->Forward(z) : energy_attention_->Forward(z);
+Var DEQCell::Attend(const Var& z, const std::vector<int64_t>& sample_ids) const {
+  return attention_ ? attention_->Forward(z) : energy_attention_->Forward(z, sample_ids);
 }
 
 Var DEQCell::AfterAttention(const Var& residual,

@@ -58,7 +58,7 @@ class DEQCell : public Cell {
 
  private:
   // The attention sublayer's output at z (without the residual).
-  Var Attend(const Var& z) const;
+  Var Attend(const Var& z, const std::vector<int64_t>& sample_ids) const;
   // Everything after the attention: dropout on `attended`, then
   // LN1(residual + attended + u) and the feed-forward block. residual: z, or
   // undefined at the zero state.

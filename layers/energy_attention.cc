@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <sstream>
 #include <utility>
 
 #include "framework/check.h"
 #include "framework/ops.h"
+#include "solvers/solve_scope.h"
 
 namespace stillpoint {
 namespace {
@@ -97,11 +99,58 @@ std::string EnergyAttention::Name() const {
   return out.str();
 }
 
-Var EnergyAttention::Forward(const Var& x) const {
+Var EnergyAttention::Forward(const Var& x, const std::vector<int64_t>& sample_ids) const {
   if (keep_inputs_) last_input_ = x.value().Clone();
   const EnergyBlockProblem problem = block_->Prepare(x);
-  const Var state = implicit_->Forward(problem.context, problem.initial_state);
+  // Read before the inner solve opens its own scope.
+  const uint64_t solve =
+      options_.warm_start && !GradModeEnabled() ? ForwardSolveScope::Current() : 0;
+  const Tensor warm = solve != 0 ? WarmState(solve, sample_ids, problem.initial_state.shape())
+                                 : Tensor();
+  // The start carries no gradient either way (Implicit: z0 gets none).
+  const Var state =
+      implicit_->Forward(problem.context, warm.defined() ? Var(warm) : problem.initial_state);
+  ++inner_counts_.solves;
+  inner_counts_.forward_iterations += implicit_->forward_summary().iterations;
+  if (warm.defined()) ++inner_counts_.warm_starts;
+  if (solve != 0) {
+    warm_solve_ = solve;
+    warm_state_ = state.value().Clone();
+    warm_ids_ = sample_ids;
+    if (warm_ids_.empty()) {
+      warm_ids_.resize(static_cast<size_t>(x.dim(0)));
+      std::iota(warm_ids_.begin(), warm_ids_.end(), int64_t{0});
+    }
+  } else if (warm_state_.defined()) {
+    warm_solve_ = 0;
+    warm_state_ = Tensor();
+    warm_ids_.clear();
+  }
   return block_->Output(state, problem);
+}
+
+Tensor EnergyAttention::WarmState(uint64_t solve,
+                                  const std::vector<int64_t>& sample_ids,
+                                  const Shape& state_shape) const {
+  if (solve != warm_solve_ || !warm_state_.defined()) return Tensor();
+  const int64_t rows = state_shape.dim(0);
+  if (warm_state_.rank() != state_shape.rank()) return Tensor();
+  for (int64_t axis = 1; axis < state_shape.rank(); ++axis) {
+    if (warm_state_.dim(axis) != state_shape.dim(axis)) return Tensor();
+  }
+  if (sample_ids.empty() && rows == warm_state_.dim(0)) return warm_state_;
+  // Both id lists increase (a solver drops converged samples, never adds
+  // any), so one merge pass finds each current row among the kept ones.
+  Tensor start(state_shape, warm_state_.dtype());
+  size_t kept = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t id = sample_ids.empty() ? r : sample_ids[static_cast<size_t>(r)];
+    while (kept < warm_ids_.size() && warm_ids_[kept] < id) ++kept;
+    if (kept == warm_ids_.size() || warm_ids_[kept] != id) return Tensor();
+    start.SliceRows(r, r + 1).CopyFrom(
+        warm_state_.SliceRows(static_cast<int64_t>(kept), static_cast<int64_t>(kept) + 1));
+  }
+  return start;
 }
 
 AttentionDiagnostics EnergyAttention::Diagnose(const Var& x) const {
@@ -150,7 +199,11 @@ const OptionFields<EnergyAttentionOptions>& EnergyAttentionOptions::Fields() {
   // solver is left out: ImplicitOptions declares no fields (IsValid checks
   // it with its own IsValid).
   static const auto* fields =
-      &(new OptionFields<O>)->Include("block.", &O::block, EnergyBlockOptions::Fields());
+      &(new OptionFields<O>)
+           ->Include("block.", &O::block, EnergyBlockOptions::Fields())
+           .Bool("warm_start", &O::warm_start,
+                 "Inside an outer solve's tape-off iterations, start each inner solve from the "
+                 "previous evaluation's inner solution");
   return *fields;
 }
 

@@ -44,6 +44,19 @@ struct EnergyAttentionOptions {
   EnergyBlockOptions block;
   // The inner solve.
   ImplicitOptions solver = DefaultAttentionSolverOptions();
+  // Warm start inside an outer solve (model.attention_solver.warm_start):
+  // while an outer fixed-point solve iterates with the tape off, the inner
+  // solve of each evaluation starts from the inner solution of the previous
+  // evaluation of the same outer solve (same samples) instead of the block's
+  // initial state. Evaluations with the tape on (the outer solve's recorded
+  // evaluation at z*, explicit and tied models, phantom and unrolled
+  // backward steps) and the first evaluation of every outer solve start
+  // from the block's initial state as without it. The inner solution, and
+  // so the gradient (the implicit function theorem at it, whatever the
+  // start), is the same as without warm start up to the inner solve's
+  // tolerance when the inner solves converge; an inner solve stopped by its
+  // iteration budget can end elsewhere. Default on.
+  bool warm_start = true;
 
   // The fields, declared once (framework/option_fields.h); not config keys.
   static const OptionFields<EnergyAttentionOptions>& Fields();
@@ -85,8 +98,10 @@ class EnergyAttention : public Module {
 
   std::string Name() const override;
 
-  // x [k, T, d] -> [k, T, d] (see above).
-  Var Forward(const Var& x) const;
+  // x [k, T, d] -> [k, T, d] (see above). Row r of x belongs to sample
+  // sample_ids[r] of the outer solve (empty: 0..k-1; Cell's convention),
+  // which tells the warm start which inner solutions to start from.
+  Var Forward(const Var& x, const std::vector<int64_t>& sample_ids = {}) const;
 
   // The diagnostics of the attention at x, off the tape (one extra solve
   // with the energy traced).
@@ -99,6 +114,17 @@ class EnergyAttention : public Module {
   // The last input kept (undefined before one was).
   const Tensor& last_input() const { return last_input_; }
 
+  // What the inner solves of this attention did since construction (or the
+  // last ResetInnerCounts): solves, their forward iterations, and how many
+  // of them were warm-started.
+  struct InnerCounts {
+    int64_t solves = 0;
+    int64_t forward_iterations = 0;
+    int64_t warm_starts = 0;
+  };
+  const InnerCounts& inner_counts() const { return inner_counts_; }
+  void ResetInnerCounts() const { inner_counts_ = {}; }
+
   const EnergyBlock& block() const { return *block_; }
   // The inner solve (its options can be changed between calls).
   Implicit& implicit() const { return *implicit_; }
@@ -109,7 +135,20 @@ class EnergyAttention : public Module {
   std::shared_ptr<EnergyBlock> block_;
   // Not a child (see above). Its summaries describe the last Forward.
   std::shared_ptr<Implicit> implicit_;
+  // The inner start of an evaluation inside outer solve `solve` for the rows
+  // sample_ids (see Forward): the kept solution's rows, or undefined when
+  // none was kept for that solve, a row is missing or the shape differs.
+  Tensor WarmState(uint64_t solve, const std::vector<int64_t>& sample_ids,
+                   const Shape& state_shape) const;
+
+  // Warm start (EnergyAttentionOptions::warm_start): the last inner
+  // solution, the outer solve it belongs to (ForwardSolveScope id) and its
+  // rows' sample ids. Runtime state, not part of the layer's function.
+  mutable uint64_t warm_solve_ = 0;
+  mutable Tensor warm_state_;
+  mutable std::vector<int64_t> warm_ids_;
   // Diagnostic state, not part of the layer's function.
+  mutable InnerCounts inner_counts_;
   mutable bool keep_inputs_ = false;
   mutable Tensor last_input_;
 };

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <utility>
 
+#include "framework/em_update.h"
 #include "framework/ops.h"
 
 namespace stillpoint {
@@ -484,11 +485,18 @@ Var ProbabilisticAttention::Energy(const Var& v, const EnergyContext& ctx) const
 }
 
 Var ProbabilisticAttention::Update(const Var& v, const EnergyContext& ctx) const {
-  Var w = Responsibilities(v, ctx);
   const Var& mu = ctx.Get("values");
   const Var& beta = ctx.Get("value_precision");
-  // Uniform beta: eq 19 (also right at beta = 0, where eq 15 would be 0/0).
-  if (beta.dim(-1) == 1) return matmul(w, mu);
+  // Uniform beta: eq 19 (also right at beta = 0, where eq 15 would be 0/0),
+  // fused (framework/em_update.h: the value term's -|v|^2 / 2 is a constant
+  // per query row, which the softmax ignores).
+  if (beta.dim(-1) == 1) {
+    SP_CHECK(v.rank() == 4 && v.dim(0) == mu.dim(0) && v.dim(1) == mu.dim(1) &&
+                 v.dim(3) == mu.dim(3),
+             "ProbabilisticAttention: state ", v.shape(), " does not match values ", mu.shape());
+    return em_update(v, ctx.Get("logits"), mu, beta);
+  }
+  Var w = Responsibilities(v, ctx);
   Var weighted = mul(w, beta);
   return div(matmul(weighted, mu), sum(weighted, -1, /*keepdim=*/true));
 }

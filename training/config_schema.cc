@@ -17,9 +17,11 @@ namespace {
 constexpr int64_t kBig = int64_t{1} << 40;
 
 // Whether a solver key exists under prefix: the inner solve of an energy
-// attention has no warm start (one call site serves every evaluation of the
-// cell, so there is no previous solution of the same problem) and no
-// divergence break (its maps are the catalogue's bounded EM/CCCP updates).
+// attention has no adjoint warm start (one call site serves every
+// evaluation of the cell, so there is no previous adjoint of the same
+// problem; its forward warm start within an outer solve is
+// model.attention_solver.warm_start) and no divergence break (its maps are
+// the catalogue's bounded EM/CCCP updates).
 bool SolverKeyApplies(const std::string& prefix, const std::string& key) {
   if (prefix != "model.attention_solver.") return true;
   return key != "backward.warm_start" && key != "forward.divergence_factor";
@@ -104,6 +106,10 @@ ConfigSchema BuildSchema() {
 
   AddSolverKeys(s, "model.solver.", ImplicitOptions{});
   AddSolverKeys(s, "model.attention_solver.", DefaultAttentionSolverOptions());
+  {
+    const auto& warm = FindField(CellOptions::Fields(), "attention_solver.warm_start");
+    s.Bool("model.attention_solver.warm_start", CellOptions{}.attention_warm_start, warm.doc);
+  }
 
   // ---- model.regularization
   AddOptionKeys(s, "model.regularization.", RegularizationOptions::Fields());
@@ -339,6 +345,7 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   if (m.cell_options.attention != "softmax" || m.pooling != "mean" || m.lookup != "none") {
     m.cell_options.attention_solver = ImplicitOptionsFromConfig(c, "model.attention_solver.");
   }
+  m.cell_options.attention_warm_start = c.GetBool("model.attention_solver.warm_start");
   SP_CHECK(m.dim % m.cell_options.heads == 0, c.Origin("model.dim"), ": model.dim (", m.dim,
            ") must be a multiple of model.heads (", m.cell_options.heads, ")");
   return m;

@@ -8,6 +8,7 @@
 #include "framework/ops.h"
 #include "solvers/fixed_point_solver.h"
 #include "solvers/implicit/modes.h"
+#include "solvers/solve_scope.h"
 
 namespace stillpoint::implicit {
 namespace {
@@ -190,6 +191,7 @@ Tensor SolveForward(const ModeInputs& in,
   Tensor z_solution = in.z0.Reshape(Shape{batch, n}).Clone();
   {
     NoGrad tape_off;
+    ForwardSolveScope solve;  // lets a nested solve in the map warm-start (solve_scope.h)
     result->forward = SolveFixedPoint(forward, problem, &z_solution);
   }
   for (Tensor& iterate : thinning.Take()) result->sampled_iterates.push_back(iterate.Reshape(shape));

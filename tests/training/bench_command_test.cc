@@ -520,6 +520,58 @@ TEST(BenchCommandTest, BadArgumentsExitWithTwoBeforeAnyWork) {
   args.workload = "w3";
   args.scaling = true;
   expect_bad(args, "--scaling");
+  args = good;
+  args.attention = "probabalistic";
+  expect_bad(args, "did you mean 'probabilistic'");
+  args = good;
+  args.workload = "w4";
+  args.attention = "hopfield";
+  expect_bad(args, "--attention");
+  args = good;
+  args.attention = "hopfield";
+  args.weights_path = TinyPath();
+  expect_bad(args, "--weights");
+  args = good;
+  args.no_warm_start = true;
+  expect_bad(args, "--no-warm-start");
+}
+
+// --attention NAME: W1 with an energy attention in the cell, its inner
+// solves counted per step; warm-started only within the outer solve (after
+// its first evaluation, and never the recorded one), none without warm start.
+TEST(BenchCommandTest, EnergyAttentionW1ReportsItsInnerSolves) {
+  BenchArgs args;
+  args.workload = "w1";
+  args.attention = "probabilistic";
+  args.iterations = 3;
+  args.threads = 2;
+  args.warmup = 0;
+  args.steps = 1;
+  args.json = true;
+  const CommandResult warm = RunCommand(args);
+  ASSERT_EQ(warm.code, 0) << warm.err;
+  EXPECT_EQ(warm.json["attention"].as<std::string>(), "probabilistic");
+  EXPECT_TRUE(warm.json["warm_start"].as<bool>());
+  EXPECT_TRUE(warm.json["flops"].IsNull()) << warm.out;
+  // Anderson with K = 3: the map at z0 (cold), after iterations 1 and 2
+  // (warm), after iteration 3 (recorded: cold), and in some float32 steps
+  // once more at z* (recorded: cold).
+  const double solves = warm.json["inner_solves_per_step"].as<double>();
+  EXPECT_TRUE(solves == 4.0 || solves == 5.0) << warm.out;
+  EXPECT_EQ(warm.json["inner_warm_starts_per_step"].as<double>(), 2.0) << warm.out;
+  EXPECT_GT(warm.json["inner_iterations_per_step"].as<double>(), 0.0);
+  EXPECT_GT(warm.json["inner_adjoint_iterations"].as<int>(), 0);
+  args.no_warm_start = true;
+  const CommandResult cold = RunCommand(args);
+  ASSERT_EQ(cold.code, 0) << cold.err;
+  EXPECT_FALSE(cold.json["warm_start"].as<bool>());
+  EXPECT_EQ(cold.json["inner_solves_per_step"].as<double>(), solves) << cold.out;
+  EXPECT_EQ(cold.json["inner_warm_starts_per_step"].as<double>(), 0.0) << cold.out;
+  args.json = false;
+  const CommandResult text = RunCommand(args);
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find("probabilistic attention"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("inner solves (cold start)"), std::string::npos) << text.out;
 }
 
 }  // namespace

@@ -17,6 +17,9 @@
 #include "framework/ops.h"
 #include "framework/parallel.h"
 #include "framework/random.h"
+#include "layers/energy_attention.h"
+#include "layers/energy_block.h"
+#include "training/config.h"
 #include "training/metrics.h"
 #include "training/retrieve.h"
 
@@ -77,6 +80,7 @@ TimeStats Summarise(std::vector<double> seconds) {
 struct BenchReport {
   std::string workload;
   std::string model;  // empty for W3
+  std::string attention;  // empty for W3
   int iterations = 0;
   int threads = 0;
   int64_t shards = 1;
@@ -95,6 +99,12 @@ struct BenchReport {
   std::vector<double> losses;  // every step, warm-up included
   std::string forward_report, adjoint_report;
   int forward_iterations = -1, adjoint_iterations = -1;
+  // With an energy attention (--attention): its inner solves over the timed
+  // steps, per step, and the iterations of the last inner adjoint solve.
+  bool inner = false;
+  bool warm_start = false;
+  double inner_solves = 0, inner_iterations = 0, inner_warm_starts = 0;
+  int inner_adjoint_iterations = -1;
   // W3.
   double accuracy = -1;
   double iterations_mean = 0;
@@ -109,14 +119,19 @@ void PrintText(const BenchReport& r, std::ostream& out) {
   const double ms = 1e3;
   out << std::fixed << "stillpoint " << r.workload;
   if (!r.model.empty()) out << " " << r.model;
+  if (!r.attention.empty() && r.attention != "softmax") out << " " << r.attention << " attention";
   out << " (K=" << r.iterations << ", threads " << r.threads;
   if (r.shards > 1) out << ", " << r.shards << " shards";
   out << ", " << r.dtype << "): median " << std::setprecision(3) << r.time.median * ms
       << " ms (min " << r.time.min * ms << ", max " << r.time.max * ms << ", IQR "
       << r.time.p25 * ms << "-" << r.time.p75 * ms << ") over " << r.steps << " "
       << (r.model.empty() ? "runs" : "steps") << " after " << r.warmup << " warm-up; CPU "
-      << r.cpu_median * ms << " ms; " << r.flops / 1e9 << " GFLOP, " << std::setprecision(1)
-      << r.flops / r.time.median / 1e9 << " GFLOP/s; peak RSS " << std::setprecision(1)
+      << r.cpu_median * ms << " ms; ";
+  if (r.flops > 0) {
+    out << r.flops / 1e9 << " GFLOP, " << std::setprecision(1) << r.flops / r.time.median / 1e9
+        << " GFLOP/s; ";
+  }
+  out << "peak RSS " << std::setprecision(1)
       << static_cast<double>(r.peak_bytes) / (1 << 20) << " MiB\n";
   if (r.scaling) {
     out << std::setprecision(3) << "  scaling: 1 thread median " << r.one_thread.median * ms
@@ -133,6 +148,14 @@ void PrintText(const BenchReport& r, std::ostream& out) {
   out << r.ranks_text;
   if (!r.forward_report.empty()) out << "  forward: " << r.forward_report << "\n";
   if (!r.adjoint_report.empty()) out << "  adjoint: " << r.adjoint_report << "\n";
+  if (r.inner) {
+    out << std::setprecision(2) << "  inner solves (" << (r.warm_start ? "warm" : "cold")
+        << " start): " << r.inner_solves << " per step, " << r.inner_iterations
+        << " forward iterations per step ("
+        << (r.inner_solves > 0 ? r.inner_iterations / r.inner_solves : 0.0) << " per solve), "
+        << r.inner_warm_starts << " warm-started per step; last inner adjoint "
+        << r.inner_adjoint_iterations << " iterations\n";
+  }
   if (r.accuracy >= 0) {
     out << std::setprecision(4) << "  accuracy " << r.accuracy << " over " << r.queries
         << " queries; iterations mean " << std::setprecision(2) << r.iterations_mean << ", max "
@@ -145,6 +168,7 @@ void PrintJson(const BenchReport& r, std::ostream& out) {
   const double ms = 1e3;
   out << "{\"framework\": \"stillpoint\", \"workload\": " << JsonString(r.workload)
       << ", \"model\": " << (r.model.empty() ? "null" : JsonString(r.model))
+      << ", \"attention\": " << (r.attention.empty() ? "null" : JsonString(r.attention))
       << ", \"iters\": " << r.iterations << ", \"threads\": " << r.threads
       << ", \"shards\": " << r.shards << ", \"steps\": " << r.steps << ", \"warmup\": " << r.warmup
       << ", \"dtype\": " << JsonString(r.dtype)
@@ -155,8 +179,8 @@ void PrintJson(const BenchReport& r, std::ostream& out) {
       << ", \"p25_ms\": " << JsonNumber(r.time.p25 * ms)
       << ", \"p75_ms\": " << JsonNumber(r.time.p75 * ms)
       << ", \"cpu_median_ms\": " << JsonNumber(r.cpu_median * ms)
-      << ", \"flops\": " << JsonNumber(r.flops)
-      << ", \"gflops_per_s\": " << JsonNumber(r.flops / r.time.median / 1e9)
+      << ", \"flops\": " << (r.flops > 0 ? JsonNumber(r.flops) : "null")
+      << ", \"gflops_per_s\": " << (r.flops > 0 ? JsonNumber(r.flops / r.time.median / 1e9) : "null")
       << ", \"peak_rss_mb\": " << JsonNumber(static_cast<double>(r.peak_bytes) / (1 << 20));
   if (r.scaling) {
     out << ", \"one_thread_median_ms\": " << JsonNumber(r.one_thread.median * ms)
@@ -174,6 +198,15 @@ void PrintJson(const BenchReport& r, std::ostream& out) {
   if (r.forward_iterations >= 0) {
     out << ", \"forward_iterations\": " << r.forward_iterations
         << ", \"adjoint_iterations\": " << r.adjoint_iterations;
+  }
+  if (r.inner) {
+    out << ", \"warm_start\": " << (r.warm_start ? "true" : "false")
+        << ", \"inner_solves_per_step\": " << JsonNumber(r.inner_solves)
+        << ", \"inner_iterations_per_step\": " << JsonNumber(r.inner_iterations)
+        << ", \"inner_iterations_per_solve\": "
+        << JsonNumber(r.inner_solves > 0 ? r.inner_iterations / r.inner_solves : 0.0)
+        << ", \"inner_warm_starts_per_step\": " << JsonNumber(r.inner_warm_starts)
+        << ", \"inner_adjoint_iterations\": " << r.inner_adjoint_iterations;
   }
   if (r.accuracy >= 0) {
     out << ", \"accuracy\": " << JsonNumber(r.accuracy) << ", \"queries\": " << r.queries
@@ -260,7 +293,9 @@ BenchReport RunTransformerBench(const BenchArgs& args,
                                 DType dtype,
                                 const WeightsExport* weights) {
   const TransformerShapes shapes = ShapesOf(args, weights);
-  const ModelOptions options = BenchModelOptions(shapes, kind, iterations, dtype, args.seed);
+  ModelOptions options = BenchModelOptions(shapes, kind, iterations, dtype, args.seed);
+  const std::string attention = args.attention.empty() ? "softmax" : args.attention;
+  SetBenchAttention(&options, attention, !args.no_warm_start);
   GradientReducerOptions reduction;
   reduction.overlap = !args.no_overlap;
   reduction.bucket_bytes = args.bucket_kb * 1024;
@@ -270,6 +305,9 @@ BenchReport RunTransformerBench(const BenchArgs& args,
                          weights != nullptr ? weights->parameters : NamedTensors{}, args.shards,
                          &ranks);
   BenchReport report;
+  // The energy attentions of the model (none with softmax) and their inner
+  // counts over the timed steps.
+  const auto attentions = FindEnergyAttentions(bench.model());
   // One step on `threads` threads: its wall and CPU seconds.
   auto timed_step = [&](int threads, double* wall, double* cpu_seconds) {
     SetNumThreads(threads);
@@ -281,6 +319,9 @@ BenchReport RunTransformerBench(const BenchArgs& args,
   };
   std::vector<double> seconds, cpu, one_thread_seconds, ratios;
   for (int64_t round = 0; round < args.warmup + args.steps; ++round) {
+    if (round == args.warmup) {
+      for (const auto& named : attentions) named.second->ResetInnerCounts();
+    }
     double wall = 0, cpu_seconds = 0;
     if (!args.scaling) {
       timed_step(args.threads, &wall, &cpu_seconds);
@@ -310,7 +351,22 @@ BenchReport RunTransformerBench(const BenchArgs& args,
     report.one_thread = Summarise(one_thread_seconds);
     report.ratio = Summarise(ratios);
   }
-  report.flops = TransformerStepFlops(shapes, kind, iterations);
+  // With an energy attention the count depends on the inner iterations.
+  report.flops = attentions.empty() ? TransformerStepFlops(shapes, kind, iterations) : 0.0;
+  if (!attentions.empty()) {
+    report.inner = true;
+    report.warm_start = !args.no_warm_start;
+    const double units = static_cast<double>(args.steps * (args.scaling ? 2 : 1));
+    for (const auto& named : attentions) {
+      const EnergyAttention::InnerCounts& counts = named.second->inner_counts();
+      report.inner_solves += static_cast<double>(counts.solves) / units;
+      report.inner_iterations += static_cast<double>(counts.forward_iterations) / units;
+      report.inner_warm_starts += static_cast<double>(counts.warm_starts) / units;
+    }
+    if (const auto adjoint = attentions.back().second->implicit().backward_summary()) {
+      report.inner_adjoint_iterations = adjoint->iterations;
+    }
+  }
   std::ostringstream ranks_text, ranks_json;
   ranks.PrintText(ranks_text);
   ranks.PrintJsonFields(ranks_json);
@@ -413,6 +469,29 @@ ModelOptions BenchModelOptions(
     forward.type = ForwardSolverType::kPicard;
   }
   return options;
+}
+
+std::vector<std::string> BenchAttentionNames() {
+  std::vector<std::string> names = {"softmax"};
+  for (const std::string& name : EnergyBlockRegistry().Names()) names.push_back(name);
+  return names;
+}
+
+void SetBenchAttention(ModelOptions* options, const std::string& attention, bool warm_start) {
+  if (attention == "softmax") return;
+  CellOptions& cell = options->cell_options;
+  cell.attention = attention;
+  cell.energy = EnergyBlockOptions{};  // the block's defaults, as model.attention = NAME
+  cell.attention_warm_start = warm_start;
+  ImplicitOptions inner = DefaultAttentionSolverOptions();
+  inner.forward.type = ForwardSolverType::kPicard;  // the block's update: EM for probabilistic
+  inner.forward.max_iterations = 16;
+  inner.forward.stop_mode = StopMode::kRelative;
+  inner.forward.relative_tolerance = 1e-4;
+  inner.backward.solver = AdjointSolverType::kFixedPoint;
+  inner.backward.max_iterations = 16;
+  inner.backward.tolerance = 1e-5;
+  cell.attention_solver = inner;
 }
 
 OptimizerOptions BenchOptimizerOptions() {
@@ -627,6 +706,23 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
     SP_CHECK(transformer || args.workload == "w3", "bench: unknown workload '", args.workload,
              "' (expected w1, w2, w3, w4 or allreduce)");
     SP_CHECK(args.bucket_kb >= 1, "--bucket-kb must be >= 1, got ", args.bucket_kb);
+    if (!args.attention.empty()) {
+      const std::vector<std::string> names = BenchAttentionNames();
+      if (std::find(names.begin(), names.end(), args.attention) == names.end()) {
+        std::string known;
+        for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+        const std::string closest = ClosestName(args.attention, names);
+        SP_CHECK(false, "--attention: unknown attention '", args.attention, "' (known: ", known,
+                 ")", closest.empty() ? "" : "; did you mean '" + closest + "'?");
+      }
+      SP_CHECK(args.workload == "w1" || args.workload == "w2",
+               "--attention applies to w1 and w2 (the DEQ-transformer cell), not ", args.workload);
+      SP_CHECK(args.attention == "softmax" || args.weights_path.empty(),
+               "--weights holds a softmax-attention model; --attention ", args.attention,
+               " does not apply to it");
+    }
+    SP_CHECK(!args.no_warm_start || (!args.attention.empty() && args.attention != "softmax"),
+             "--no-warm-start applies to an energy --attention (its inner solve)");
     if (args.workload == "w4") {
       kind = ModelKind::kEnergy;
       SP_CHECK(args.model.empty() || args.model == "energy",
@@ -673,6 +769,11 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
                                                    args.weights_path.empty() ? nullptr : &weights);
     report.workload = args.workload;
     report.model = args.workload == "w3" ? "" : ToString(kind);
+    if (args.workload == "w4") {
+      report.attention = "probabilistic";  // W4's block
+    } else if (args.workload != "w3") {
+      report.attention = args.attention.empty() ? "softmax" : args.attention;
+    }
     report.iterations = iterations;
     report.threads = args.threads;
     report.shards = args.shards;

@@ -1,6 +1,7 @@
 // `stillpoint bench`: the reference workloads of bench/SPEC.md, timed.
 //
 //   stillpoint bench w1|w2|w3|w4|allreduce [--model implicit|explicit] [--iters K]
+//                   [--attention NAME] [--no-warm-start]
 //                   [--threads N] [--shards S] [--steps 20] [--warmup 3]
 //                   [--json] [--weights FILE] [--dtype float32|float64]
 //
@@ -14,6 +15,18 @@
 //     fixed-point adjoint iteration w <- g + J^T w for exactly K iterations
 //     from w0 = g.
 //   - explicit: 6 untied cells, ordinary backprop.
+//   --attention NAME (W1, W2): the cell's attention sublayer, softmax (the
+//   default: the workload as specified) or a registered energy attention
+//   (hopfield, probabilistic, expfam, energy_transformer, or a user's) with
+//   its block's default options (model.attention = NAME), read at the fixed
+//   point of its energy by a nested inner solve: Picard (for probabilistic:
+//   EM) for at most 16 iterations to a relative residual of 1e-4, the
+//   adjoint by fixed-point iteration for at most 16 iterations to 1e-5. The
+//   inner solve is warm-started across the outer solver's tape-off
+//   iterations (EnergyAttentionOptions::warm_start) unless --no-warm-start.
+//   The report then adds the inner solves per step and their forward
+//   iterations (means over the timed steps) and the FLOP count is left out
+//   (it depends on the iterations the inner solves take).
 //   --shards S (default 1) cuts the batch into S shards of whole sequences
 //   that run forward and backward side by side on replicas of the model
 //   (training/data_parallel.h): the threads then meet once per step instead
@@ -61,6 +74,10 @@ namespace stillpoint {
 struct BenchArgs {
   std::string workload;   // "w1", "w2", "w3" or "w4"
   std::string model;      // "implicit" or "explicit" (W1, W2); empty: implicit
+  // W1, W2: the cell's attention (see the top); empty: softmax.
+  std::string attention;
+  // With an energy attention: no warm start of its inner solve.
+  bool no_warm_start = false;
   int64_t iterations = 0;  // 0: the workload's (16 for W1/W2, 32 for W3)
   int threads = 2;
   int64_t shards = 1;  // W1, W2: data-parallel shards of the batch
@@ -116,6 +133,12 @@ TokenBatch ReversalBatch(const TransformerShapes& shapes, uint64_t seed);
 // iterations; kEnergy is W4 (its block and plain EM, the same adjoint).
 ModelOptions BenchModelOptions(const TransformerShapes& shapes, ModelKind kind, int iterations,
                                DType dtype, uint64_t seed);
+// With --attention NAME (see the top): the cell's attention NAME and its
+// inner solve (warm-started when warm_start). "softmax" leaves options as
+// they are.
+void SetBenchAttention(ModelOptions* options, const std::string& attention, bool warm_start);
+// The names --attention accepts: softmax and the registered energy blocks.
+std::vector<std::string> BenchAttentionNames();
 // AdamW, lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
 OptimizerOptions BenchOptimizerOptions();
 

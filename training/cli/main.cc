@@ -123,6 +123,11 @@ int main(int argc, char** argv) {
                "allreduce: the gradient reduction across mpirun ranks)");
   bench_cmd->add_option("workload", bench.workload, "w1, w2, w3, w4 or allreduce")->required();
   bench_cmd->add_option("--model", bench.model, "implicit (default) or explicit (w1, w2)");
+  bench_cmd->add_option("--attention", bench.attention,
+                        "The cell's attention (w1, w2): softmax (default) or an energy attention "
+                        "(hopfield, probabilistic, expfam, energy_transformer), nested solve");
+  bench_cmd->add_flag("--no-warm-start", bench.no_warm_start,
+                      "With an energy --attention: start every inner solve cold");
   bench_cmd->add_option("--iters", bench.iterations,
                         "Forward and adjoint iterations (default 16; w3: at most, default 32)");
   bench_cmd->add_option("--threads", bench.threads, "Worker threads")->capture_default_str();

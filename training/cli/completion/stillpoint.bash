@@ -21,7 +21,7 @@ _stillpoint() {
     compare) options="--overwrite --help" ;;
     report) options="--out --help" ;;
     retrieve) options="--patterns --queries --out --beta --solver --tol --max-iter --threads --dtype --help" ;;
-    bench) options="--model --iters --threads --shards --steps --warmup --scaling --json --weights --dtype --seed --help" ;;
+    bench) options="--model --attention --no-warm-start --iters --threads --shards --steps --warmup --scaling --json --weights --dtype --seed --help" ;;
     config) options="--resolved --doc --json-schema --keys --help" ;;
     *) return ;;
   esac
