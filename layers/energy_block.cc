@@ -33,10 +33,10 @@ constexpr double kEnergyLayerNormEps = 0.1;
 // the norm sqrt(c / beta), so its CCCP map contracts with factor at most c
 // (ExpFamAttentionOptions::contraction) whatever W_K, beta and the input
 // learn. Its scores are then sqrt(c beta) u_s.eta (u_s the unit patterns):
-// the default beta makes c beta = 2, scores sqrt(2) u_s.eta, about as sharp
-// at initialisation as softmax attention's q.k / sqrt(dh) for unit-variance
-// tokens, at every width (docs/energy-layers.md, "Operating points", has the
-// measurements behind c and beta).
+// the default beta makes c beta = 2, scores sqrt(2) u_s.eta, which depend on
+// the width as softmax attention's q.k / sqrt(dh) do for unit-variance
+// tokens (docs/energy-layers.md, "Operating points", has the measurements
+// behind c and beta).
 constexpr double kExpFamContraction = 0.5;
 constexpr double kExpFamScoreScaleSquared = 2.0;
 
@@ -192,8 +192,8 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
       // design; W_O reads it at the scale of a unit-variance token instead,
       // sqrt(dh) times the mean of the unit patterns.
       const int64_t heads = typed_->options().heads, dh = typed_->head_dim();
-      Var scale = mul_scalar(rdiv_scalar(1.0, typed_->PatternNorm()),
-                             std::sqrt(static_cast<double>(dh)));
+      Var scale =
+          mul_scalar(rdiv_scalar(1.0, typed_->PatternNorm()), std::sqrt(static_cast<double>(dh)));
       Var split = reshape(mean, Shape{mean.dim(0), mean.dim(1), heads, dh});
       mean = reshape(mul(split, reshape(scale, Shape{1, 1, heads, 1})), mean.shape());
     }

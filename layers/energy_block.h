@@ -100,9 +100,9 @@ struct EnergyBlockOptions {
   // precision alpha of probabilistic (the same role: scores alpha q.k).
   // 0 (the default): 1/sqrt(dh), dh = dim / heads, the scale of softmax
   // attention; for expfam 4 (its patterns have norm sqrt(0.5 / beta), so
-  // its scores are sqrt(beta / 2) times those of unit patterns). Learnable in hopfield, expfam and probabilistic. Small values
-  // make the fixed point the average of the stored patterns
-  // (docs/seeds.md D6).
+  // its scores are sqrt(beta / 2) times those of unit patterns). Learnable
+  // in hopfield, expfam and probabilistic. Small values make the fixed
+  // point the average of the stored patterns (docs/seeds.md D6).
   double beta = 0.0;
   // probabilistic: initial value precision times the head width,
   // beta_v = value_precision / dh (>= 0). The value term of the EM logits

@@ -51,13 +51,13 @@ class ExpFamAttentionTrainingTest : public ::testing::Test {
   // `stillpoint train attention_grid.yaml overrides... log.dir=dir_/name`;
   // returns the run's held-out token accuracy.
   double Train(const std::string& name, const std::vector<std::string>& overrides) {
-    std::string command = Quoted(STILLPOINT_CLI_PATH) + " train " +
-                          Quoted(std::string(STILLPOINT_SOURCE_DIR) +
-                                 "/examples/configs/attention_grid.yaml");
+    std::string command =
+        Quoted(STILLPOINT_CLI_PATH) + " train " +
+        Quoted(std::string(STILLPOINT_SOURCE_DIR) + "/examples/configs/attention_grid.yaml");
     for (const std::string& o : overrides) command += " " + Quoted(o);
     command += " " + Quoted("log.dir=" + (dir_ / name).string());
-    command += " > " + Quoted((dir_ / "stdout").string()) + " 2> " +
-               Quoted((dir_ / "stderr").string());
+    command +=
+        " > " + Quoted((dir_ / "stdout").string()) + " 2> " + Quoted((dir_ / "stderr").string());
     const int status = std::system(command.c_str());
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << ReadText(dir_ / "stderr") << ReadText(dir_ / "stdout");

@@ -385,8 +385,9 @@ TEST(ExpFamAttentionTest, ContractionBoundsTheUpdate) {
       ExpFamAttention layer(options, rng);
       testing_energy::RandomizeParameters(layer, rng, 2.0,
                                           [](const std::string& name) { return name == "beta"; });
-      Var(layer.parameter("beta")).mutable_value().CopyFrom(
-          Tensor::FromVector({heads}, betas, DType::kFloat64));
+      Var(layer.parameter("beta"))
+          .mutable_value()
+          .CopyFrom(Tensor::FromVector({heads}, betas, DType::kFloat64));
       EnergyContext ctx = layer.Prepare(RandnVar({1, 7, d}, rng, 3.0));
       if (contraction > 0.0) {
         const Tensor& x = ctx.Get("patterns").value();  // [1, H, S, dh]
@@ -406,8 +407,8 @@ TEST(ExpFamAttentionTest, ContractionBoundsTheUpdate) {
         Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eigen(jacobian);
         EXPECT_GE(eigen.eigenvalues().minCoeff(), -1e-12);
         if (contraction > 0.0) {
-          EXPECT_LE(eigen.eigenvalues().maxCoeff(), contraction + 1e-12) << "eta scale "
-                                                                          << eta_scale;
+          EXPECT_LE(eigen.eigenvalues().maxCoeff(), contraction + 1e-12)
+              << "eta scale " << eta_scale;
         } else {
           largest_unscaled = std::max(largest_unscaled, eigen.eigenvalues().maxCoeff());
         }
