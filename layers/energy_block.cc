@@ -29,9 +29,32 @@ void CheckInjection(const std::string& block, const Var& u, int64_t dim) {
 // normalised input) 0.1 changes g by 5%.
 constexpr double kEnergyLayerNormEps = 0.1;
 
+// The expfam block (discrete measure): each head's patterns are rescaled to
+// the norm sqrt(c / beta), so its CCCP map contracts with factor at most c
+// (ExpFamAttentionOptions::contraction) whatever W_K, beta and the input
+// learn. Its scores are then sqrt(c beta) u_s.eta (u_s the unit patterns):
+// the default beta makes c beta = 2, scores sqrt(2) u_s.eta, which depend on
+// the width as softmax attention's q.k / sqrt(dh) do for unit-variance
+// tokens (docs/energy-layers.md, "Operating points", has the measurements
+// behind c and beta).
+constexpr double kExpFamContraction = 0.5;
+constexpr double kExpFamScoreScaleSquared = 2.0;
+
 // 1/sqrt(dh) when beta is 0 (the options' default), else beta.
 double ResolvedBeta(const EnergyBlockOptions& o) {
   return o.beta > 0.0 ? o.beta : 1.0 / std::sqrt(static_cast<double>(o.dim / o.heads));
+}
+
+// The expfam block's contraction: kExpFamContraction for the discrete
+// measure (the learned measures have no patterns to rescale).
+double ExpFamContraction(const EnergyBlockOptions& o) {
+  return o.measure == ExpFamMeasure::kDiscrete ? kExpFamContraction : 0.0;
+}
+
+// The expfam block's beta: 2 / c (scores sqrt(2) u_s.eta) when beta is 0,
+// else beta.
+double ExpFamBeta(const EnergyBlockOptions& o) {
+  return o.beta > 0.0 ? o.beta : kExpFamScoreScaleSquared / kExpFamContraction;
 }
 
 // The common part: owns the layer as the child "layer" and the input norm
@@ -143,7 +166,8 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
                                                   .dim = o.dim,
                                                   .heads = o.heads,
                                                   .components = o.components,
-                                                  .beta = ResolvedBeta(o),
+                                                  .beta = ExpFamBeta(o),
+                                                  .contraction = ExpFamContraction(o),
                                                   .update = ExpFamUpdate::kCccp,
                                                   .query_field = true,
                                                   .dtype = o.dtype},
@@ -162,7 +186,18 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
     return EnergyBlockProblem{std::move(context), field, u, {}};
   }
   Var Output(const Var& eta, const EnergyBlockProblem& problem) const override {
-    return wo_->Forward(typed_->LogPartitionGrad(eta, problem.context));
+    Var mean = typed_->LogPartitionGrad(eta, problem.context);
+    if (typed_->options().contraction > 0.0) {
+      // grad G is the mean of patterns of norm sqrt(c / beta), small by
+      // design; W_O reads it at the scale of a unit-variance token instead,
+      // sqrt(dh) times the mean of the unit patterns.
+      const int64_t heads = typed_->options().heads, dh = typed_->head_dim();
+      Var scale =
+          mul_scalar(rdiv_scalar(1.0, typed_->PatternNorm()), std::sqrt(static_cast<double>(dh)));
+      Var split = reshape(mean, Shape{mean.dim(0), mean.dim(1), heads, dh});
+      mean = reshape(mul(split, reshape(scale, Shape{1, 1, heads, 1})), mean.shape());
+    }
+    return wo_->Forward(mean);
   }
   Var AttentionWeights(const Var& eta, const EnergyBlockProblem& problem) const override {
     // Only the discrete measure attends over tokens.
@@ -244,8 +279,9 @@ Registry<EnergyBlockFactory>& EnergyBlockRegistry() {
                 "probabilistic (Gaussian-mixture) attention: EM over the values; out = "
                 "values W_O");
     r->Register("expfam", Factory<ExpFamBlock>(),
-                "exponential-family attention, discrete measure over x W_K with the query "
-                "x W_Q as a field: eta <- q + grad G(eta); out = grad G(eta*)");
+                "exponential-family attention, discrete measure over x W_K (each head's "
+                "patterns at norm sqrt(0.5 / beta): a contraction) with the query x W_Q as a "
+                "field: eta <- q + grad G(eta); out = grad G(eta*) W_O");
     r->Register("energy_transformer", Factory<EnergyTransformerEnergyBlock>(),
                 "Energy Transformer block: tokens from x, driven by x, to the stationary "
                 "state; out = x* - x");
@@ -275,7 +311,7 @@ const OptionFields<EnergyBlockOptions>& EnergyBlockOptions::Fields() {
            .Double("beta", &O::beta, 0.0, kInf,
                    "Energy attention: initial inverse temperature per head (hopfield, expfam and "
                    "energy_transformer beta; probabilistic query precision alpha); 0: 1/sqrt(head "
-                   "width)")
+                   "width), expfam 4 (its patterns are rescaled, docs/energy-layers.md)")
            .Double("value_precision", &O::value_precision, 0.0, kInf,
                    "Energy attention, probabilistic only (an error for a config without it): "
                    "initial value precision times the head width (beta_v = value_precision / head "

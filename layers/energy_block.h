@@ -39,7 +39,15 @@
 //                         external field: eta <- q + grad G(eta) from
 //                         eta_0 = q; out = grad G(eta*) W_O (the patterns'
 //                         softmax-weighted mean at the fixed point, through
-//                         an output projection "wo").
+//                         an output projection "wo"). Each head's patterns
+//                         are rescaled to the norm sqrt(c / beta), c = 0.5
+//                         (ExpFamAttentionOptions::contraction), so the
+//                         update contracts with factor at most 0.5 however
+//                         training moves W_K and beta (unrescaled, the
+//                         trained map expanded: spectral radius 1.2-3.5,
+//                         and neither the solve nor its adjoint
+//                         converged); beta starts at 4 and W_O reads
+//                         sqrt(dh) times the mean of the unit patterns.
 //   "energy_transformer"  EnergyTransformerBlock: the tokens start at x and
 //                         x drives them as an external current (the context
 //                         entry "input"), so the stationary state depends on
@@ -91,9 +99,10 @@ struct EnergyBlockOptions {
   // hopfield, expfam (discrete measure) and energy_transformer, the query
   // precision alpha of probabilistic (the same role: scores alpha q.k).
   // 0 (the default): 1/sqrt(dh), dh = dim / heads, the scale of softmax
-  // attention. Learnable in hopfield, expfam and probabilistic. Small values
-  // make the fixed point the average of the stored patterns
-  // (docs/seeds.md D6).
+  // attention; for expfam 4 (its patterns have norm sqrt(0.5 / beta), so
+  // its scores are sqrt(beta / 2) times those of unit patterns). Learnable
+  // in hopfield, expfam and probabilistic. Small values make the fixed
+  // point the average of the stored patterns (docs/seeds.md D6).
   double beta = 0.0;
   // probabilistic: initial value precision times the head width,
   // beta_v = value_precision / dh (>= 0). The value term of the EM logits

@@ -120,6 +120,13 @@ Var ExpFamAttention::MergeHeads(const Var& x) const {
   return reshape(permute(x, {0, 2, 1, 3}), Shape{x.dim(0), x.dim(2), options_.dim});
 }
 
+Var ExpFamAttention::PatternNorm() const {
+  SP_CHECK(options_.measure == ExpFamMeasure::kDiscrete && options_.contraction > 0.0,
+           "ExpFamAttention: only the discrete measure with contraction > 0 rescales its "
+           "patterns");
+  return sqrt(rdiv_scalar(options_.contraction, beta_));
+}
+
 Var ExpFamAttention::Covariance() const {
   SP_CHECK(scale_.defined(), "ExpFamAttention: the discrete measure has no covariance");
   return matmul(scale_, scale_, false, true);
@@ -155,7 +162,14 @@ EnergyContext ExpFamAttention::Prepare(const Var& patterns, const Var& queries) 
   SP_CHECK(patterns.defined() && patterns.dtype() == options_.dtype,
            "ExpFamAttention: the discrete measure needs stored patterns [B, S, ", options_.dim,
            "] of the layer's dtype");
-  ctx.Set("patterns", SplitHeads(wk_ ? wk_->Forward(patterns) : patterns));
+  Var split = SplitHeads(wk_ ? wk_->Forward(patterns) : patterns);  // [B, H, S, dh]
+  if (options_.contraction > 0.0) {
+    // x_s sqrt(c / beta_h) / |x_s| (the epsilon only guards a zero pattern).
+    constexpr double kNormEps = 1e-12;
+    Var inverse_norm = rsqrt(add_scalar(sum(square(split), -1, true), kNormEps));
+    split = mul(mul(split, inverse_norm), reshape(PatternNorm(), Shape{1, options_.heads, 1, 1}));
+  }
+  ctx.Set("patterns", split);
   return ctx;
 }
 
@@ -267,6 +281,10 @@ const OptionFields<ExpFamAttentionOptions>& ExpFamAttentionOptions::Fields() {
            .Bool("learn_beta", &O::learn_beta, "Discrete measure: learn beta")
            .Bool("project_patterns", &O::project_patterns,
                  "Discrete measure: project the stored patterns with W_K (dim -> dim)")
+           .Double("contraction", &O::contraction, OptionBounds::Open(0.0, 1.0).OrZero(),
+                   "Discrete measure: rescale each head's patterns to the norm sqrt(c / beta), "
+                   "so the CCCP map contracts with factor at most c; 0: the patterns as given")
+           .AppliesWhen([](const O& o) { return o.measure == ExpFamMeasure::kDiscrete; })
            .Enum("update", &O::update, {ExpFamUpdate::kCccp, ExpFamUpdate::kResidual},
                  stillpoint::ToString,
                  "cccp: energy descent; residual: the attention sublayer's update")
@@ -284,11 +302,14 @@ const OptionFields<ExpFamAttentionOptions>& ExpFamAttentionOptions::Fields() {
 }
 
 bool ExpFamAttentionOptions::IsValid(std::string* error) const {
-  // beta and components are checked only for the measure that reads them
+  // beta, contraction and components are checked only for the measure that reads them
   // (an unread value is left as it was accepted before).
   ExpFamAttentionOptions read = *this;
   const ExpFamAttentionOptions defaults;
-  if (measure != ExpFamMeasure::kDiscrete) read.beta = defaults.beta;
+  if (measure != ExpFamMeasure::kDiscrete) {
+    read.beta = defaults.beta;
+    read.contraction = defaults.contraction;
+  }
   if (measure != ExpFamMeasure::kMixture) read.components = defaults.components;
   std::string problem = Fields().Check(read);
   if (problem.empty() && dim % heads != 0) {

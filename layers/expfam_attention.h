@@ -34,6 +34,19 @@
 // patterns' mean under softmax(beta X eta)) and W_Q learns through the
 // implicit gradient; the context then holds "field" [B, N, dim].
 //
+// Contraction (discrete measure, contraction = c > 0): the Jacobian of the
+// CCCP update is beta Cov_p(X), p = softmax(beta X eta), symmetric and
+// positive semi-definite with norm at most beta max_s |x_s|^2 (the
+// covariance of points of norm at most r has trace at most r^2). Left free,
+// training grows |x_s| and beta until this exceeds 1: the energy is no longer
+// convex, plain iteration stalls or diverges and the adjoint with it. Each
+// head's patterns are therefore rescaled to the norm sqrt(c / beta_h):
+// beta Cov_p(X) <= c < 1, the energy is strongly convex (Hessian >= 1 - c),
+// the fixed point is unique and plain iteration reaches it at rate c from
+// anywhere. The scores beta x_s.eta = sqrt(c beta) u_s.eta (u_s the unit
+// pattern) keep their sharpness through eta, i.e. the query field. The
+// rescaled patterns are what the context holds.
+//
 // Parameters: discrete: "beta" [H], and "wk" (Linear) with
 // project_patterns; gaussian: "mu" [H, dh], "scale" L [H, dh, dh];
 // mixture: "means" [H, K, dh], "log_weights" [H, K] (normalised by a
@@ -79,6 +92,11 @@ struct ExpFamAttentionOptions {
   bool learn_beta = true;
   // Discrete measure: project the stored patterns with W_K (dim -> dim).
   bool project_patterns = true;
+  // Discrete measure: c in (0, 1) rescales each head's patterns to the norm
+  // sqrt(c / beta_h) (see "Contraction" above), so the CCCP map contracts
+  // with factor at most c whatever W_K, beta and the input become; 0 (the
+  // default): the patterns as given.
+  double contraction = 0.0;
   ExpFamUpdate update = ExpFamUpdate::kResidual;
   // The queries as an external field (see above; needs update = cccp).
   // Registers the query projection "wq" (dim -> dim, no bias).
@@ -125,6 +143,9 @@ class ExpFamAttention : public EnergyLayer {
   // Discrete measure: the weights softmax(beta X eta) of the patterns,
   // [B, H, N, S].
   Var Weights(const Var& eta, const EnergyContext& ctx) const;
+  // Discrete measure with contraction c > 0: each head's pattern norm
+  // sqrt(c / beta_h), [H].
+  Var PatternNorm() const;
   // The measure's covariance matrices Sigma = L L^T: [H, dh, dh]
   // (gaussian and mixture measures).
   Var Covariance() const;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "framework/gradcheck.h"
@@ -17,6 +18,7 @@ namespace {
 
 using testing_energy::CheckParameterGradients;
 using testing_energy::DenseHessian;
+using testing_energy::DenseJacobian;
 using testing_energy::Randn;
 using testing_energy::RandnVar;
 
@@ -362,6 +364,71 @@ TEST(ExpFamAttentionTest, GradcheckForward) {
         CheckParameterGradients(layer, [&] { return sum(mul(forward(x, patterns), Var(probe))); });
     EXPECT_TRUE(p) << p;
   }
+}
+
+// Contraction c: each head's patterns have the norm sqrt(c / beta_h), and
+// the CCCP update's Jacobian (beta Cov_p(X) per head, symmetric positive
+// semi-definite) has its eigenvalues in [0, c] wherever it is taken, with
+// large W_K, patterns and beta. The same layer without the rescaling
+// expands (largest eigenvalue above 1), so the bound is the rescaling's.
+TEST(ExpFamAttentionTest, ContractionBoundsTheUpdate) {
+  const int64_t d = 6, heads = 2, dh = 3;
+  const std::vector<double> betas = {5.0, 0.7};
+  for (double c : {0.5, 0.9}) {
+    SCOPED_TRACE("contraction " + std::to_string(c));
+    double largest_unscaled = 0.0;
+    for (double contraction : {c, 0.0}) {
+      Rng rng(11);
+      ExpFamAttentionOptions options = Options(ExpFamMeasure::kDiscrete, d, heads);
+      options.update = ExpFamUpdate::kCccp;
+      options.contraction = contraction;
+      ExpFamAttention layer(options, rng);
+      testing_energy::RandomizeParameters(layer, rng, 2.0,
+                                          [](const std::string& name) { return name == "beta"; });
+      Var(layer.parameter("beta"))
+          .mutable_value()
+          .CopyFrom(Tensor::FromVector({heads}, betas, DType::kFloat64));
+      EnergyContext ctx = layer.Prepare(RandnVar({1, 7, d}, rng, 3.0));
+      if (contraction > 0.0) {
+        const Tensor& x = ctx.Get("patterns").value();  // [1, H, S, dh]
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t s = 0; s < 7; ++s) {
+            double norm_sq = 0.0;
+            for (int64_t k = 0; k < dh; ++k) norm_sq += std::pow(x.at((h * 7 + s) * dh + k), 2);
+            EXPECT_NEAR(std::sqrt(norm_sq), std::sqrt(contraction / betas[h]), 1e-12);
+          }
+        }
+      }
+      for (double eta_scale : {0.0, 0.3, 1.0, 4.0}) {
+        Tensor eta = Randn({1, 1, d}, rng, eta_scale);
+        Eigen::MatrixXd jacobian =
+            DenseJacobian([&](const Var& e) { return layer.Update(e, ctx); }, eta);
+        EXPECT_LT((jacobian - jacobian.transpose()).cwiseAbs().maxCoeff(), 1e-12);
+        Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eigen(jacobian);
+        EXPECT_GE(eigen.eigenvalues().minCoeff(), -1e-12);
+        if (contraction > 0.0) {
+          EXPECT_LE(eigen.eigenvalues().maxCoeff(), contraction + 1e-12)
+              << "eta scale " << eta_scale;
+        } else {
+          largest_unscaled = std::max(largest_unscaled, eigen.eigenvalues().maxCoeff());
+        }
+      }
+    }
+    EXPECT_GT(largest_unscaled, 1.0);
+  }
+}
+
+// Contraction is read by the discrete measure only, and must lie in [0, 1).
+TEST(ExpFamAttentionTest, ContractionRange) {
+  ExpFamAttentionOptions options = Options(ExpFamMeasure::kDiscrete, 4, 1);
+  std::string error;
+  for (double bad : {1.0, -0.1, 1.5, std::nan("")}) {
+    options.contraction = bad;
+    EXPECT_FALSE(options.IsValid(&error)) << bad;
+    EXPECT_NE(error.find("contraction"), std::string::npos) << error;
+  }
+  options.contraction = 0.99;
+  EXPECT_TRUE(options.IsValid(&error)) << error;
 }
 
 TEST(ExpFamAttentionTest, RejectsMisuse) {

@@ -259,6 +259,37 @@ TEST(EnergyImplicitTest, GradcheckExpFamAttentionFixedPoint) {
   EXPECT_TRUE(p) << p;
 }
 
+// The discrete measure with rescaled patterns (contraction, as the expfam
+// energy block uses it) and the query field: the implicit gradients with
+// respect to the queries, the stored patterns and every parameter (beta
+// enters both the scores and the patterns' norm sqrt(c / beta)) match
+// central differences of the converged solve. W_K and W_Q are drawn large
+// (std 1.5), where the unrescaled map would not contract.
+TEST(EnergyImplicitTest, GradcheckExpFamAttentionContractionFixedPoint) {
+  Rng rng(6);
+  ExpFamAttentionOptions options;
+  options.dim = 4;
+  options.heads = 2;
+  options.beta = 3.0;
+  options.contraction = 0.5;
+  options.update = ExpFamUpdate::kCccp;
+  options.query_field = true;
+  options.solve = FixedPoint();
+  options.dtype = DType::kFloat64;
+  ExpFamAttention layer(options, rng);
+  testing_energy::RandomizeParameters(layer, rng, 1.5,
+                                      [](const std::string& name) { return name == "beta"; });
+  Var x = RandnVar({2, 3, 4}, rng), patterns = RandnVar({2, 5, 4}, rng);
+  auto r = CheckGradients([&](const VarList& in) { return layer.Forward(in[0], in[1]); },
+                          {x, patterns}, SolveTolerances());
+  EXPECT_TRUE(r) << r;
+  Tensor probe = Randn({2, 3, 4}, rng);
+  auto p = testing_energy::CheckParameterGradients(
+      layer, [&] { return sum(mul(layer.Forward(x, patterns), Var(probe))); }, 1e-5, 1e-5, 1e-7);
+  EXPECT_TRUE(p) << p;
+  EXPECT_EQ(layer.last_solve().implicit.forward.termination_type, TerminationType::kConverged);
+}
+
 TEST(EnergyImplicitTest, GradcheckEnergyTransformerFixedPoint) {
   Rng rng(5);
   EnergyTransformerOptions options;

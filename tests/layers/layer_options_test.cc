@@ -242,6 +242,12 @@ TEST(LayerOptionsTest, ExpFamAttentionOptions) {
   o.measure = ExpFamMeasure::kGaussian;
   o.beta = -1.0;
   ExpectValid(o);
+  // contraction (discrete measure only) lies in [0, 1).
+  o = {};
+  o.contraction = 1.0;
+  ExpectRefused(o, "contraction", "ExpFamAttentionOptions");
+  o.measure = ExpFamMeasure::kMixture;
+  ExpectValid(o);
 
   Rng rng(3);
   ExpFamAttentionOptions bad;
@@ -250,7 +256,8 @@ TEST(LayerOptionsTest, ExpFamAttentionOptions) {
   ExpectBuildThrows([&] { ExpFamAttention layer(bad, rng); }, "components");
 
   ExpectNamesEveryField(defaults, {"measure", "dim", "heads", "components", "beta", "learn_beta",
-                                   "project_patterns", "update", "query_field", "layer_norm",
+                                   "project_patterns", "contraction", "update", "query_field",
+                                   "layer_norm",
                                    "layer_norm_eps", "layer_norm_affine", "solve.mode",
                                    "solve.steps", "solve.trace_energy", "dtype"});
 }
