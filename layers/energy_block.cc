@@ -40,6 +40,20 @@ constexpr double kEnergyLayerNormEps = 0.1;
 constexpr double kExpFamContraction = 0.5;
 constexpr double kExpFamScoreScaleSquared = 2.0;
 
+// The Energy Transformer block's W_Q and W_K start at N(0, (0.3)^2 / d) and
+// its default attention inverse temperature is 4 / sqrt(dh). The weights set
+// the size of the attention force (the energy has no value matrix, so the
+// force carries W_Q W_K^T g): at this scale the leaky dynamics contract and
+// the solve converges in about 10 Anderson iterations, while at N(0, 1/d)
+// the solves stop at their cap. beta sets the sharpness of the scores
+// without changing the force: beta q.k then has about the scale of softmax
+// attention's scores at its initialisation (weights uniform in
+// +-1/sqrt(d)), 0.36 against 0.33. At the softmax scale 1/sqrt(dh) the
+// scores start four times smaller and the routing learns too slowly
+// (docs/energy-layers.md, "Operating points").
+constexpr double kEnergyTransformerWeightStd = 0.3;
+constexpr double kEnergyTransformerBeta = 4.0;
+
 // 1/sqrt(dh) when beta is 0 (the options' default), else beta.
 double ResolvedBeta(const EnergyBlockOptions& o) {
   return o.beta > 0.0 ? o.beta : 1.0 / std::sqrt(static_cast<double>(o.dim / o.heads));
@@ -224,17 +238,29 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
                              options.head_dim = o.dim / o.heads;
                              options.memories = o.memories;
                              options.memory = o.memory;
-                             options.beta = ResolvedBeta(o);
+                             options.beta = o.beta > 0.0 ? o.beta
+                                                         : kEnergyTransformerBeta /
+                                                               std::sqrt(static_cast<double>(
+                                                                   o.dim / o.heads));
                              options.causal = o.causal;
                              options.key_grad = o.key_grad;
                              options.dynamics = o.dynamics;
                              options.step = o.step;
-                             options.weight_std = 0.3 / std::sqrt(static_cast<double>(o.dim));
+                             options.weight_std =
+                                 kEnergyTransformerWeightStd / std::sqrt(static_cast<double>(o.dim));
                              options.layer_norm_eps = kEnergyLayerNormEps;
                              options.dtype = o.dtype;
                              return options;
                            }(),
-                           rng)) {}
+                           rng)),
+        readout_(o.readout),
+        heads_(o.heads) {
+    if (readout_ == EnergyTransformerReadout::kAttention) {
+      const LinearOptions linear{.dtype = o.dtype};
+      wv_ = RegisterModule("wv", std::make_shared<Linear>(o.dim, o.dim, rng, linear));
+      wo_ = RegisterModule("wo", std::make_shared<Linear>(o.dim, o.dim, rng, linear));
+    }
+  }
 
   EnergyBlockProblem Prepare(const Var& u) const override {
     const Var x = Input(u);
@@ -245,11 +271,27 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
     return problem;
   }
   Var Output(const Var& state, const EnergyBlockProblem& problem) const override {
-    return sub(state, problem.extras.Get("start"));
+    if (readout_ == EnergyTransformerReadout::kMove) {
+      return sub(state, problem.extras.Get("start"));
+    }
+    // [B, N, d] -> [B, H, N, dh], weighted by the attention at x*, and back.
+    const int64_t b = state.dim(0), n = state.dim(1), d = state.dim(2);
+    const Var values =
+        permute(reshape(wv_->Forward(state), Shape{b, n, heads_, d / heads_}), {0, 2, 1, 3});
+    const Var mixed = matmul(typed_->AttentionWeights(state, problem.context), values);
+    return wo_->Forward(reshape(permute(mixed, {0, 2, 1, 3}), Shape{b, n, d}));
   }
   Var AttentionWeights(const Var& state, const EnergyBlockProblem& problem) const override {
     return typed_->AttentionWeights(state, problem.context);
   }
+
+ private:
+  EnergyTransformerReadout readout_;
+  int64_t heads_;
+  // The value and output maps of the attention readout: the energy has no
+  // value matrix (its attention force carries W_Q W_K^T g), so without them
+  // the content a token receives is tied to the bilinear form that routes it.
+  std::shared_ptr<Linear> wv_, wo_;
 };
 
 template <typename Block>
@@ -260,6 +302,10 @@ EnergyBlockFactory Factory() {
 }
 
 }  // namespace
+
+const char* ToString(EnergyTransformerReadout readout) {
+  return readout == EnergyTransformerReadout::kAttention ? "attention" : "move";
+}
 
 Var EnergyBlock::Readout(const Var& state, const EnergyBlockProblem& problem) const {
   return add(problem.injection, Output(state, problem));
@@ -311,7 +357,8 @@ const OptionFields<EnergyBlockOptions>& EnergyBlockOptions::Fields() {
            .Double("beta", &O::beta, 0.0, kInf,
                    "Energy attention: initial inverse temperature per head (hopfield, expfam and "
                    "energy_transformer beta; probabilistic query precision alpha); 0: 1/sqrt(head "
-                   "width), expfam 4 (its patterns are rescaled, docs/energy-layers.md)")
+                   "width), expfam 4 (its patterns are rescaled, docs/energy-layers.md), "
+                   "energy_transformer 4/sqrt(head width)")
            .Double("value_precision", &O::value_precision, 0.0, kInf,
                    "Energy attention, probabilistic only (an error for a config without it): "
                    "initial value precision times the head width (beta_v = value_precision / head "
@@ -345,7 +392,15 @@ const OptionFields<EnergyBlockOptions>& EnergyBlockOptions::Fields() {
            .AppliesWhen(ReadBy("energy_transformer"))
            .Double("step", &O::step, 1e-12, kInf,
                    "energy, energy_transformer only (an error for a config without it): Euler step "
-                   "alpha")
+                   "alpha of the leaky dynamics the solver iterates (the stationary state does not "
+                   "depend on it; 1 contracts fastest at the block's initialisation)")
+           .AppliesWhen(ReadBy("energy_transformer"))
+           .Enum("readout", &O::readout,
+                 {EnergyTransformerReadout::kAttention, EnergyTransformerReadout::kMove},
+                 stillpoint::ToString,
+                 "energy, energy_transformer only (an error for a config without it): attention "
+                 "reads values of the stationary tokens x* with the attention weights at x* "
+                 "(softmax(beta Q* K*^T) x* W_V W_O); move is x* - x")
            .AppliesWhen(ReadBy("energy_transformer"))
            .Include("key_adaptation.", &O::key_adaptation, KeyAdaptationOptions::Fields(), {},
                     ReadBy("probabilistic"))

@@ -50,13 +50,16 @@
 //                         sqrt(dh) times the mean of the unit patterns.
 //   "energy_transformer"  EnergyTransformerBlock: the tokens start at x and
 //                         x drives them as an external current (the context
-//                         entry "input"), so the stationary state depends on
-//                         x; out = x* - x (the move of the tokens).
-//                         W_Q and W_K start at N(0, 0.09/dim): large enough
-//                         for W_Q to learn (the reference N(0, 0.002^2)
-//                         gives it a vanishing gradient), small enough that
-//                         the leaky dynamics contract (at N(0, 1/dim) the
-//                         attention term's curvature exceeds the leak).
+//                         entry "input"), so the stationary state x* depends
+//                         on x; the solver iterates the leaky Euler step
+//                         with step 1, x <- I - dE/dg (see `step`). readout
+//                         "attention" (default): the block's attention
+//                         weights at x* applied to values x* W_V, through
+//                         W_O; "move": x* - x. W_Q, W_K start at
+//                         N(0, 0.09/dim), small enough that the dynamics
+//                         contract, and beta defaults to 4/sqrt(dh), so the
+//                         scores start at the scale of softmax attention's
+//                         (energy_block.cc).
 // Readout adds the skip connection: out + u.
 //
 // A user block: derive from EnergyBlock (register the energy layer as a
@@ -85,6 +88,14 @@
 
 namespace stillpoint {
 
+// energy_transformer: what the block outputs from the stationary tokens x*.
+enum class EnergyTransformerReadout {
+  kAttention,  // "attention": the block's attention weights at x* applied to
+               // values of x*: softmax(beta Q* K*^T) (x* W_V) W_O
+  kMove        // "move": x* - x, the tokens' move (no value map)
+};
+const char* ToString(EnergyTransformerReadout readout);
+
 struct EnergyBlockOptions {
   // The block, by EnergyBlockRegistry() name. Default "probabilistic": its
   // energy depends on the queries (every projection learns through the
@@ -100,7 +111,8 @@ struct EnergyBlockOptions {
   // precision alpha of probabilistic (the same role: scores alpha q.k).
   // 0 (the default): 1/sqrt(dh), dh = dim / heads, the scale of softmax
   // attention; for expfam 4 (its patterns have norm sqrt(0.5 / beta), so
-  // its scores are sqrt(beta / 2) times those of unit patterns). Learnable
+  // its scores are sqrt(beta / 2) times those of unit patterns), for
+  // energy_transformer 4/sqrt(dh) (its W_Q, W_K start smaller). Learnable
   // in hopfield, expfam and probabilistic. Small values make the fixed
   // point the average of the stored patterns (docs/seeds.md D6).
   double beta = 0.0;
@@ -127,8 +139,15 @@ struct EnergyBlockOptions {
   // energy_transformer: Hopfield memory type and number of memories.
   EnergyTransformerMemory memory = EnergyTransformerMemory::kRelu2;
   int64_t memories = 64;
-  // energy_transformer: Euler step alpha (> 0).
-  double step = 0.1;
+  // energy_transformer: Euler step alpha (> 0) of the leaky dynamics, the
+  // map the solver iterates. The stationary state does not depend on it;
+  // at 1 the map is x <- I - dE/dg(x), which contracts at the block's
+  // initialisation (Anderson converges in about 10 iterations), while a
+  // small step contracts only by 1 - alpha per iteration and the solves stop
+  // at their cap.
+  double step = 1.0;
+  // energy_transformer: the output read from the stationary tokens x*.
+  EnergyTransformerReadout readout = EnergyTransformerReadout::kAttention;
   // probabilistic: online key adaptation (MAP-EM over the keys given the
   // queries, before value inference; probabilistic_attention.h). Off by
   // default (iterations 0).

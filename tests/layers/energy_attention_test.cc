@@ -167,6 +167,42 @@ INSTANTIATE_TEST_SUITE_P(Builtins,
                            return info.param.attention + "_" + ToString(info.param.kind);
                          });
 
+// The first cell of an explicit stack reads the zero state: its block's
+// input is LN(0) = norm.bias, the same for every token, and at
+// initialisation (norm.bias = 0, delta = 0) the energy layer norm gives g = 0,
+// so every relu^2 memory's pre-activation xi.g is exactly 0: on the kink,
+// where relu' jumps from 0 to 1. The cell's output is not differentiable
+// there in delta and norm.bias (central differences average the two
+// one-sided slopes; backprop takes relu'(0) = 0), which is the gap between
+// the two seen at that cell. Off the kink (a random norm.bias), or with the
+// smooth softmax memory on it, the same check passes as tightly as the last
+// cell's.
+TEST(EnergyAttentionTest, EnergyTransformerAtTheZeroStateDiffersFromDifferencesOnlyOnTheReluKink) {
+  Rng rng(5);
+  const Var features = RandnVar({2, 3, 3}, rng);
+  const Tensor probe = Randn(features.shape(), rng);
+  for (const char* setting : {"on the kink", "off the kink", "softmax memory"}) {
+    SCOPED_TRACE(setting);
+    ModelOptions options = AttentionModel("energy_transformer", ModelKind::kExplicit, 4);
+    const std::string s = setting;
+    if (s == "softmax memory") options.cell_options.energy.memory = EnergyTransformerMemory::kSoftmax;
+    SequenceModel model(options);
+    auto& first = const_cast<EnergyAttention&>(*FindEnergyAttentions(model).front().second);
+    if (s == "off the kink") {
+      Rng shift(12);
+      first.parameter("block.norm.bias").mutable_value().CopyFrom(Randn({4}, shift, 0.3));
+    }
+    auto check = testing_energy::CheckParameterGradients(
+        first, [&] { return sum(mul(model.ForwardFeatures(features), Var(probe))); }, 1e-5, 1e-5,
+        5e-7);
+    if (s == "on the kink") {
+      EXPECT_FALSE(check.ok) << "the zero state no longer sits on the memories' kink";
+    } else {
+      EXPECT_TRUE(check.ok) << check;
+    }
+  }
+}
+
 // Probabilistic attention with value precision 0, no input norm and the
 // softmax attention's weights is that attention: the cell's output agrees
 // to rounding in float64, and with a value precision of 1e-12 (beta_v

@@ -362,6 +362,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"model.energy.memory", {{"model.kind=energy", energy_transformer}, "softmax"}},
       {"model.energy.memories", {{"model.kind=energy", energy_transformer}, "7"}},
       {"model.energy.step", {{"model.kind=energy", energy_transformer}, "0.05"}},
+      {"model.energy.readout", {{"model.kind=energy", energy_transformer}, "move"}},
       {"model.energy.normalize_input", {{"model.kind=energy"}, "false"}},
       {"model.energy.key_adaptation.iterations", {probabilistic, "1"}},
       {"model.energy.key_adaptation.prior_precision", {adapting, "0"}},

@@ -434,6 +434,8 @@ TEST(EnergyConfigTest, EveryKeyChangesTheBlockOptions) {
        [&](const EnergyBlockOptions& e) { return e.memories != b.memories; }},
       {"layer: energy_transformer, step: 0.05",
        [&](const EnergyBlockOptions& e) { return e.step != b.step; }},
+      {"layer: energy_transformer, readout: move",
+       [&](const EnergyBlockOptions& e) { return e.readout != b.readout; }},
       {"key_adaptation: {iterations: 3}",
        [&](const EnergyBlockOptions& e) {
          return e.key_adaptation.iterations != b.key_adaptation.iterations;
