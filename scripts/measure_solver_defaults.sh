@@ -12,7 +12,10 @@
 # 0 1 2. KIND sets model.kind for every choice but the explicit reference
 # (default implicit; KIND=config keeps the config's own, e.g. energy).
 # STILLPOINT_BIN picks the binary (default build-release/bin/stillpoint,
-# else build/bin/stillpoint).
+# else build/bin/stillpoint). CHOICES picks the list: `adjoint` (default:
+# each adjoint solver at 15 and 30 iterations, the inexact modes, the
+# forward budget) or `budget` (fewer iterations per step: a looser forward
+# tolerance, adjoints stopped on a tolerance, smaller budgets).
 # Prints a Markdown table (means over seeds) on stdout.
 set -euo pipefail
 
@@ -37,7 +40,7 @@ an="model.solver.backward.solver=anderson"
 gm="model.solver.backward.solver=gmres"
 b15="model.solver.backward.max_iterations=15"
 b30="model.solver.backward.max_iterations=30"
-choices=(
+adjoint_choices=(
   "explicit (reference)|model.kind=explicit"
   "the config's own|"
   "fixed_point 30|$fp $b30"
@@ -53,6 +56,31 @@ choices=(
   "forward 15 (backward: the config's)|model.solver.forward.max_iterations=15"
   "forward 60 (backward: the config's)|model.solver.forward.max_iterations=60"
 )
+f3="model.solver.forward.relative_tolerance=1e-3"
+f33="model.solver.forward.relative_tolerance=3e-3"
+bt3="model.solver.backward.tolerance=1e-3"
+b10="model.solver.backward.max_iterations=10"
+budget_choices=(
+  "explicit (reference)|model.kind=explicit"
+  "the config's own|"
+  "forward tol 1e-3|$f3"
+  "anderson 15|$an $b15"
+  "forward tol 1e-3, anderson 15|$f3 $an $b15"
+  "forward tol 1e-3, anderson 10|$f3 $an $b10"
+  "forward tol 1e-3, fixed_point 15|$f3 $fp $b15"
+  "forward tol 1e-3, anderson 30 to 1e-3|$f3 $an $b30 $bt3"
+  "forward tol 1e-3, fixed_point 30 to 1e-3|$f3 $fp $b30 $bt3"
+  "forward tol 3e-3, anderson 10|$f33 $an $b10"
+  "forward tol 1e-3, fixed_point 10|$f3 $fp $b10"
+  "forward tol 3e-3, fixed_point 15|$f33 $fp $b15"
+  "forward tol 3e-3, fixed_point 10|$f33 $fp $b10"
+  "forward tol 3e-3, fixed_point 10, warm start|$f33 $fp $b10 model.solver.backward.warm_start=true"
+)
+case ${CHOICES:-adjoint} in
+  adjoint) choices=("${adjoint_choices[@]}") ;;
+  budget) choices=("${budget_choices[@]}") ;;
+  *) echo "CHOICES must be adjoint or budget, not '${CHOICES}'" >&2; exit 2 ;;
+esac
 
 mkdir -p "$out"
 printf '| choice | ms/step | held-out accuracy | fwd iters | bwd iters | grad cosine | grad rel err |\n'
