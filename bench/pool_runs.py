@@ -39,6 +39,7 @@ WORKLOADS = [
     ("w2er", "W2 explicit step (peer: stillpoint's work only)", 2.5),
     ("w3", "W3 retrieval (peer: whole batch)", 1.2),
     ("w3a", "W3 retrieval (peer: per-query exit)", 1.2),
+    ("w4", "W4 energy-attention step", 3.0),
 ]
 # W2 scaling: (model key, name, target) for 1 thread / multi-thread steps.
 SCALING = [
