@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/scratch_path.h"
+#include "tests/shell_text.h"
 
 #ifndef STILLPOINT_CLI_PATH
 #error "the build gives the path of the stillpoint program"
@@ -21,12 +22,7 @@ namespace stillpoint {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Quoted(const std::string& word) {
-  std::string q = "'";
-  for (char ch : word) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return q + "'";
-}
+using testing_support::Quoted;
 
 class EnergyTransformerExampleTest : public ::testing::Test {
  protected:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/scratch_path.h"
+#include "tests/shell_text.h"
 
 #ifndef STILLPOINT_CLI_PATH
 #error "the build gives the path of the stillpoint program"
@@ -22,19 +23,8 @@ namespace stillpoint {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string Quoted(const std::string& word) {
-  std::string q = "'";
-  for (char ch : word) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return q + "'";
-}
-
-std::string ReadText(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using testing_support::Quoted;
+using testing_support::ReadText;
 
 class SeedDemosTest : public ::testing::Test {
  protected:
