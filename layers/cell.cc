@@ -24,12 +24,13 @@ const OptionFields<CellOptions>& CellOptions::Fields() {
            .Bool("causal", &O::causal, "Autoregressive attention masking")
            .NotInConfig()
            .Bool("attention_solver.warm_start", &O::attention_warm_start,
-                 "Energy attention in an implicit model: while the outer solver iterates (tape "
-                 "off), each inner solve starts from the previous evaluation's inner solution "
-                 "instead of the block's initial state (the first evaluation of an outer solve "
-                 "and every evaluation with the tape on start as without it). The inner solution "
-                 "and the gradient are unchanged up to the inner tolerance when the inner solves "
-                 "converge")
+                 "Energy attention in an implicit model: each inner solve of an outer solve "
+                 "starts from the previous evaluation's inner solution instead of the block's "
+                 "initial state (the first evaluation of an outer solve, and evaluations outside "
+                 "one, start as without it), and each inner adjoint solve of an outer adjoint "
+                 "solve from the previous one's solution (a start that misses the tolerance is "
+                 "solved again from the start without it). The inner solution and the gradient "
+                 "are unchanged up to the inner tolerances when the inner solves converge")
            .NotInConfig();
   return *fields;
 }

@@ -88,7 +88,9 @@ EnergyAttention::EnergyAttention(const EnergyAttentionOptions& options, Rng& rng
   block_ = RegisterModule("block", CreateEnergyBlock(options.block, rng));
   const std::string problem = InnerSolveProblem(options.solver);
   SP_CHECK(problem.empty(), "EnergyAttention: EnergyAttentionOptions: ", problem);
-  implicit_ = std::make_shared<Implicit>(block_->layer(), options.solver);
+  ImplicitOptions inner = options.solver;
+  inner.nested_adjoint_warm_start = options.warm_start;
+  implicit_ = std::make_shared<Implicit>(block_->layer(), inner);
 }
 
 std::string EnergyAttention::Name() const {
@@ -101,12 +103,12 @@ std::string EnergyAttention::Name() const {
 
 Var EnergyAttention::Forward(const Var& x, const std::vector<int64_t>& sample_ids) const {
   if (keep_inputs_) last_input_ = x.value().Clone();
-  const EnergyBlockProblem problem = block_->Prepare(x);
   // Read before the inner solve opens its own scope.
-  const uint64_t solve =
-      options_.warm_start && !GradModeEnabled() ? ForwardSolveScope::Current() : 0;
-  const Tensor warm = solve != 0 ? WarmState(solve, sample_ids, problem.initial_state.shape())
-                                 : Tensor();
+  const uint64_t solve = options_.warm_start ? ForwardSolveScope::Current() : 0;
+  const Tensor warm = solve != 0 ? WarmState(solve, sample_ids, x.dim(0)) : Tensor();
+  // A warm-started solve needs no initial state (it can cost an attention).
+  const EnergyBlockProblem problem =
+      warm.defined() ? block_->PrepareForWarmStart(x) : block_->Prepare(x);
   // The start carries no gradient either way (Implicit: z0 gets none).
   const Var state =
       implicit_->Forward(problem.context, warm.defined() ? Var(warm) : problem.initial_state);
@@ -131,14 +133,14 @@ Var EnergyAttention::Forward(const Var& x, const std::vector<int64_t>& sample_id
 
 Tensor EnergyAttention::WarmState(uint64_t solve,
                                   const std::vector<int64_t>& sample_ids,
-                                  const Shape& state_shape) const {
+                                  int64_t rows) const {
+  // One outer solve evaluates the cell on rows of one batch, so the kept
+  // state's trailing shape is the block's state shape for these rows too.
   if (solve != warm_solve_ || !warm_state_.defined()) return Tensor();
-  const int64_t rows = state_shape.dim(0);
-  if (warm_state_.rank() != state_shape.rank()) return Tensor();
-  for (int64_t axis = 1; axis < state_shape.rank(); ++axis) {
-    if (warm_state_.dim(axis) != state_shape.dim(axis)) return Tensor();
-  }
   if (sample_ids.empty() && rows == warm_state_.dim(0)) return warm_state_;
+  std::vector<int64_t> dims = warm_state_.shape().dims();
+  dims[0] = rows;
+  const Shape state_shape(dims);
   // Both id lists increase (a solver drops converged samples, never adds
   // any), so one merge pass finds each current row among the kept ones.
   Tensor start(state_shape, warm_state_.dtype());

@@ -44,18 +44,23 @@ struct EnergyAttentionOptions {
   EnergyBlockOptions block;
   // The inner solve.
   ImplicitOptions solver = DefaultAttentionSolverOptions();
-  // Warm start inside an outer solve (model.attention_solver.warm_start):
-  // while an outer fixed-point solve iterates with the tape off, the inner
-  // solve of each evaluation starts from the inner solution of the previous
-  // evaluation of the same outer solve (same samples) instead of the block's
-  // initial state. Evaluations with the tape on (the outer solve's recorded
-  // evaluation at z*, explicit and tied models, phantom and unrolled
-  // backward steps) and the first evaluation of every outer solve start
-  // from the block's initial state as without it. The inner solution, and
-  // so the gradient (the implicit function theorem at it, whatever the
-  // start), is the same as without warm start up to the inner solve's
-  // tolerance when the inner solves converge; an inner solve stopped by its
-  // iteration budget can end elsewhere. Default on.
+  // Warm starts inside an outer solve (model.attention_solver.warm_start):
+  // - forward: the inner solve of each evaluation of an outer fixed-point
+  //   solve starts from the inner solution of the previous evaluation of
+  //   the same outer solve (same samples) instead of the block's initial
+  //   state, which Prepare then need not compute
+  //   (EnergyBlock::PrepareForWarmStart). This includes the evaluation the
+  //   outer solve records at z*. The first evaluation of every outer solve
+  //   and evaluations outside one (explicit and tied models, phantom and
+  //   unrolled backward steps) start from the block's initial state.
+  // - adjoint: every VJP of the outer adjoint solve passes through the
+  //   inner implicit node and solves the inner adjoint once more; each of
+  //   those solves starts from the previous one's solution of the same
+  //   outer adjoint solve (ImplicitOptions::nested_adjoint_warm_start).
+  // The inner solution, and so the gradient (the implicit function theorem
+  // at it, whatever the start), is the same as without warm starts up to
+  // the inner tolerances when the inner solves converge; an inner forward
+  // solve stopped by its iteration budget can end elsewhere. Default on.
   bool warm_start = true;
 
   // The fields, declared once (framework/option_fields.h); not config keys.
@@ -135,11 +140,10 @@ class EnergyAttention : public Module {
   std::shared_ptr<EnergyBlock> block_;
   // Not a child (see above). Its summaries describe the last Forward.
   std::shared_ptr<Implicit> implicit_;
-  // The inner start of an evaluation inside outer solve `solve` for the rows
-  // sample_ids (see Forward): the kept solution's rows, or undefined when
-  // none was kept for that solve, a row is missing or the shape differs.
-  Tensor WarmState(uint64_t solve, const std::vector<int64_t>& sample_ids,
-                   const Shape& state_shape) const;
+  // The inner start of an evaluation inside outer solve `solve` for `rows`
+  // rows with ids sample_ids (see Forward): the kept solution's rows, or
+  // undefined when none was kept for that solve or a row is missing.
+  Tensor WarmState(uint64_t solve, const std::vector<int64_t>& sample_ids, int64_t rows) const;
 
   // Warm start (EnergyAttentionOptions::warm_start): the last inner
   // solution, the outer solve it belongs to (ForwardSolveScope id) and its

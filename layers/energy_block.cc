@@ -160,6 +160,11 @@ class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
     ProbabilisticProblem p = typed_->Prepare(x, x);
     return EnergyBlockProblem{p.context, p.initial_state, u, {}};
   }
+  EnergyBlockProblem PrepareForWarmStart(const Var& u) const override {
+    const Var x = Input(u);
+    ProbabilisticProblem p = typed_->Prepare(x, x, {}, /*with_initial_state=*/false);
+    return EnergyBlockProblem{p.context, Var(), u, {}};
+  }
   Var Output(const Var& v, const EnergyBlockProblem& problem) const override {
     ProbabilisticProblem p;
     p.context = problem.context;

@@ -191,6 +191,12 @@ class EnergyBlock : public Module {
   // u [B, T, d] -> the problem (see above). Every per-sample context entry
   // has extent B on axis 0; the initial state is [B, ...] (rank >= 2).
   virtual EnergyBlockProblem Prepare(const Var& u) const = 0;
+  // Prepare for a solve that starts from a state of the caller's (a warm
+  // start, energy_attention.h): the same problem, except that
+  // initial_state may be left undefined. The default is Prepare; a block
+  // whose initial state costs real work (probabilistic: one attention)
+  // overrides it.
+  virtual EnergyBlockProblem PrepareForWarmStart(const Var& u) const { return Prepare(u); }
   // The attention's output for the solved state (shaped like
   // problem.initial_state), without the skip connection: [B, T, d]. This is
   // what a transformer cell adds to its residual stream.

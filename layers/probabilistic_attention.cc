@@ -344,8 +344,10 @@ Var ProbabilisticAttention::SplitHeads(const Var& x, int64_t head_width) const {
   return permute(reshape(x, Shape{x.dim(0), x.dim(1), options_.heads, head_width}), {0, 2, 1, 3});
 }
 
-ProbabilisticProblem ProbabilisticAttention::Prepare(
-    const Var& x, const Var& context, const ProbabilisticAttentionInputs& given) const {
+ProbabilisticProblem ProbabilisticAttention::Prepare(const Var& x,
+                                                     const Var& context,
+                                                     const ProbabilisticAttentionInputs& given,
+                                                     bool with_initial_state) const {
   const ProbabilisticAttentionOptions& o = options_;
   const KeyAdaptationOptions& key_adaptation =
       test_time_ ? test_time_->key_adaptation : o.key_adaptation;
@@ -459,7 +461,7 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(
   } else {
     problem.context.SetShared("value_precision", reshape(beta, Shape{1, heads, 1, 1}));
   }
-  problem.initial_state = matmul(softmax(logits), mu);
+  if (with_initial_state) problem.initial_state = matmul(softmax(logits), mu);
   return problem;
 }
 

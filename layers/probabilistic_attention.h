@@ -220,7 +220,8 @@ struct ProbabilisticAttentionInputs {
 };
 
 // What Prepare computes: the energy context (see above), the initial state
-// (the beta = 0 answer softmax(l) mu) and the clamping, if any.
+// (the beta = 0 answer softmax(l) mu; undefined when Prepare was asked not
+// to compute it) and the clamping, if any.
 struct ProbabilisticProblem {
   EnergyContext context;
   Var initial_state;   // [B, H, N, dv]
@@ -244,9 +245,13 @@ class ProbabilisticAttention : public EnergyLayer {
               const Var& context,
               const ProbabilisticAttentionInputs& inputs = {}) const;
 
+  // with_initial_state false leaves problem.initial_state undefined, for a
+  // solve that starts elsewhere (a warm start); it saves one attention
+  // (a softmax over the logits and a product with the values).
   ProbabilisticProblem Prepare(const Var& x,
                                const Var& context,
-                               const ProbabilisticAttentionInputs& inputs = {}) const;
+                               const ProbabilisticAttentionInputs& inputs = {},
+                               bool with_initial_state = true) const;
   // Applies force_clamped_output and W_O: v [B, H, N, dv] -> [B, N, dim].
   Var Readout(const Var& v, const ProbabilisticProblem& problem) const;
 

@@ -60,4 +60,15 @@ AdjointSummary SolveAdjoint(const BackwardOptions& options,
                             const Tensor& g,
                             Tensor* w);
 
+// SolveAdjoint from a start that is usually good but not guaranteed to be
+// (*w, defined; e.g. the solution of a nearby right-hand side): when the
+// solve from *w misses the tolerance, (*) is solved again from g and the
+// solution with the smaller largest relative residual is kept, so the start
+// can cost VJPs but never accuracy. The summary is the kept solve's, with
+// both solves' VJPs counted and its message saying what happened.
+AdjointSummary SolveAdjointFromStart(const BackwardOptions& options,
+                                     const BatchedVjp& vjp,
+                                     const Tensor& g,
+                                     Tensor* w);
+
 }  // namespace stillpoint

@@ -95,6 +95,20 @@ struct ImplicitOptions {
   // ran fewer iterations). Memory: at most (2 x sampled_iterates + 1) x [B, n]
   // during the solve. 0 keeps none.
   int sampled_iterates = 0;
+  // kIft, for an implicit layer nested in another one's map (the inner
+  // solve of an energy attention in a DEQ cell): every VJP of the outer
+  // adjoint solve passes through this layer's recorded node and solves its
+  // adjoint once more, for a right-hand side that changes less and less as
+  // the outer adjoint converges. With this on, each of those solves starts
+  // from the node's previous solution in the same outer adjoint solve
+  // (AdjointSolveScope, solvers/solve_scope.h) instead of from g; the first
+  // solve of every outer adjoint solve starts from g, so repeated backward
+  // passes give the same gradient. Only a solution that met the tolerance is
+  // reused, and a warm-started solve that does not meet it is solved again
+  // from g, keeping the solution with the smaller residual: the start
+  // changes the work, never the accuracy promised by backward.tolerance.
+  // Off by default; EnergyAttention turns it on with its warm_start.
+  bool nested_adjoint_warm_start = false;
 
   // Checks forward, backward and the fields above; the message names the
   // field.

@@ -82,6 +82,41 @@ AdjointSummary SolveAdjoint(const BackwardOptions& options,
   return adjoint::SolveWithCheckedOptions(options, vjp, g, w);
 }
 
+AdjointSummary SolveAdjointFromStart(const BackwardOptions& options,
+                                     const BatchedVjp& vjp,
+                                     const Tensor& g,
+                                     Tensor* w) {
+  std::string error;
+  SP_CHECK(options.IsValid(&error), "SolveAdjointFromStart: ", error);
+  SP_CHECK(w != nullptr && w->defined(), "SolveAdjointFromStart: no start given");
+  return adjoint::SolveFromStartWithCheckedOptions(options, vjp, g, w);
+}
+
+AdjointSummary adjoint::SolveFromStartWithCheckedOptions(const BackwardOptions& options,
+                                                         const BatchedVjp& vjp,
+                                                         const Tensor& g,
+                                                         Tensor* w) {
+  AdjointSummary summary = SolveWithCheckedOptions(options, vjp, g, w);
+  if (summary.termination_type == TerminationType::kConverged) return summary;
+  Tensor from_g;
+  AdjointSummary again = SolveWithCheckedOptions(options, vjp, g, &from_g);
+  const int64_t vjps = summary.vjp_evaluations + again.vjp_evaluations;
+  const double wall = summary.wall_time_seconds + again.wall_time_seconds;
+  const bool from_g_better =
+      again.HasResiduals() &&
+      (!summary.HasResiduals() || again.MaxRelResidual() < summary.MaxRelResidual());
+  if (from_g_better) {
+    summary = std::move(again);
+    *w = std::move(from_g);
+  }
+  summary.vjp_evaluations = vjps;
+  summary.wall_time_seconds = wall;
+  summary.message += std::string(" The solve from the given start missed the tolerance; solved "
+                                 "again from g, kept the ") +
+                     (from_g_better ? "solution from g." : "solution from the given start.");
+  return summary;
+}
+
 AdjointSummary adjoint::SolveWithCheckedOptions(const BackwardOptions& options,
                                                 const BatchedVjp& vjp,
                                                 const Tensor& g,

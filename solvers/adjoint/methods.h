@@ -60,5 +60,10 @@ AdjointSummary SolveWithCheckedOptions(const BackwardOptions& options,
                                        const BatchedVjp& vjp,
                                        const Tensor& g,
                                        Tensor* w);
+// SolveAdjointFromStart likewise.
+AdjointSummary SolveFromStartWithCheckedOptions(const BackwardOptions& options,
+                                                const BatchedVjp& vjp,
+                                                const Tensor& g,
+                                                Tensor* w);
 
 }  // namespace stillpoint::adjoint

@@ -192,6 +192,7 @@ Tensor SolveForward(const ModeInputs& in,
   {
     NoGrad tape_off;
     ForwardSolveScope solve;  // lets a nested solve in the map warm-start (solve_scope.h)
+    last_recorded->solve_scope = ForwardSolveScope::Current();
     result->forward = SolveFixedPoint(forward, problem, &z_solution);
   }
   for (Tensor& iterate : thinning.Take()) result->sampled_iterates.push_back(iterate.Reshape(shape));

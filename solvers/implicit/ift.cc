@@ -10,6 +10,7 @@
 #include "framework/ops.h"
 #include "solvers/adjoint/methods.h"
 #include "solvers/implicit/modes.h"
+#include "solvers/solve_scope.h"
 
 namespace stillpoint::implicit {
 namespace {
@@ -66,6 +67,54 @@ VarList SecondOrderGradients(const CellFn& f,
   return grads;
 }
 
+// ImplicitOptions::nested_adjoint_warm_start: the node's last adjoint
+// solution that met the tolerance, and the outer adjoint solve
+// (AdjointSolveScope id) it was solved in.
+struct NestedAdjointStart {
+  uint64_t outer_solve = 0;
+  Tensor solution;
+};
+
+// The ift node's adjoint solve for g_rows [B, n] into *w: from the call
+// site's previous solution (backward.warm_start), else from the node's
+// previous solution in the same outer adjoint solve (nested, when given and
+// there is one; SolveAdjointFromStart: a nested start that misses the
+// tolerance is solved again from g), else from g.
+AdjointSummary SolveNodeAdjoint(const BackwardOptions& backward,
+                                const BatchedVjp& vjp,
+                                const Tensor& g_rows,
+                                AdjointWarmStart* warm,
+                                NestedAdjointStart* nested,
+                                Tensor* w) {
+  // Read before this solve opens its own scope.
+  const uint64_t outer = AdjointSolveScope::Current();
+  AdjointSolveScope scope;
+  auto fits = [&](const Tensor& start) {
+    return start.defined() && start.shape() == g_rows.shape() && start.dtype() == g_rows.dtype();
+  };
+  bool nested_start = false;
+  if (backward.warm_start && warm && fits(warm->solution)) {
+    *w = warm->solution.Clone();
+  } else if (nested && outer != 0 && nested->outer_solve == outer && fits(nested->solution)) {
+    *w = std::move(nested->solution);  // replaced below
+    nested_start = true;
+  }
+  // backward was checked with the options by SolveImplicit.
+  AdjointSummary summary =
+      nested_start ? adjoint::SolveFromStartWithCheckedOptions(backward, vjp, g_rows, w)
+                   : adjoint::SolveWithCheckedOptions(backward, vjp, g_rows, w);
+  if (nested) {
+    if (outer != 0 && summary.termination_type == TerminationType::kConverged) {
+      nested->outer_solve = outer;
+      nested->solution = w->Clone();
+    } else {
+      nested->outer_solve = 0;
+      nested->solution = Tensor();
+    }
+  }
+  return summary;
+}
+
 // The forward solve and the one recorded evaluation f_star = f(z_leaf) at
 // z*. Returns false, with result->z_star a constant, when there is nothing
 // to differentiate (tape off, or f_star does not require grad).
@@ -84,6 +133,9 @@ bool SolveAndRecordAtSolution(const ModeInputs& in,
     *z_leaf = last_recorded.z_leaf;
     *f_star = last_recorded.f_z;
   } else {
+    // Part of the same solve: a nested solve in f starts from its solution
+    // at the solver's last evaluation.
+    ForwardSolveScope same_solve(last_recorded.solve_scope);
     *z_leaf = Var(z_star_value, true);
     *f_star = EvaluateCell(in.f, *z_leaf, in.all_ids);
   }
@@ -136,6 +188,8 @@ ImplicitResult SolveIft(const ModeInputs& in) {
   result.z_star = RecordOp(
       "implicit", f_star.value(), node_inputs,
       [z_leaf, f = in.f, backward = in.options.backward, summary, warm = in.warm_start,
+       nested = in.options.nested_adjoint_warm_start ? std::make_shared<NestedAdjointStart>()
+                                                     : nullptr,
        batch = in.batch, n = in.n, shape = in.shape, all_ids = in.all_ids,
        second_order_inputs](const VarList& inputs, const Var& self, const Var& g) -> VarList {
         const Var& f_star_input = inputs[0];
@@ -151,12 +205,7 @@ ImplicitResult SolveIft(const ModeInputs& in) {
         // Under create_graph g is on the tape; the solve uses its value.
         const Tensor g_rows = g.value().Reshape(Shape{batch, n});
         Tensor w;
-        if (backward.warm_start && warm && warm->solution.defined() &&
-            warm->solution.shape() == g_rows.shape() && warm->solution.dtype() == g_rows.dtype()) {
-          w = warm->solution.Clone();
-        }
-        // backward was checked with the options by SolveImplicit.
-        *summary = adjoint::SolveWithCheckedOptions(backward, vjp, g_rows, &w);
+        *summary = SolveNodeAdjoint(backward, vjp, g_rows, warm.get(), nested.get(), &w);
         if (backward.warm_start && warm) warm->solution = w.Clone();
         VarList grads(inputs.size());
         if (GradModeEnabled() && !second_order_inputs.empty()) {

@@ -57,6 +57,11 @@ Var EvaluateCell(const CellFn& f, const Var& z, const std::vector<int64_t>& ids)
 struct RecordedEvaluation {
   Var z_leaf;
   Var f_z;
+  // The forward solve's ForwardSolveScope id, set by SolveForward whether or
+  // not it recorded, so that a mode evaluating f at z* afterwards can do it
+  // inside the same scope (a nested solve in f then warm-starts from the
+  // solve's last evaluation).
+  uint64_t solve_scope = 0;
 
   // Whether it was recorded at exactly z (every entry bitwise equal).
   bool RecordedAt(const Tensor& z) const;

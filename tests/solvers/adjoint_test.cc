@@ -344,6 +344,70 @@ TEST(AdjointSolver, MaxIterationsIsReported) {
   EXPECT_GT(summary.MaxRelResidual(), options.tolerance);
 }
 
+// SolveAdjointFromStart: a start near the solution (the solution for a
+// nearby right-hand side) saves VJPs; a start that makes the solve miss its
+// tolerance within the budget is solved again from g, which meets it.
+TEST(AdjointFromStart, ANearbySolutionSavesVjps) {
+  LinearAdjoint linear = MakeLinear(3, 10, 0.8, false, 41);
+  const Tensor g = RandomRhs(3, 10, 42);
+  Tensor nearby_g = g.Clone();
+  for (int64_t i = 0; i < nearby_g.numel(); ++i) nearby_g.set(i, g.at(i) * (1.0 + 1e-9 * i));
+  Tensor start;
+  ASSERT_TRUE(
+      SolveAdjoint(Options(AdjointSolverType::kFixedPoint), linear.Vjp(), nearby_g, &start)
+          .IsUsable());
+  Tensor from_g;
+  const AdjointSummary cold =
+      SolveAdjoint(Options(AdjointSolverType::kFixedPoint), linear.Vjp(), g, &from_g);
+  Tensor w = start;
+  const AdjointSummary warm =
+      SolveAdjointFromStart(Options(AdjointSolverType::kFixedPoint), linear.Vjp(), g, &w);
+  EXPECT_TRUE(warm.IsUsable()) << warm.FullReport();
+  EXPECT_TRUE(warm.warm_started);
+  EXPECT_LT(warm.vjp_evaluations * 2, cold.vjp_evaluations)
+      << "from the start " << warm.vjp_evaluations << ", from g " << cold.vjp_evaluations;
+  EXPECT_LT(RelativeDiff(w, linear.Exact(g)), 1e-8);
+  EXPECT_EQ(warm.message.find("solved again"), std::string::npos) << warm.message;
+}
+
+TEST(AdjointFromStart, AStartThatMissesTheToleranceIsSolvedAgainFromG) {
+  // J = 0.5 I: from g the relative residual is 0.5^(k+1) after k
+  // iterations (tolerance 1e-5 met at k = 16); from -10 w* it is 11 0.5^k
+  // (met at k = 21). A budget of 18 separates the two.
+  LinearAdjoint linear;
+  for (int b = 0; b < 2; ++b) linear.jacobians.push_back(0.5 * Eigen::MatrixXd::Identity(6, 6));
+  const Tensor g = RandomRhs(2, 6, 43);
+  BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 1e-5);
+  options.max_iterations = 18;
+  const Tensor exact = linear.Exact(g);
+  Tensor bad_start(exact.shape(), DType::kFloat64);
+  for (int64_t i = 0; i < exact.numel(); ++i) bad_start.set(i, -10.0 * exact.at(i));
+
+  Tensor plain = bad_start.Clone();
+  const AdjointSummary missed = SolveAdjoint(options, linear.Vjp(), g, &plain);
+  ASSERT_NE(missed.termination_type, TerminationType::kConverged) << missed.FullReport();
+
+  Tensor w = bad_start.Clone();
+  linear.vjp_calls = 0;
+  const AdjointSummary summary = SolveAdjointFromStart(options, linear.Vjp(), g, &w);
+  EXPECT_EQ(summary.termination_type, TerminationType::kConverged) << summary.FullReport();
+  EXPECT_LE(summary.MaxRelResidual(), 1e-5);
+  EXPECT_LT(RelativeDiff(w, exact), 1e-4);
+  EXPECT_EQ(summary.vjp_evaluations, linear.vjp_calls);
+  EXPECT_GT(summary.vjp_evaluations, options.max_iterations);
+  EXPECT_NE(summary.message.find("solved again from g, kept the solution from g"),
+            std::string::npos)
+      << summary.message;
+}
+
+TEST(AdjointFromStart, NeedsAStart) {
+  LinearAdjoint linear = MakeLinear(1, 3, 0.5, false, 44);
+  Tensor w;
+  EXPECT_THROW(SolveAdjointFromStart(Options(AdjointSolverType::kFixedPoint), linear.Vjp(),
+                                     RandomRhs(1, 3, 45), &w),
+               Error);
+}
+
 TEST(AdjointSolver, ShapeMismatchIsMisuse) {
   LinearAdjoint linear = MakeLinear(2, 4, 0.5, false, 27);
   const Tensor g = RandomRhs(2, 4, 28);
