@@ -1,5 +1,6 @@
 // The EM update of probabilistic attention (layers/probabilistic_attention.h)
-// with one value precision per head, as one fused op:
+// with one value precision per head, and the query part of its logits, as
+// fused ops. The update:
 //
 //   v <- softmax(logits + beta v mu^T) mu
 //
@@ -23,5 +24,18 @@ namespace stillpoint {
 // the composed ops (matmul, mul, add, softmax, matmul), so second
 // derivatives work.
 Var em_update(const Var& v, const Var& logits, const Var& mu, const Var& beta);
+
+// The query part of the EM logits with one query precision per head, as one
+// fused op:
+//
+//   out = alpha (q xi^T - |q|^2 / 2)      (|q_i|^2 broadcast along the keys)
+//
+// per batch entry and head: q [B, H, N, d] queries, xi [B, H, S, d] keys,
+// alpha [1, H, 1, 1] (or one element); out [B, H, N, S]. One GEMM and one
+// pass over the [N, S] block per (b, h) instead of a product and four
+// broadcast elementwise ops; the VJP likewise (dq = alpha (G xi - rowsum(G)
+// q), dxi = alpha G^T q, dalpha = sum(G o out) / alpha computed without the
+// division). Other shapes, and create_graph, use the composed ops.
+Var em_query_logits(const Var& q, const Var& xi, const Var& alpha);
 
 }  // namespace stillpoint

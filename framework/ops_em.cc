@@ -1,6 +1,7 @@
-// The fused EM update of probabilistic attention (see em_update.h).
+// The fused EM ops of probabilistic attention (see em_update.h): the update
+// and the query part of the logits.
 //
-// Forward, per (b, h): S = beta v mu^T (one GEMM), S += logits, row
+// The update. Forward, per (b, h): S = beta v mu^T (one GEMM), S += logits, row
 // softmax in place (W), out = W mu (one GEMM). A recorded forward keeps W
 // [B, H, N, S] for the backward pass; a graph through the update is the
 // outer adjoint's VJP of an implicit layer, called once per adjoint
@@ -11,9 +12,17 @@
 // G_i . out_i (one dot product per row instead of a pass over dW). Then
 // d logits = dS, dv = beta dS mu, dmu = W^T G + beta dS^T v and
 // dbeta = sum(v o (dS mu)) (summed over the batch in a fixed order).
+//
+// The query part of the logits. Forward, per (b, h): out = alpha q xi^T (one
+// GEMM, alpha its scale), then out_ij -= alpha |q_i|^2 / 2 in the same row
+// pass. Backward, for the output gradient G [N, S], with r_i = sum_j G_ij:
+// dq = alpha (G xi - r o q), dxi = alpha G^T q, and dalpha = sum(G o S) with
+// S = q xi^T - |q|^2 / 2 recomputed by one GEMM (only when alpha's gradient
+// is wanted), summed over the batch in a fixed order.
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,9 +46,45 @@ Var ReferenceEm(const Var& v, const Var& logits, const Var& mu, const Var& beta)
   return matmul(softmax(add(logits, mul(beta, matmul(v, mu, false, true)))), mu);
 }
 
+// A per-head scalar parameter ([1, H, 1, 1] or one element) for a head.
 template <typename T>
-T BetaOf(const Tensor& beta, int64_t head) {
-  return beta.numel() == 1 ? beta.data<T>()[0] : beta.data<T>()[head];
+T PerHead(const Tensor& parameter, int64_t head) {
+  return parameter.numel() == 1 ? parameter.data<T>()[0] : parameter.data<T>()[head];
+}
+
+// Whether p is one element or [1, heads, 1, 1].
+bool IsPerHead(const Var& p, int64_t heads) {
+  return p.numel() == 1 ||
+         (p.rank() == 4 && p.dim(0) == 1 && p.dim(1) == heads && p.dim(2) == 1 && p.dim(3) == 1);
+}
+
+// The gradient of a per-head parameter shaped like `like` from per-(b, h)
+// partial sums [B * H], summed over the batch, head by head, in batch order.
+template <typename T>
+Var SumPartsByHead(const Tensor& parts, const Var& like, int64_t heads) {
+  Tensor total = Tensor::Zeros(like.shape(), like.dtype());
+  T* out = total.data<T>();
+  const T* p = parts.data<T>();
+  for (int64_t unit = 0; unit < parts.numel(); ++unit) {
+    out[like.numel() == 1 ? 0 : unit % heads] += p[unit];
+  }
+  return constant(total);
+}
+
+// The VJP of a fused op under create_graph: the composed form's, one node
+// per input slot (as the fused attention does), undefined where not wanted.
+VarList ComposedVjp(const std::function<Var(const VarList&)>& composed,
+                    const VarList& in,
+                    const Var& g) {
+  std::vector<bool> wanted;
+  for (size_t i = 0; i < in.size(); ++i) wanted.push_back(WantsInputGrad(in, i));
+  VarList slots;
+  for (const Var& input : in) slots.push_back(mul_scalar(input, 1.0));
+  VarList grads = grad({composed(slots)}, slots, {g}, {.create_graph = true});
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!wanted[i]) grads[i] = Var();
+  }
+  return grads;
 }
 
 // out [B, H, N, dv] and, when weights is not null, W [B, H, N, S].
@@ -55,7 +100,7 @@ void EmForwardKernel(const EmGeometry& g,
   ParallelFor(0, g.Units(), 1, [&](int64_t begin, int64_t end) {
     std::vector<T> scratch(weights == nullptr ? static_cast<size_t>(n * s) : 0);
     for (int64_t unit = begin; unit < end; ++unit) {
-      const T b = BetaOf<T>(beta, unit % g.heads);
+      const T b = PerHead<T>(beta, unit % g.heads);
       const T* vu = v.data<T>() + unit * n * d;
       const T* mu_u = mu.data<T>() + unit * s * d;
       const T* lu = logits.data<T>() + unit * n * s;
@@ -94,7 +139,7 @@ void EmBackwardKernel(const EmGeometry& g,
     std::vector<T> ds_mu(static_cast<size_t>(n * d));
     std::vector<T> extra(static_cast<size_t>(s * d));
     for (int64_t unit = begin; unit < end; ++unit) {
-      const T b = BetaOf<T>(beta, unit % g.heads);
+      const T b = PerHead<T>(beta, unit % g.heads);
       const T* vu = v.data<T>() + unit * n * d;
       const T* mu_u = mu.data<T>() + unit * s * d;
       const T* w = weights + unit * n * s;
@@ -130,6 +175,80 @@ void EmBackwardKernel(const EmGeometry& g,
   });
 }
 
+struct LogitsGeometry {
+  int64_t batch = 0, heads = 0, queries = 0, keys = 0, width = 0;
+  int64_t Units() const { return batch * heads; }
+};
+
+// The composed form of em_query_logits.
+Var ReferenceLogits(const Var& q, const Var& xi, const Var& alpha) {
+  return mul(alpha, sub(matmul(q, xi, false, true), mul_scalar(sum(square(q), -1, true), 0.5)));
+}
+
+// S = q xi^T - |q|^2 / 2 for one unit, scaled by `scale`, into out [N, S].
+template <typename T>
+void ScaledScores(const LogitsGeometry& g, const T* qu, const T* xu, T scale, T* out) {
+  const int64_t n = g.queries, s = g.keys, d = g.width;
+  internal::Gemm<T>(false, true, n, s, d, scale, qu, d, xu, d, out, s);
+  for (int64_t i = 0; i < n; ++i) {
+    const T shift = scale * internal::VecDot(qu + i * d, qu + i * d, d) / T(2);
+    T* row = out + i * s;
+    for (int64_t j = 0; j < s; ++j) row[j] -= shift;
+  }
+}
+
+template <typename T>
+void LogitsForwardKernel(
+    const LogitsGeometry& g, const Tensor& q, const Tensor& xi, const Tensor& alpha, T* out) {
+  const int64_t n = g.queries, s = g.keys, d = g.width;
+  ParallelFor(0, g.Units(), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      ScaledScores<T>(g, q.data<T>() + unit * n * d, xi.data<T>() + unit * s * d,
+                      PerHead<T>(alpha, unit % g.heads), out + unit * n * s);
+    }
+  });
+}
+
+// The gradients of the wanted inputs (null pointers: not wanted); alpha's
+// per-unit partial sums go to alpha_parts [B * H].
+template <typename T>
+void LogitsBackwardKernel(const LogitsGeometry& g,
+                          const Tensor& q,
+                          const Tensor& xi,
+                          const Tensor& alpha,
+                          const T* grad_out,
+                          T* dq,
+                          T* dxi,
+                          T* alpha_parts) {
+  const int64_t n = g.queries, s = g.keys, d = g.width;
+  ParallelFor(0, g.Units(), 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> scores(alpha_parts != nullptr ? static_cast<size_t>(n * s) : 0);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const T a = PerHead<T>(alpha, unit % g.heads);
+      const T* qu = q.data<T>() + unit * n * d;
+      const T* xu = xi.data<T>() + unit * s * d;
+      const T* gu = grad_out + unit * n * s;
+      if (dq != nullptr) {
+        T* dqu = dq + unit * n * d;
+        internal::Gemm<T>(false, false, n, d, s, a, gu, s, xu, d, dqu, d);
+        for (int64_t i = 0; i < n; ++i) {
+          T row_sum = T(0);
+          for (int64_t j = 0; j < s; ++j) row_sum += gu[i * s + j];
+          const T c = a * row_sum;
+          for (int64_t e = 0; e < d; ++e) dqu[i * d + e] -= c * qu[i * d + e];
+        }
+      }
+      if (dxi != nullptr) {
+        internal::Gemm<T>(true, false, s, d, n, a, gu, s, qu, d, dxi + unit * s * d, d);
+      }
+      if (alpha_parts != nullptr) {
+        ScaledScores<T>(g, qu, xu, T(1), scores.data());
+        alpha_parts[unit] = internal::VecDot(gu, scores.data(), n * s);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 Var em_update(const Var& v, const Var& logits, const Var& mu, const Var& beta) {
@@ -140,8 +259,7 @@ Var em_update(const Var& v, const Var& logits, const Var& mu, const Var& beta) {
       v.dtype() == mu.dtype() && v.dtype() == beta.dtype() && mu.dim(0) == v.dim(0) &&
       mu.dim(1) == v.dim(1) && mu.dim(3) == v.dim(3) && logits.dim(0) == v.dim(0) &&
       logits.dim(1) == v.dim(1) && logits.dim(2) == v.dim(2) && logits.dim(3) == mu.dim(2) &&
-      (beta.numel() == 1 || (beta.rank() == 4 && beta.dim(0) == 1 && beta.dim(1) == v.dim(1) &&
-                             beta.dim(2) == 1 && beta.dim(3) == 1)) &&
+      IsPerHead(beta, v.dim(1)) &&
       mu.dim(2) > 0;
   if (!fused) return ReferenceEm(v, logits, mu, beta);
   const EmGeometry geo{v.dim(0), v.dim(1), v.dim(2), mu.dim(2), v.dim(3)};
@@ -157,19 +275,13 @@ Var em_update(const Var& v, const Var& logits, const Var& mu, const Var& beta) {
   });
   return RecordOp("em_update", out, inputs,
                   [geo, weights](const VarList& in, const Var& self, const Var& g) {
+                    if (GradModeEnabled()) {
+                      return ComposedVjp(
+                          [](const VarList& s) { return ReferenceEm(s[0], s[1], s[2], s[3]); },
+                          in, g);
+                    }
                     std::vector<bool> wanted;
                     for (size_t i = 0; i < in.size(); ++i) wanted.push_back(WantsInputGrad(in, i));
-                    if (GradModeEnabled()) {
-                      // create_graph: one node per slot, as the fused attention does.
-                      VarList slots;
-                      for (const Var& input : in) slots.push_back(mul_scalar(input, 1.0));
-                      VarList grads = grad({ReferenceEm(slots[0], slots[1], slots[2], slots[3])},
-                                           slots, {g}, {.create_graph = true});
-                      for (size_t i = 0; i < in.size(); ++i) {
-                        if (!wanted[i]) grads[i] = Var();
-                      }
-                      return grads;
-                    }
                     const DType dtype = in[0].dtype();
                     Tensor dv, dlogits, dmu, beta_parts;
                     if (wanted[0]) dv = Tensor(in[0].shape(), dtype);
@@ -185,22 +297,56 @@ Var em_update(const Var& v, const Var& logits, const Var& mu, const Var& beta) {
                                           weights->data<T>(), self.value().data<T>(),
                                           grad_out.data<T>(), ptr(dv), ptr(dlogits), ptr(dmu),
                                           ptr(beta_parts));
-                      if (wanted[3]) {
-                        // Sum over the batch, head by head, in batch order.
-                        Tensor dbeta = Tensor::Zeros(in[3].shape(), dtype);
-                        T* db = dbeta.data<T>();
-                        const T* parts = beta_parts.data<T>();
-                        for (int64_t unit = 0; unit < geo.Units(); ++unit) {
-                          db[in[3].numel() == 1 ? 0 : unit % geo.heads] += parts[unit];
-                        }
-                        grads[3] = constant(dbeta);
-                      }
+                      if (wanted[3]) grads[3] = SumPartsByHead<T>(beta_parts, in[3], geo.heads);
                     });
                     if (wanted[0]) grads[0] = constant(dv);
                     if (wanted[1]) grads[1] = constant(dlogits);
                     if (wanted[2]) grads[2] = constant(dmu);
                     return grads;
                   });
+}
+
+Var em_query_logits(const Var& q, const Var& xi, const Var& alpha) {
+  SP_CHECK(q.defined() && xi.defined() && alpha.defined(),
+           "em_query_logits: an input is undefined");
+  const bool fused =
+      q.rank() == 4 && xi.rank() == 4 && q.dtype() == xi.dtype() && q.dtype() == alpha.dtype() &&
+      xi.dim(0) == q.dim(0) && xi.dim(1) == q.dim(1) && xi.dim(3) == q.dim(3) &&
+      IsPerHead(alpha, q.dim(1));
+  if (!fused) return ReferenceLogits(q, xi, alpha);
+  const LogitsGeometry geo{q.dim(0), q.dim(1), q.dim(2), xi.dim(2), q.dim(3)};
+  Tensor out(Shape{geo.batch, geo.heads, geo.queries, geo.keys}, q.dtype());
+  DispatchDType(q.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    LogitsForwardKernel<T>(geo, q.value(), xi.value(), alpha.value(), out.data<T>());
+  });
+  return RecordOp(
+      "em_query_logits", out, {q, xi, alpha},
+      [geo](const VarList& in, const Var& self, const Var& g) {
+        if (GradModeEnabled()) {
+          return ComposedVjp([](const VarList& s) { return ReferenceLogits(s[0], s[1], s[2]); },
+                             in, g);
+        }
+        std::vector<bool> wanted;
+        for (size_t i = 0; i < in.size(); ++i) wanted.push_back(WantsInputGrad(in, i));
+        const DType dtype = in[0].dtype();
+        Tensor dq, dxi, alpha_parts;
+        if (wanted[0]) dq = Tensor(in[0].shape(), dtype);
+        if (wanted[1]) dxi = Tensor(in[1].shape(), dtype);
+        if (wanted[2]) alpha_parts = Tensor(Shape{geo.Units()}, dtype);
+        const Tensor grad_out = g.value();
+        VarList grads(in.size());
+        DispatchDType(dtype, [&](auto zero) {
+          using T = decltype(zero);
+          auto ptr = [](Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+          LogitsBackwardKernel<T>(geo, in[0].value(), in[1].value(), in[2].value(),
+                                  grad_out.data<T>(), ptr(dq), ptr(dxi), ptr(alpha_parts));
+          if (wanted[2]) grads[2] = SumPartsByHead<T>(alpha_parts, in[2], geo.heads);
+        });
+        if (wanted[0]) grads[0] = constant(dq);
+        if (wanted[1]) grads[1] = constant(dxi);
+        return grads;
+      });
 }
 
 }  // namespace stillpoint

@@ -438,8 +438,10 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(const Var& x,
   // value norms cancel exactly, so they are left out rather than added and
   // subtracted.
   Var alpha_cols = AsCols(alpha);
-  Var logits = sub(mul(alpha_cols, matmul(q, xi, false, true)),
-                   mul(alpha_cols, mul_scalar(SquaredNorm(q), 0.5)));
+  // One fused op for a precision per head (framework/em_update.h).
+  Var logits = per_key_alpha ? sub(mul(alpha_cols, matmul(q, xi, false, true)),
+                                   mul(alpha_cols, mul_scalar(SquaredNorm(q), 0.5)))
+                             : em_query_logits(q, xi, alpha_cols);
   if (base_log_prior.defined()) logits = add(logits, base_log_prior);
   if (!o.magnitude_prior || mixing_adapted) logits = sub(logits, magnitude(xi, mu));
   if (o.log_normalizer && per_key_alpha) {

@@ -1,9 +1,10 @@
-// The fused EM update (framework/em_update.h): its value and every input's
-// gradient agree with the composed ops, with the value term's -|v|^2 / 2
-// included (float64 to rounding, float32 to float32 rounding, masked keys
-// included); its gradients match central differences in float64; second
-// derivatives go through the composed form; results do not depend on the
-// thread count; shapes it does not fuse fall back to the composed ops.
+// The fused EM ops (framework/em_update.h), the update and the query part of
+// the logits: their values and every input's gradient agree with the
+// composed ops (float64 to rounding, float32 to float32 rounding; for the
+// update with the value term's -|v|^2 / 2 included and masked keys); their
+// gradients match central differences in float64; second derivatives go
+// through the composed form; results do not depend on the thread count;
+// shapes they do not fuse fall back to the composed ops.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -138,6 +139,95 @@ TEST(EmUpdateTest, PerSampleBetaFallsBackToTheComposedOps) {
   const Var out = em_update(x.v, x.logits, x.mu, beta);
   const Var reference = matmul(softmax(add(x.logits, mul(beta, matmul(x.v, x.mu, false, true)))), x.mu);
   EXPECT_LE(LargestDifference(out.value(), reference.value()), 1e-14);
+}
+
+// ------------------------------------------------------ em_query_logits
+
+// The query part of the logits as probabilistic attention wrote it before
+// the fused op: alpha (q xi^T) - alpha |q|^2 / 2.
+Var ComposedLogits(const Var& q, const Var& xi, const Var& alpha) {
+  return sub(mul(alpha, matmul(q, xi, false, true)),
+             mul(alpha, mul_scalar(sum(square(q), -1, true), 0.5)));
+}
+
+// [B, H, N, d] queries, [B, H, S, d] keys, one alpha per head.
+VarList LogitsInputs(DType dtype) {
+  const int64_t b = 2, h = 3, n = 5, s = 6, d = 4;
+  return {Var(RandomTensor(Shape{b, h, n, d}, 11, dtype), true),
+          Var(RandomTensor(Shape{b, h, s, d}, 12, dtype), true),
+          Var(Tensor::FromVector(Shape{1, h, 1, 1}, {0.25, 0.5, 1.5}, dtype), true)};
+}
+
+void ExpectLogitsAgreement(DType dtype, double tolerance) {
+  const VarList x = LogitsInputs(dtype);
+  const Var fused = em_query_logits(x[0], x[1], x[2]);
+  const Var composed = ComposedLogits(x[0], x[1], x[2]);
+  EXPECT_LE(LargestDifference(fused.value(), composed.value()), tolerance);
+  const Var probe(RandomTensor(fused.shape(), 13, dtype));
+  const VarList fused_grads = grad({sum(mul(fused, probe))}, x);
+  const VarList composed_grads = grad({sum(mul(composed, probe))}, x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_TRUE(fused_grads[i].defined()) << i;
+    // alpha's gradient sums 60 products per unit: a little more rounding.
+    EXPECT_LE(LargestDifference(fused_grads[i].value(), composed_grads[i].value()),
+              tolerance * 8)
+        << "input " << i;
+  }
+}
+
+TEST(EmQueryLogitsTest, AgreesWithTheComposedOpsInFloat64) {
+  ExpectLogitsAgreement(DType::kFloat64, 1e-13);
+}
+
+TEST(EmQueryLogitsTest, AgreesWithTheComposedOpsInFloat32) {
+  ExpectLogitsAgreement(DType::kFloat32, 2e-5);
+}
+
+TEST(EmQueryLogitsTest, GradientsMatchFiniteDifferences) {
+  auto r = CheckGradients([](const VarList& in) { return em_query_logits(in[0], in[1], in[2]); },
+                          LogitsInputs(DType::kFloat64));
+  EXPECT_TRUE(r) << r;
+}
+
+TEST(EmQueryLogitsTest, SecondDerivativesGoThroughTheComposedForm) {
+  const VarList x = LogitsInputs(DType::kFloat64);
+  const Var probe(RandomTensor(Shape{2, 3, 5, 6}, 14));
+  auto grad_norm = [&](auto logits) {
+    const VarList g = grad({sum(mul(logits(x[0], x[1], x[2]), probe))}, {x[0]}, {},
+                           {.create_graph = true});
+    return sum(square(g[0]));
+  };
+  const VarList fused = grad({grad_norm(em_query_logits)}, x);
+  const VarList composed = grad({grad_norm(ComposedLogits)}, x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_LE(LargestDifference(fused[i].value(), composed[i].value()), 1e-12) << i;
+  }
+}
+
+TEST(EmQueryLogitsTest, ResultsDoNotDependOnTheThreadCount) {
+  const VarList x = LogitsInputs(DType::kFloat32);
+  const Var probe(RandomTensor(Shape{2, 3, 5, 6}, 15, DType::kFloat32));
+  const int threads = NumThreads();
+  std::vector<std::vector<double>> runs;
+  for (int n : {1, 3}) {
+    SetNumThreads(n);
+    const Var out = em_query_logits(x[0], x[1], x[2]);
+    std::vector<double> all = out.value().ToVector();
+    for (const Var& g : grad({sum(mul(out, probe))}, x)) {
+      const std::vector<double> values = g.value().ToVector();
+      all.insert(all.end(), values.begin(), values.end());
+    }
+    runs.push_back(all);
+  }
+  SetNumThreads(threads);
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+TEST(EmQueryLogitsTest, PerKeyPrecisionFallsBackToTheComposedOps) {
+  const VarList x = LogitsInputs(DType::kFloat64);
+  const Var alpha(RandomTensor(Shape{2, 3, 1, 6}, 16));
+  const Var out = em_query_logits(x[0], x[1], alpha);
+  EXPECT_LE(LargestDifference(out.value(), ComposedLogits(x[0], x[1], alpha).value()), 1e-14);
 }
 
 }  // namespace
