@@ -90,6 +90,11 @@ EnergyAttention::EnergyAttention(const EnergyAttentionOptions& options, Rng& rng
   SP_CHECK(problem.empty(), "EnergyAttention: EnergyAttentionOptions: ", problem);
   ImplicitOptions inner = options.solver;
   inner.nested_adjoint_warm_start = options.warm_start;
+  inner.adjoint_observer = [counts = inner_counts_](const AdjointSummary& summary) {
+    ++counts->adjoint_solves;
+    counts->adjoint_vjps += summary.vjp_evaluations;
+    if (summary.warm_started) ++counts->adjoint_warm_starts;
+  };
   implicit_ = std::make_shared<Implicit>(block_->layer(), inner);
 }
 
@@ -112,9 +117,9 @@ Var EnergyAttention::Forward(const Var& x, const std::vector<int64_t>& sample_id
   // The start carries no gradient either way (Implicit: z0 gets none).
   const Var state =
       implicit_->Forward(problem.context, warm.defined() ? Var(warm) : problem.initial_state);
-  ++inner_counts_.solves;
-  inner_counts_.forward_iterations += implicit_->forward_summary().iterations;
-  if (warm.defined()) ++inner_counts_.warm_starts;
+  ++inner_counts_->solves;
+  inner_counts_->forward_iterations += implicit_->forward_summary().iterations;
+  if (warm.defined()) ++inner_counts_->warm_starts;
   if (solve != 0) {
     warm_solve_ = solve;
     warm_state_ = state.value().Clone();

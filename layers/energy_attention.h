@@ -120,15 +120,20 @@ class EnergyAttention : public Module {
   const Tensor& last_input() const { return last_input_; }
 
   // What the inner solves of this attention did since construction (or the
-  // last ResetInnerCounts): solves, their forward iterations, and how many
-  // of them were warm-started.
+  // last ResetInnerCounts): forward solves, their iterations, and how many
+  // of them were warm-started; adjoint solves (one per backward pass
+  // through an inner node, and in an implicit model one per VJP of the outer
+  // adjoint), their VJPs, and how many of them were warm-started.
   struct InnerCounts {
     int64_t solves = 0;
     int64_t forward_iterations = 0;
     int64_t warm_starts = 0;
+    int64_t adjoint_solves = 0;
+    int64_t adjoint_vjps = 0;
+    int64_t adjoint_warm_starts = 0;
   };
-  const InnerCounts& inner_counts() const { return inner_counts_; }
-  void ResetInnerCounts() const { inner_counts_ = {}; }
+  const InnerCounts& inner_counts() const { return *inner_counts_; }
+  void ResetInnerCounts() const { *inner_counts_ = {}; }
 
   const EnergyBlock& block() const { return *block_; }
   // The inner solve (its options can be changed between calls).
@@ -152,7 +157,8 @@ class EnergyAttention : public Module {
   mutable Tensor warm_state_;
   mutable std::vector<int64_t> warm_ids_;
   // Diagnostic state, not part of the layer's function.
-  mutable InnerCounts inner_counts_;
+  // Shared with the inner solve's adjoint observer, which the graph keeps.
+  std::shared_ptr<InnerCounts> inner_counts_ = std::make_shared<InnerCounts>();
   mutable bool keep_inputs_ = false;
   mutable Tensor last_input_;
 };

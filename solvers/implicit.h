@@ -109,6 +109,12 @@ struct ImplicitOptions {
   // changes the work, never the accuracy promised by backward.tolerance.
   // Off by default; EnergyAttention turns it on with its warm_start.
   bool nested_adjoint_warm_start = false;
+  // kIft: called with the summary of every adjoint solve of this solve's
+  // node, once per backward pass through it (for a nested layer, once per
+  // VJP of the outer adjoint as well), e.g. to count the adjoint work of
+  // an inner solve. Empty: none. It must outlive the graph (capture shared
+  // state by value, not a pointer to a layer that may be destroyed first).
+  std::function<void(const AdjointSummary&)> adjoint_observer;
 
   // Checks forward, backward and the fields above; the message names the
   // field.

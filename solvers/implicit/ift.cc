@@ -190,6 +190,7 @@ ImplicitResult SolveIft(const ModeInputs& in) {
       [z_leaf, f = in.f, backward = in.options.backward, summary, warm = in.warm_start,
        nested = in.options.nested_adjoint_warm_start ? std::make_shared<NestedAdjointStart>()
                                                      : nullptr,
+       observer = in.options.adjoint_observer,
        batch = in.batch, n = in.n, shape = in.shape, all_ids = in.all_ids,
        second_order_inputs](const VarList& inputs, const Var& self, const Var& g) -> VarList {
         const Var& f_star_input = inputs[0];
@@ -206,6 +207,7 @@ ImplicitResult SolveIft(const ModeInputs& in) {
         const Tensor g_rows = g.value().Reshape(Shape{batch, n});
         Tensor w;
         *summary = SolveNodeAdjoint(backward, vjp, g_rows, warm.get(), nested.get(), &w);
+        if (observer) observer(*summary);
         if (backward.warm_start && warm) warm->solution = w.Clone();
         VarList grads(inputs.size());
         if (GradModeEnabled() && !second_order_inputs.empty()) {

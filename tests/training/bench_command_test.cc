@@ -562,17 +562,40 @@ TEST(BenchCommandTest, EnergyAttentionW1ReportsItsInnerSolves) {
   EXPECT_EQ(warm.json["inner_warm_starts_per_step"].as<double>(), solves - 1.0) << warm.out;
   EXPECT_GT(warm.json["inner_iterations_per_step"].as<double>(), 0.0);
   EXPECT_GT(warm.json["inner_adjoint_iterations"].as<int>(), 0);
+  // One inner adjoint solve per VJP of the outer adjoint (3 iterations) and
+  // one for the gradient pass; every one after the first of the outer
+  // adjoint solve starts from the previous one's solution.
+  const double adjoint_solves = warm.json["inner_adjoint_solves_per_step"].as<double>();
+  EXPECT_GE(adjoint_solves, 4.0) << warm.out;
+  EXPECT_GE(warm.json["inner_adjoint_warm_starts_per_step"].as<double>(), 1.0) << warm.out;
+  EXPECT_GE(warm.json["inner_adjoint_vjps_per_step"].as<double>(), adjoint_solves) << warm.out;
   args.no_warm_start = true;
   const CommandResult cold = RunCommand(args);
   ASSERT_EQ(cold.code, 0) << cold.err;
   EXPECT_FALSE(cold.json["warm_start"].as<bool>());
   EXPECT_EQ(cold.json["inner_solves_per_step"].as<double>(), solves) << cold.out;
   EXPECT_EQ(cold.json["inner_warm_starts_per_step"].as<double>(), 0.0) << cold.out;
+  EXPECT_EQ(cold.json["inner_adjoint_warm_starts_per_step"].as<double>(), 0.0) << cold.out;
+  EXPECT_EQ(cold.json["inner_adjoint_solves_per_step"].as<double>(), adjoint_solves) << cold.out;
   args.json = false;
   const CommandResult text = RunCommand(args);
   ASSERT_EQ(text.code, 0) << text.err;
   EXPECT_NE(text.out.find("probabilistic attention"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("inner solves (cold start)"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("inner adjoint solves:"), std::string::npos) << text.out;
+  // With 12 outer adjoint iterations the right-hand sides of the later inner
+  // adjoint solves change little from one to the next: the warm starts save
+  // VJPs. (With 3, as above, they change too much for that in step 1.)
+  args.json = true;
+  args.iterations = 12;
+  const CommandResult long_cold = RunCommand(args);
+  args.no_warm_start = false;
+  const CommandResult long_warm = RunCommand(args);
+  ASSERT_EQ(long_cold.code, 0) << long_cold.err;
+  ASSERT_EQ(long_warm.code, 0) << long_warm.err;
+  EXPECT_LT(long_warm.json["inner_adjoint_vjps_per_step"].as<double>(),
+            long_cold.json["inner_adjoint_vjps_per_step"].as<double>())
+      << long_warm.out << long_cold.out;
 }
 
 }  // namespace

@@ -104,6 +104,7 @@ struct BenchReport {
   bool inner = false;
   bool warm_start = false;
   double inner_solves = 0, inner_iterations = 0, inner_warm_starts = 0;
+  double inner_adjoint_solves = 0, inner_adjoint_vjps = 0, inner_adjoint_warm_starts = 0;
   int inner_adjoint_iterations = -1;
   // W3.
   double accuracy = -1;
@@ -153,8 +154,11 @@ void PrintText(const BenchReport& r, std::ostream& out) {
         << " start): " << r.inner_solves << " per step, " << r.inner_iterations
         << " forward iterations per step ("
         << (r.inner_solves > 0 ? r.inner_iterations / r.inner_solves : 0.0) << " per solve), "
-        << r.inner_warm_starts << " warm-started per step; last inner adjoint "
-        << r.inner_adjoint_iterations << " iterations\n";
+        << r.inner_warm_starts << " warm-started per step\n"
+        << "  inner adjoint solves: " << r.inner_adjoint_solves << " per step, "
+        << r.inner_adjoint_vjps << " VJPs per step, " << r.inner_adjoint_warm_starts
+        << " warm-started per step; the last took " << r.inner_adjoint_iterations
+        << " iterations\n";
   }
   if (r.accuracy >= 0) {
     out << std::setprecision(4) << "  accuracy " << r.accuracy << " over " << r.queries
@@ -206,7 +210,11 @@ void PrintJson(const BenchReport& r, std::ostream& out) {
         << ", \"inner_iterations_per_solve\": "
         << JsonNumber(r.inner_solves > 0 ? r.inner_iterations / r.inner_solves : 0.0)
         << ", \"inner_warm_starts_per_step\": " << JsonNumber(r.inner_warm_starts)
-        << ", \"inner_adjoint_iterations\": " << r.inner_adjoint_iterations;
+        << ", \"inner_adjoint_iterations\": " << r.inner_adjoint_iterations
+        << ", \"inner_adjoint_solves_per_step\": " << JsonNumber(r.inner_adjoint_solves)
+        << ", \"inner_adjoint_vjps_per_step\": " << JsonNumber(r.inner_adjoint_vjps)
+        << ", \"inner_adjoint_warm_starts_per_step\": "
+        << JsonNumber(r.inner_adjoint_warm_starts);
   }
   if (r.accuracy >= 0) {
     out << ", \"accuracy\": " << JsonNumber(r.accuracy) << ", \"queries\": " << r.queries
@@ -362,6 +370,9 @@ BenchReport RunTransformerBench(const BenchArgs& args,
       report.inner_solves += static_cast<double>(counts.solves) / units;
       report.inner_iterations += static_cast<double>(counts.forward_iterations) / units;
       report.inner_warm_starts += static_cast<double>(counts.warm_starts) / units;
+      report.inner_adjoint_solves += static_cast<double>(counts.adjoint_solves) / units;
+      report.inner_adjoint_vjps += static_cast<double>(counts.adjoint_vjps) / units;
+      report.inner_adjoint_warm_starts += static_cast<double>(counts.adjoint_warm_starts) / units;
     }
     if (const auto adjoint = attentions.back().second->implicit().backward_summary()) {
       report.inner_adjoint_iterations = adjoint->iterations;
