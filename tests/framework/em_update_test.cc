@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -33,6 +34,27 @@ double LargestDifference(const Tensor& a, const Tensor& b) {
   double worst = 0.0;
   for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - y[i]));
   return worst;
+}
+
+// op(inputs)'s value and every input's gradient of sum(value * probe),
+// flattened, on 1 and on 3 threads.
+std::vector<std::vector<double>> OnOneAndThreeThreads(const std::function<Var()>& op,
+                                                      const VarList& inputs,
+                                                      const Var& probe) {
+  const int threads = NumThreads();
+  std::vector<std::vector<double>> runs;
+  for (int n : {1, 3}) {
+    SetNumThreads(n);
+    const Var out = op();
+    std::vector<double> all = out.value().ToVector();
+    for (const Var& g : grad({sum(mul(out, probe))}, inputs)) {
+      const std::vector<double> values = g.value().ToVector();
+      all.insert(all.end(), values.begin(), values.end());
+    }
+    runs.push_back(all);
+  }
+  SetNumThreads(threads);
+  return runs;
 }
 
 // The update as probabilistic attention wrote it before the fused op:
@@ -117,19 +139,8 @@ TEST(EmUpdateTest, SecondDerivativesGoThroughTheComposedForm) {
 TEST(EmUpdateTest, ResultsDoNotDependOnTheThreadCount) {
   const Inputs x = MakeInputs(DType::kFloat32, true);
   const Var probe(RandomTensor(x.v.shape(), 6, DType::kFloat32));
-  const int threads = NumThreads();
-  std::vector<std::vector<double>> runs;
-  for (int n : {1, 3}) {
-    SetNumThreads(n);
-    const Var out = em_update(x.v, x.logits, x.mu, x.beta);
-    std::vector<double> all = out.value().ToVector();
-    for (const Var& g : grad({sum(mul(out, probe))}, x.All())) {
-      const std::vector<double> values = g.value().ToVector();
-      all.insert(all.end(), values.begin(), values.end());
-    }
-    runs.push_back(all);
-  }
-  SetNumThreads(threads);
+  const auto runs =
+      OnOneAndThreeThreads([&] { return em_update(x.v, x.logits, x.mu, x.beta); }, x.All(), probe);
   EXPECT_EQ(runs[0], runs[1]);
 }
 
@@ -207,19 +218,8 @@ TEST(EmQueryLogitsTest, SecondDerivativesGoThroughTheComposedForm) {
 TEST(EmQueryLogitsTest, ResultsDoNotDependOnTheThreadCount) {
   const VarList x = LogitsInputs(DType::kFloat32);
   const Var probe(RandomTensor(Shape{2, 3, 5, 6}, 15, DType::kFloat32));
-  const int threads = NumThreads();
-  std::vector<std::vector<double>> runs;
-  for (int n : {1, 3}) {
-    SetNumThreads(n);
-    const Var out = em_query_logits(x[0], x[1], x[2]);
-    std::vector<double> all = out.value().ToVector();
-    for (const Var& g : grad({sum(mul(out, probe))}, x)) {
-      const std::vector<double> values = g.value().ToVector();
-      all.insert(all.end(), values.begin(), values.end());
-    }
-    runs.push_back(all);
-  }
-  SetNumThreads(threads);
+  const auto runs =
+      OnOneAndThreeThreads([&] { return em_query_logits(x[0], x[1], x[2]); }, x, probe);
   EXPECT_EQ(runs[0], runs[1]);
 }
 
