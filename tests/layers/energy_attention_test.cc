@@ -59,20 +59,6 @@ ModelOptions AttentionModel(const std::string& attention, ModelKind kind, int64_
   return options;
 }
 
-// Every trainable parameter's gradient of sum(logits * probe), flattened.
-std::vector<double> Gradient(SequenceModel& model, const Var& features, const Tensor& probe) {
-  model.ZeroGrad();
-  backward(sum(mul(model.ForwardFeatures(features), Var(probe))));
-  std::vector<double> flat;
-  for (const auto& [name, parameter] : model.named_parameters()) {
-    if (!parameter.requires_grad()) continue;
-    const std::vector<double> g = parameter.has_grad() ? parameter.grad().value().ToVector()
-                                                       : std::vector<double>(parameter.numel());
-    flat.insert(flat.end(), g.begin(), g.end());
-  }
-  return flat;
-}
-
 struct Agreement {
   double cosine = 0.0, relative_error = 0.0;
 };
@@ -105,7 +91,7 @@ TEST_P(EnergyAttentionGradientTest, ImplicitGradientMatchesALongUnroll) {
   Rng rng(4);
   const Var features = RandnVar({2, 4, 3}, rng);
   const Tensor probe = Randn({2, 4, 3}, rng);
-  const std::vector<double> implicit = Gradient(model, features, probe);
+  const std::vector<double> implicit = testing_energy::ModelGradient(model, features, probe);
   for (const auto& [name, attention] : FindEnergyAttentions(model)) {
     EXPECT_EQ(attention->implicit().forward_summary().termination_type,
               TerminationType::kConverged)
@@ -118,7 +104,7 @@ TEST_P(EnergyAttentionGradientTest, ImplicitGradientMatchesALongUnroll) {
     inner.backward.mode = BackwardMode::kUnrolled;
     inner.backward.unrolled_steps = 300;
   }
-  const std::vector<double> unrolled = Gradient(model, features, probe);
+  const std::vector<double> unrolled = testing_energy::ModelGradient(model, features, probe);
   const Agreement a = Compare(implicit, unrolled);
   EXPECT_GE(a.cosine, 0.9999);
   EXPECT_LE(a.relative_error, 1e-4);

@@ -49,20 +49,6 @@ ModelOptions WarmStartModel(const std::string& attention,
   return options;
 }
 
-// Every trainable parameter's gradient of sum(logits * probe), flattened.
-std::vector<double> Gradient(SequenceModel& model, const Var& features, const Tensor& probe) {
-  model.ZeroGrad();
-  backward(sum(mul(model.ForwardFeatures(features), Var(probe))));
-  std::vector<double> flat;
-  for (const auto& [name, parameter] : model.named_parameters()) {
-    if (!parameter.requires_grad()) continue;
-    const std::vector<double> g = parameter.has_grad() ? parameter.grad().value().ToVector()
-                                                       : std::vector<double>(parameter.numel());
-    flat.insert(flat.end(), g.begin(), g.end());
-  }
-  return flat;
-}
-
 double RelativeDifference(const std::vector<double>& a, const std::vector<double>& reference) {
   double diff = 0.0, norm = 0.0;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -83,7 +69,7 @@ SolvedGradient GradientOf(const ModelOptions& options, const Var& features, cons
   const auto attentions = FindEnergyAttentions(model);
   EXPECT_EQ(attentions.size(), 1u);
   SolvedGradient run;
-  run.gradient = Gradient(model, features, probe);
+  run.gradient = testing_energy::ModelGradient(model, features, probe);
   const EnergyAttention& attention = *attentions.front().second;
   run.counts = attention.inner_counts();
   run.converged = model.implicit()->forward_summary().termination_type ==

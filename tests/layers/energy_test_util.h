@@ -1,6 +1,7 @@
 // Helpers shared by the energy-layer tests: random float64 tensors, a
-// finite-difference check of a module's parameter gradients, and dense
-// Jacobians/Hessians by autodiff for small maps.
+// finite-difference check of a module's parameter gradients, a model's
+// flattened parameter gradient, and dense Jacobians/Hessians by autodiff for
+// small maps.
 #pragma once
 
 #include <Eigen/Dense>
@@ -17,6 +18,7 @@
 #include "framework/ops.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
+#include "layers/models.h"
 #include "solvers/implicit.h"
 
 namespace stillpoint {
@@ -101,6 +103,23 @@ inline ParameterCheck CheckParameterGradients(Module& module,
   check.max_rel_error = result.max_rel_error;
   check.log = result.log;
   return check;
+}
+
+// Every trainable parameter's gradient of sum(logits * probe) for a feature
+// model, flattened in named_parameters() order (zeros where none arrived).
+inline std::vector<double> ModelGradient(SequenceModel& model,
+                                         const Var& features,
+                                         const Tensor& probe) {
+  model.ZeroGrad();
+  backward(sum(mul(model.ForwardFeatures(features), Var(probe))));
+  std::vector<double> flat;
+  for (const auto& [name, parameter] : model.named_parameters()) {
+    if (!parameter.requires_grad()) continue;
+    const std::vector<double> g = parameter.has_grad() ? parameter.grad().value().ToVector()
+                                                       : std::vector<double>(parameter.numel());
+    flat.insert(flat.end(), g.begin(), g.end());
+  }
+  return flat;
 }
 
 // The dense Jacobian d vec(f(x)) / d vec(x) by reverse mode, one row per
