@@ -2,11 +2,12 @@
 // trained from a YAML config (model.energy.layer: lse_attention), with the
 // library's config loader and trainer. Usage: train_lse_attention CONFIG
 // [key.path=value ...]; exit 0 when the run's held-out accuracy is at least
-// twice chance (2 / task.vocab_size): the layer learned.
+// 90%: the layer learned the task.
 #include <iostream>
 
 #include "framework/ops.h"
 #include "layers/energy_block.h"
+#include "layers/layer_norm.h"
 #include "layers/linear.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
@@ -14,49 +15,67 @@
 
 namespace sp = stillpoint;
 
-// E(Z) = sum_t ( |z_t|^2 / 2 - lse_s(beta k_s . z_t) / beta ): one energy
-// per sample ([B], as EnergyLayer requires); z [B, T, d], keys [B, S, d].
-// Its gradient step of size 1 is z_t <- K^T softmax(beta K z_t): attention.
+// E(Z) = sum_t ( |z_t|^2 / 2 - q_t . z_t - lse_s(beta k_s . z_t) / beta ):
+// one energy per sample ([B], as EnergyLayer requires); z [B, T, d], the
+// queries q [B, T, d] (an external field) and keys [B, S, d] from the
+// context. Its gradient step of size 1 is z_t <- q_t + K^T softmax(beta K
+// z_t): attention, with the query as a field that keeps the fixed point a
+// function of the query (without it, only through where the solve starts).
 class LseAttentionEnergy : public sp::EnergyLayer {
  public:
   explicit LseAttentionEnergy(sp::DType dtype) {
     set_gradient_step(1.0);
-    beta_ = RegisterParameter("beta", sp::Tensor::Full({1}, 4.0, dtype));
+    beta_ = RegisterParameter("beta", sp::Tensor::Full({1}, 0.25, dtype));
   }
   std::string Name() const override { return "LseAttentionEnergy"; }
+  const sp::Var& beta() const { return beta_; }
   sp::Var Energy(const sp::Var& z, const sp::EnergyContext& ctx) const override {
     const sp::Var scores = sp::matmul(z, ctx.Get("keys"), false, true);  // [B, T, S]
     const sp::Var lse = sp::logsumexp(scores * beta_) / beta_;           // [B, T]
-    return sp::sum(sp::sum(sp::square(z), 2) * 0.5 - lse, 1);          // [B]
+    const sp::Var field = sp::sum(z * ctx.Get("queries"), 2);            // [B, T]
+    return sp::sum(sp::sum(sp::square(z), 2) * 0.5 - field - lse, 1);  // [B]
   }
 
  private:
   sp::Var beta_;
 };
 
-// The block around it: keys projected from the tokens u, the state starting
-// at u, and an output projection of the solved state.
+// The block around it: the tokens u normalised (x = LN(u), so the energy's
+// scale does not depend on the embedding's), queries and keys projected from
+// x, the state starting at x, and as output the attention the solved state
+// pays to the keys, applied to values of x, through an output projection.
 class LseAttentionBlock : public sp::EnergyBlock {
  public:
   LseAttentionBlock(const sp::EnergyBlockOptions& o, sp::Rng& rng) {
+    norm_ = RegisterModule("norm", std::make_shared<sp::LayerNorm>(
+                                       o.dim, sp::LayerNormOptions{.dtype = o.dtype}));
+    queries_ = RegisterModule("queries", std::make_shared<sp::Linear>(
+                                             o.dim, o.dim, rng, sp::LinearOptions{false, o.dtype}));
     keys_ = RegisterModule("keys", std::make_shared<sp::Linear>(
                                        o.dim, o.dim, rng, sp::LinearOptions{false, o.dtype}));
+    values_ = RegisterModule("values", std::make_shared<sp::Linear>(
+                                           o.dim, o.dim, rng, sp::LinearOptions{false, o.dtype}));
     out_ = RegisterModule("out", std::make_shared<sp::Linear>(o.dim, o.dim, rng,
                                                               sp::LinearOptions{true, o.dtype}));
-    layer_ = RegisterModule("layer", std::shared_ptr<sp::EnergyLayer>(
-                                         std::make_shared<LseAttentionEnergy>(o.dtype)));
+    energy_ = std::make_shared<LseAttentionEnergy>(o.dtype);
+    layer_ = RegisterModule("layer", std::shared_ptr<sp::EnergyLayer>(energy_));
   }
   std::string Name() const override { return "LseAttentionBlock"; }
   const std::shared_ptr<sp::EnergyLayer>& layer() const override { return layer_; }
   sp::EnergyBlockProblem Prepare(const sp::Var& u) const override {
     sp::EnergyBlockProblem problem;
-    problem.context.Set("keys", Project(*keys_, u));
-    problem.initial_state = u;
+    const sp::Var x = norm_->Forward(u);
+    problem.context.Set("queries", Project(*queries_, x));
+    problem.context.Set("keys", Project(*keys_, x));
+    problem.extras.Set("values", Project(*values_, x));
+    problem.initial_state = x;
     problem.injection = u;
     return problem;
   }
-  sp::Var Output(const sp::Var& state, const sp::EnergyBlockProblem&) const override {
-    return Project(*out_, state);
+  sp::Var Output(const sp::Var& state, const sp::EnergyBlockProblem& problem) const override {
+    const sp::Var scores = sp::matmul(state, problem.context.Get("keys"), false, true);
+    const sp::Var weights = sp::softmax(scores * energy_->beta());  // [B, T, S]
+    return Project(*out_, sp::matmul(weights, problem.extras.Get("values")));
   }
 
  private:
@@ -65,7 +84,9 @@ class LseAttentionBlock : public sp::EnergyBlock {
     const sp::Var rows = sp::reshape(x, {x.dim(0) * x.dim(1), x.dim(2)});
     return sp::reshape(linear.Forward(rows), {x.dim(0), x.dim(1), x.dim(2)});
   }
-  std::shared_ptr<sp::Linear> keys_, out_;
+  std::shared_ptr<sp::LayerNorm> norm_;
+  std::shared_ptr<sp::Linear> queries_, keys_, values_, out_;
+  std::shared_ptr<LseAttentionEnergy> energy_;
   std::shared_ptr<sp::EnergyLayer> layer_;
 };
 
@@ -91,8 +112,7 @@ int main(int argc, char** argv) {
     options.overwrite = true;
     const sp::TrainSummary summary = sp::Train(experiment, options);
     std::cout << summary.BriefReport() << "\n";
-    const double chance = 1.0 / static_cast<double>(config.GetInt("task.vocab_size"));
-    return summary.final_eval.accuracy >= 2 * chance ? 0 : 1;
+    return summary.final_eval.accuracy >= 0.9 ? 0 : 1;
   } catch (const sp::ConfigError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
