@@ -28,8 +28,9 @@ const OptionFields<CellOptions>& CellOptions::Fields() {
                  "starts from the previous evaluation's inner solution instead of the block's "
                  "initial state (the first evaluation of an outer solve, and evaluations outside "
                  "one, start as without it), and each inner adjoint solve of an outer adjoint "
-                 "solve from the previous one's solution (a start that misses the tolerance is "
-                 "solved again from the start without it). The inner solution and the gradient "
+                 "solve from the previous one's solution (a start that misses the tolerance and "
+                 "was worse than the start without it is solved again from that one). The inner "
+                 "solution and the gradient "
                  "are unchanged up to the inner tolerances when the inner solves converge")
            .NotInConfig();
   return *fields;

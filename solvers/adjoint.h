@@ -61,11 +61,15 @@ AdjointSummary SolveAdjoint(const BackwardOptions& options,
                             Tensor* w);
 
 // SolveAdjoint from a start that is usually good but not guaranteed to be
-// (*w, defined; e.g. the solution of a nearby right-hand side): when the
-// solve from *w misses the tolerance, (*) is solved again from g and the
-// solution with the smaller largest relative residual is kept, so the start
-// can cost VJPs but never accuracy. The summary is the kept solve's, with
-// both solves' VJPs counted and its message saying what happened.
+// (*w, defined; e.g. the solution of a nearby right-hand side). When the
+// solve from *w misses the tolerance, the start is judged by its first
+// relative residual against that of the start from g (|J^T g_b| / |g_b|, one
+// more VJP): if g was the better start, (*) is solved again from g and the
+// solution with the smaller largest relative residual is kept; if not, the
+// solve from *w stands (from a smaller residual the same iterations end at
+// least as close on the contractions the iterative solvers converge on).
+// The summary is the kept solve's, with every VJP counted and its message
+// saying what happened.
 AdjointSummary SolveAdjointFromStart(const BackwardOptions& options,
                                      const BatchedVjp& vjp,
                                      const Tensor& g,

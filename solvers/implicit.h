@@ -104,9 +104,9 @@ struct ImplicitOptions {
   // (AdjointSolveScope, solvers/solve_scope.h) instead of from g; the first
   // solve of every outer adjoint solve starts from g, so repeated backward
   // passes give the same gradient. Only a solution that met the tolerance is
-  // reused, and a warm-started solve that does not meet it is solved again
-  // from g, keeping the solution with the smaller residual: the start
-  // changes the work, never the accuracy promised by backward.tolerance.
+  // reused, and a warm-started solve that does not meet it goes through
+  // SolveAdjointFromStart (solvers/adjoint.h): solved again from g when g
+  // was the better start (the smaller first residual), else kept.
   // Off by default; EnergyAttention turns it on with its warm_start.
   bool nested_adjoint_warm_start = false;
   // kIft: called with the summary of every adjoint solve of this solve's

@@ -78,8 +78,8 @@ struct NestedAdjointStart {
 // The ift node's adjoint solve for g_rows [B, n] into *w: from the call
 // site's previous solution (backward.warm_start), else from the node's
 // previous solution in the same outer adjoint solve (nested, when given and
-// there is one; SolveAdjointFromStart: a nested start that misses the
-// tolerance is solved again from g), else from g.
+// there is one; through SolveAdjointFromStart, which judges a start that
+// misses the tolerance against g), else from g.
 AdjointSummary SolveNodeAdjoint(const BackwardOptions& backward,
                                 const BatchedVjp& vjp,
                                 const Tensor& g_rows,

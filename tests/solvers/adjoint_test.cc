@@ -346,7 +346,8 @@ TEST(AdjointSolver, MaxIterationsIsReported) {
 
 // SolveAdjointFromStart: a start near the solution (the solution for a
 // nearby right-hand side) saves VJPs; a start that makes the solve miss its
-// tolerance within the budget is solved again from g, which meets it.
+// tolerance within the budget and was worse than g is solved again from g,
+// which meets it; one better than g is kept.
 TEST(AdjointFromStart, ANearbySolutionSavesVjps) {
   LinearAdjoint linear = MakeLinear(3, 10, 0.8, false, 41);
   const Tensor g = RandomRhs(3, 10, 42);
@@ -397,6 +398,36 @@ TEST(AdjointFromStart, AStartThatMissesTheToleranceIsSolvedAgainFromG) {
   EXPECT_GT(summary.vjp_evaluations, options.max_iterations);
   EXPECT_NE(summary.message.find("solved again from g, kept the solution from g"),
             std::string::npos)
+      << summary.message;
+}
+
+TEST(AdjointFromStart, AStartBetterThanGIsKeptWhenBothMiss) {
+  // J = 0.5 I, budget 10: from g (first relative residual 0.5) the solve
+  // cannot reach 1e-5; from w* - 0.3 (w* - g) (first residual 0.15) neither,
+  // but it ends closer, so it is kept without a second solve.
+  LinearAdjoint linear;
+  for (int b = 0; b < 2; ++b) linear.jacobians.push_back(0.5 * Eigen::MatrixXd::Identity(6, 6));
+  const Tensor g = RandomRhs(2, 6, 46);
+  BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 1e-5);
+  options.max_iterations = 10;
+  const Tensor exact = linear.Exact(g);
+  Tensor start(exact.shape(), DType::kFloat64);
+  for (int64_t i = 0; i < exact.numel(); ++i) {
+    start.set(i, exact.at(i) - 0.3 * (exact.at(i) - g.at(i)));
+  }
+  Tensor from_g;
+  const AdjointSummary cold = SolveAdjoint(options, linear.Vjp(), g, &from_g);
+  ASSERT_NE(cold.termination_type, TerminationType::kConverged) << cold.FullReport();
+
+  Tensor w = start.Clone();
+  linear.vjp_calls = 0;
+  const AdjointSummary summary = SolveAdjointFromStart(options, linear.Vjp(), g, &w);
+  EXPECT_NE(summary.termination_type, TerminationType::kConverged);
+  EXPECT_LT(summary.MaxRelResidual(), cold.MaxRelResidual());
+  // The solve from the start plus the one VJP that judged g; no second solve.
+  EXPECT_EQ(summary.vjp_evaluations, linear.vjp_calls);
+  EXPECT_LE(summary.vjp_evaluations, options.max_iterations + 2);
+  EXPECT_NE(summary.message.find("kept it, as g was no better a start"), std::string::npos)
       << summary.message;
 }
 
