@@ -24,13 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing_support::Quoted;
 
-class EnergyTransformerExampleTest : public ::testing::Test {
+class EnergyTransformerExampleTest : public testing_support::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = testing_support::ScratchPathForThisTest("et");
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  EnergyTransformerExampleTest() : ScratchDirTest("et") {}
 
   // Trains the example config with `overrides` on the reduced budget;
   // returns its summary.json.
@@ -49,8 +45,6 @@ class EnergyTransformerExampleTest : public ::testing::Test {
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command;
     return YAML::LoadFile((dir_ / sub / "summary.json").string());
   }
-
-  fs::path dir_;
 };
 
 // 150 steps of the example (600 in the config): the defaults (attention

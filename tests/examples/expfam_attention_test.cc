@@ -28,13 +28,9 @@ namespace fs = std::filesystem;
 using testing_support::Quoted;
 using testing_support::ReadText;
 
-class ExpFamAttentionTrainingTest : public ::testing::Test {
+class ExpFamAttentionTrainingTest : public testing_support::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = testing_support::ScratchPathForThisTest("expfam");
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  ExpFamAttentionTrainingTest() : ScratchDirTest("expfam") {}
 
   // `stillpoint train attention_grid.yaml overrides... log.dir=dir_/name`;
   // returns the run's held-out token accuracy.
@@ -52,8 +48,6 @@ class ExpFamAttentionTrainingTest : public ::testing::Test {
     const YAML::Node summary = YAML::LoadFile((dir_ / name / "summary.json").string());
     return summary["test_accuracy"].as<double>();
   }
-
-  fs::path dir_;
 };
 
 // The single-block energy model: 150 of the grid's 300 steps.

@@ -26,13 +26,9 @@ namespace fs = std::filesystem;
 using testing_support::Quoted;
 using testing_support::ReadText;
 
-class SeedDemosTest : public ::testing::Test {
+class SeedDemosTest : public testing_support::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = testing_support::ScratchPathForThisTest("demos");
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  SeedDemosTest() : ScratchDirTest("demos") {}
 
   // Runs `stillpoint args...`; returns its exit code, keeps its output.
   int Run(const std::vector<std::string>& args) {
@@ -65,7 +61,6 @@ class SeedDemosTest : public ::testing::Test {
     return rows;
   }
 
-  fs::path dir_;
   std::string out_, err_;
 };
 

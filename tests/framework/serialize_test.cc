@@ -39,13 +39,9 @@ std::string ErrorMessage(Fn&& statement) {
       << "text: " << (text) << "\nmissing: " << (fragment)
 
 // A fresh directory per test, removed afterwards.
-class SerializeTest : public ::testing::Test {
+class SerializeTest : public testing_support::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = testing_support::ScratchPathForThisTest("serialize");
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  SerializeTest() : ScratchDirTest("serialize") {}
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -53,8 +49,6 @@ class SerializeTest : public ::testing::Test {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
-
-  fs::path dir_;
 };
 
 // Bitwise equality of names, dtypes, shapes and values (so NaN and -0 count).

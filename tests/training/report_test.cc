@@ -135,13 +135,9 @@ TEST(SvgReportTest, HeldOutPointsJoinIntoOneLineAndLongLegendsFit) {
   }
 }
 
-class ReportTest : public ::testing::Test {
+class ReportTest : public testing_support::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = testing_support::ScratchPathForThisTest("report");
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  ReportTest() : ScratchDirTest("report") {}
 
   std::string WriteConfig(const std::string& extra) {
     const std::string path = (dir_ / "cmp.yaml").string();
@@ -155,7 +151,6 @@ class ReportTest : public ::testing::Test {
                         << extra;
     return path;
   }
-  fs::path dir_;
 };
 
 TEST_F(ReportTest, SeedsArePooledAndTheReportRebuildsFromTheRunDirectories) {

@@ -25,13 +25,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TrainerTest : public ::testing::Test {
+class TrainerTest : public testing_support::ScratchDirTest {
  protected:
-  void SetUp() override {
-    dir_ = testing_support::ScratchPathForThisTest("trainer");
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  TrainerTest() : ScratchDirTest("trainer") {}
 
   // A tiny reverse task that trains in well under a second per variant.
   std::string WriteConfig(const std::string& name, const std::string& extra = "") {
@@ -49,7 +45,6 @@ class TrainerTest : public ::testing::Test {
                         << extra;
     return path;
   }
-  fs::path dir_;
 };
 
 TEST_F(TrainerTest, TrainingReducesTheLossAndFillsTheRunDirectory) {
