@@ -371,15 +371,28 @@ TEST(AdjointFromStart, ANearbySolutionSavesVjps) {
   EXPECT_EQ(warm.message.find("solved again"), std::string::npos) << warm.message;
 }
 
+// J_b = 0.5 I (6 x 6) for two samples: from any start the fixed-point
+// adjoint's relative residual halves with every iteration.
+LinearAdjoint HalfIdentity() {
+  LinearAdjoint linear;
+  for (int b = 0; b < 2; ++b) linear.jacobians.push_back(0.5 * Eigen::MatrixXd::Identity(6, 6));
+  return linear;
+}
+
+// The fixed-point adjoint to 1e-5 with `iterations` at most.
+BackwardOptions FixedPointBudget(int iterations) {
+  BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 1e-5);
+  options.max_iterations = iterations;
+  return options;
+}
+
 TEST(AdjointFromStart, AStartThatMissesTheToleranceIsSolvedAgainFromG) {
   // J = 0.5 I: from g the relative residual is 0.5^(k+1) after k
   // iterations (tolerance 1e-5 met at k = 16); from -10 w* it is 11 0.5^k
   // (met at k = 21). A budget of 18 separates the two.
-  LinearAdjoint linear;
-  for (int b = 0; b < 2; ++b) linear.jacobians.push_back(0.5 * Eigen::MatrixXd::Identity(6, 6));
+  LinearAdjoint linear = HalfIdentity();
   const Tensor g = RandomRhs(2, 6, 43);
-  BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 1e-5);
-  options.max_iterations = 18;
+  const BackwardOptions options = FixedPointBudget(18);
   const Tensor exact = linear.Exact(g);
   Tensor bad_start(exact.shape(), DType::kFloat64);
   for (int64_t i = 0; i < exact.numel(); ++i) bad_start.set(i, -10.0 * exact.at(i));
@@ -405,11 +418,9 @@ TEST(AdjointFromStart, AStartBetterThanGIsKeptWhenBothMiss) {
   // J = 0.5 I, budget 10: from g (first relative residual 0.5) the solve
   // cannot reach 1e-5; from w* - 0.3 (w* - g) (first residual 0.15) neither,
   // but it ends closer, so it is kept without a second solve.
-  LinearAdjoint linear;
-  for (int b = 0; b < 2; ++b) linear.jacobians.push_back(0.5 * Eigen::MatrixXd::Identity(6, 6));
+  LinearAdjoint linear = HalfIdentity();
   const Tensor g = RandomRhs(2, 6, 46);
-  BackwardOptions options = Options(AdjointSolverType::kFixedPoint, 1e-5);
-  options.max_iterations = 10;
+  const BackwardOptions options = FixedPointBudget(10);
   const Tensor exact = linear.Exact(g);
   Tensor start(exact.shape(), DType::kFloat64);
   for (int64_t i = 0; i < exact.numel(); ++i) {
