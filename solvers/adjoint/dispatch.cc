@@ -2,11 +2,9 @@
 // (solvers/adjoint/method_list.h, methods.h) and turns the per-sample outcome into the summary.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <limits>
 #include <sstream>
 #include <string>
-#include <vector>
 
 #include "framework/check.h"
 #include "solvers/adjoint.h"
@@ -54,18 +52,15 @@ void SolveOnFloat64Rows(void (*method)(Float64Solve*),
 // max_b |J^T g_b| / |g_b| over the samples with g_b != 0: the relative
 // residual of the start w = g (one VJP).
 double LargestRelativeRowNorm(const BatchedVjp& vjp, const Tensor& g) {
-  Tensor jtg(g.shape(), g.dtype());
-  vjp(g, &jtg);
-  const int64_t batch = g.dim(0), n = g.dim(1);
-  const std::vector<double> gv = g.ToVector(), jv = jtg.ToVector();
+  const int64_t batch = g.dim(0);
+  RowMatrix g_matrix(batch, g.dim(1));
+  adjoint::TensorToMatrix(g, &g_matrix);
+  RowMatrix jtg(batch, g.dim(1));
+  AdjointOperator(vjp, batch, g.dim(1), g.dtype()).ApplyTransposedJacobian(g_matrix, &jtg);
   double largest = 0.0;
   for (int64_t b = 0; b < batch; ++b) {
-    double gg = 0.0, jj = 0.0;
-    for (int64_t i = b * n; i < (b + 1) * n; ++i) {
-      gg += gv[i] * gv[i];
-      jj += jv[i] * jv[i];
-    }
-    if (gg > 0.0) largest = std::max(largest, std::sqrt(jj / gg));
+    const double g_norm = g_matrix.row(b).norm();
+    if (g_norm > 0.0) largest = std::max(largest, jtg.row(b).norm() / g_norm);
   }
   return largest;
 }
