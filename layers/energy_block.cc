@@ -258,8 +258,7 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
                              return options;
                            }(),
                            rng)),
-        readout_(o.readout),
-        heads_(o.heads) {
+        readout_(o.readout) {
     if (readout_ == EnergyTransformerReadout::kAttention) {
       const LinearOptions linear{.dtype = o.dtype};
       wv_ = RegisterModule("wv", std::make_shared<Linear>(o.dim, o.dim, rng, linear));
@@ -279,12 +278,10 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
     if (readout_ == EnergyTransformerReadout::kMove) {
       return sub(state, problem.extras.Get("start"));
     }
-    // [B, N, d] -> [B, H, N, dh], weighted by the attention at x*, and back.
-    const int64_t b = state.dim(0), n = state.dim(1), d = state.dim(2);
-    const Var values =
-        permute(reshape(wv_->Forward(state), Shape{b, n, heads_, d / heads_}), {0, 2, 1, 3});
+    // Values per head, weighted by the attention at x*, and merged back.
+    const Var values = typed_->SplitHeads(wv_->Forward(state));
     const Var mixed = matmul(typed_->AttentionWeights(state, problem.context), values);
-    return wo_->Forward(reshape(permute(mixed, {0, 2, 1, 3}), Shape{b, n, d}));
+    return wo_->Forward(typed_->MergeHeads(mixed));
   }
   Var AttentionWeights(const Var& state, const EnergyBlockProblem& problem) const override {
     return typed_->AttentionWeights(state, problem.context);
@@ -292,7 +289,6 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
 
  private:
   EnergyTransformerReadout readout_;
-  int64_t heads_;
   // The value and output maps of the attention readout: the energy has no
   // value matrix (its attention force carries W_Q W_K^T g), so without them
   // the content a token receives is tied to the bilinear form that routes it.

@@ -140,10 +140,11 @@ class EnergyTransformerBlock : public EnergyLayer {
 
   const EnergyTransformerOptions& options() const { return options_; }
 
- private:
-  // [B, N, H * Y] -> [B, H, N, Y] and back.
+  // [B, N, H * Y] -> [B, H, N, Y] and back (Y = head_dim).
   Var SplitHeads(const Var& x) const;
   Var MergeHeads(const Var& x) const;
+
+ private:
   // beta Q K^T + mask: [B, H, N, N].
   Var Scores(const Var& q, const Var& k, const EnergyContext& ctx) const;
 
