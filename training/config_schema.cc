@@ -6,7 +6,6 @@
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
 #include "layers/registry.h"
-#include "training/dataset.h"
 #include "training/dataset_registry.h"
 #include "training/option_schema.h"
 #include "training/trainer_options.h"
@@ -67,25 +66,8 @@ ConfigSchema BuildSchema() {
                          "reproducible for a given count)", 1, 256)
       .Enum("dtype", "float32", {"float32", "float64"}, "Number type of parameters and states");
 
-  // ---- task
-  s.Enum("task.kind", "reverse", DatasetRegistry().Names(),
-         "The dataset (DatasetRegistry, training/dataset_registry.h): a synthetic sequence task, "
-         "the 8x8 digits images, or a CSV file")
-      .Int("task.length", 16, "Tokens per training sequence (sequence tasks and csv)", 2, 4096)
-      .Int("task.vocab_size", 16, "Symbols of a sequence task (prefix_parity always uses 2)", 2,
-           1 << 20)
-      .Int("task.train_examples", 4096, "Training sequences generated (sequence tasks)", 1,
-           1 << 24)
-      .Int("task.test_examples", 512, "Held-out sequences generated with another seed", 1,
-           1 << 24)
-      .String("task.path", "",
-              "digits: the CSV (default: the shipped examples/data/digits.csv.gz); csv: the "
-              "training file. Relative paths are relative to the config file")
-      .String("task.test_path", "", "csv: the held-out file")
-      .Double("task.test_fraction", 0.2, "digits: fraction held out for testing", 0.01, 0.99)
-      .Int("task.feature_dim", 0, "csv: numbers per token (0: the inputs are token ids)", 0,
-           1 << 20)
-      .Int("task.num_classes", 0, "csv: number of target classes", 0, 1 << 20);
+  // ---- task: task.kind and the keys of the tasks (training/data/task_list.h)
+  AddTaskKeys(s);
 
   // ---- model: ModelOptions, with the cell's keys and model.energy.*
   // (EnergyBlockOptions); model.init_from (read by BuildExperiment, not by the
