@@ -37,6 +37,33 @@ std::vector<double> DepthSweep(const Config& config) {
   return sweep;
 }
 
+// The report's heat map: every scale of eval.sizes (else eval.lengths) at
+// every depth of the sweep (an explicit model at its one depth).
+void MeasureScaleDepthGrid(const Config& config, const std::string& config_path,
+                           const SequenceModel& model, VariantResult* v) {
+  const std::vector<double> sizes = config.GetDoubleList("eval.sizes");
+  const bool by_size = !sizes.empty();
+  const std::vector<double> scales = by_size ? sizes : config.GetDoubleList("eval.lengths");
+  v->scale_name = by_size ? "size (cells per side)" : "length (tokens)";
+  const bool has_depth = model.implicit() != nullptr || model.options().kind == ModelKind::kTied;
+  const std::vector<double> depths =
+      has_depth ? DepthSweep(config)
+                : std::vector<double>{static_cast<double>(model.options().num_layers)};
+  for (double scale : scales) {
+    const auto s = static_cast<int64_t>(scale);
+    Experiment at = BuildExperiment(config, config_path, by_size ? 0 : s, by_size ? s : 0);
+    at.model->LoadParameters(model.NamedValues());
+    for (double depth : depths) {
+      Config c = config;
+      if (has_depth) c.Set("eval.max_iterations=" + std::to_string(static_cast<int64_t>(depth)));
+      SetEvalDepth(*at.model, c, at.test->info().length);
+      const EvalResult r =
+          Evaluate(*at.model, *at.test, config.GetInt("eval.batch_size"), at.dtype);
+      v->scale_depth.push_back({scale, depth, r.accuracy, r.solved_fraction});
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> AttentionNames() {
@@ -249,14 +276,16 @@ CompareReport RunComparison(const Config& base,
                                          v.train.final_eval.accuracy);
       }
 
-      // Length extrapolation with the trained weights.
+      // Length extrapolation with the trained weights, at the budget rule's
+      // depth for each length.
       for (double length : lengths) {
         Experiment longer = BuildExperiment(config, config_path, static_cast<int64_t>(length));
         longer.model->LoadParameters(model.NamedValues());
-        SetEvalDepth(*longer.model, config);
+        SetEvalDepth(*longer.model, config, longer.test->info().length);
         v.accuracy_vs_length.emplace_back(
             length, Evaluate(*longer.model, *longer.test, eval_batch, e.dtype).accuracy);
       }
+      MeasureScaleDepthGrid(config, config_path, model, &v);
       OnMainRank([&] { SaveVariantResult(v); });
       report.variants.push_back(std::move(v));
     }

@@ -50,6 +50,15 @@
 
 namespace stillpoint {
 
+// Held-out accuracy at one input scale (a length or a size) and one
+// test-time depth.
+struct ScaleDepthResult {
+  double scale = 0;
+  double depth = 0;
+  double accuracy = 0;
+  double solved_fraction = 0;
+};
+
 struct VariantResult {
   std::string name;
   int64_t seed = 0;  // the config's seed this run trained with
@@ -64,6 +73,10 @@ struct VariantResult {
   double gradient_relative_error_vs_ift = 0;
   std::vector<std::pair<double, double>> accuracy_vs_depth;   // (iterations or depth, acc)
   std::vector<std::pair<double, double>> accuracy_vs_length;  // (length, acc)
+  // The report's heat map: eval.lengths (or eval.sizes) x
+  // eval.iterations_sweep (an explicit model: its one depth).
+  std::string scale_name;  // "length (tokens)" or "size (cells per side)"
+  std::vector<ScaleDepthResult> scale_depth;
   // The first evaluated step whose held-out accuracy reached
   // kTargetAccuracy, and the wall time of training until then (the
   // metrics' elapsed_s: steps and earlier evaluations; NaN when never

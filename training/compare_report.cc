@@ -14,6 +14,7 @@
 #include "training/config_schema.h"
 #include "training/metrics.h"
 #include "training/summary_json.h"
+#include "training/compare_heat_map.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {
@@ -289,7 +290,8 @@ const char kGridExplanation[] =
 const char kTableExplanation[] =
     "Columns: *params* the number of trained parameters; *train loss* the mean cross-entropy "
     "(nats) of the last logged window, *test loss* and *test acc* (percent of held-out target "
-    "tokens predicted) at the final evaluation; *ms/step* the median wall time of a training "
+    "tokens predicted) at the final evaluation, *test solved* the percent of held-out inputs "
+    "predicted right at every target; *ms/step* the median wall time of a training "
     "step; *to 98%* and *to final acc* the first evaluation (train.eval_every) at which "
     "held-out accuracy reached 98% and came within one point of the run's final accuracy, in "
     "steps and in wall time of training until then (steps and earlier evaluations), so variants "
@@ -375,13 +377,13 @@ void WriteComparisonReport(const std::string& root,
   // ---- table
   std::ostringstream table;
   table << "| variant | " << (pooled ? "seeds | " : "")
-        << "params | train loss | test loss | test acc | ms/step | to 98% | to final acc "
+        << "params | train loss | test loss | test acc | test solved | ms/step | to 98% | to final acc "
            "| peak tensor MiB "
            "| fwd iters | fwd residual | fwd status | bwd iters | bwd residual | bwd status "
            "| attn iters | attn residual | attn bwd iters | attn bwd residual | attn max weight "
            "| grad cos vs ref | grad rel err vs ref |\n"
         << "|---|" << (pooled ? "---|" : "")
-        << "---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        << "---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   auto fixed = [](int digits) { return [digits](double x) { return Fixed(x, digits); }; };
   for (const Group& g : groups) {
     const TrainSummary& t = g.runs[0]->train;
@@ -399,6 +401,11 @@ void WriteComparisonReport(const std::string& root,
           << " | "
           << PooledCell(g.Values([](const VariantResult& x) {
                return 100.0 * x.train.final_eval.accuracy;
+             }),
+                        fixed(2), "%")
+          << " | "
+          << PooledCell(g.Values([](const VariantResult& x) {
+               return 100.0 * x.train.final_eval.solved_fraction;
              }),
                         fixed(2), "%")
           << " | "
@@ -542,6 +549,9 @@ void WriteComparisonReport(const std::string& root,
       html << "<p>Held-out accuracy:</p>\n" << MarkdownTableToHtml(curve);
     }
   }
+  const HeatMapSection heat_map = WriteHeatMapSection(root, report->variants);
+  md << heat_map.markdown;
+  html << heat_map.html;
   html << "</body></html>\n";
   report->markdown_path = root + "/report.md";
   report->html_path = root + "/report.html";
@@ -570,7 +580,13 @@ void SaveVariantResult(const VariantResult& v) {
   pairs(v.accuracy_vs_depth);
   out << ",\n  \"accuracy_vs_length\": ";
   pairs(v.accuracy_vs_length);
-  out << "\n}\n";
+  out << ",\n  \"scale_name\": " << JsonString(v.scale_name) << ",\n  \"scale_depth\": [";
+  for (std::size_t i = 0; i < v.scale_depth.size(); ++i) {
+    const ScaleDepthResult& g = v.scale_depth[i];
+    out << (i ? ", " : "") << "[" << JsonNumber(g.scale) << ", " << JsonNumber(g.depth) << ", "
+        << JsonNumber(g.accuracy) << ", " << JsonNumber(g.solved_fraction) << "]";
+  }
+  out << "]\n}\n";
   WriteTextFile((std::filesystem::path(v.run_dir) / "variant.json").string(), out.str());
 }
 
@@ -602,6 +618,11 @@ VariantResult LoadVariantResult(const std::string& run_dir, const std::string& f
     };
     pairs("accuracy_vs_depth", &v.accuracy_vs_depth);
     pairs("accuracy_vs_length", &v.accuracy_vs_length);
+    if (root["scale_name"]) v.scale_name = root["scale_name"].as<std::string>();
+    for (const auto& g : root["scale_depth"]) {
+      auto at = [&](int i) { return g[i].IsNull() ? kNaN : g[i].as<double>(); };
+      v.scale_depth.push_back({at(0), at(1), at(2), at(3)});
+    }
   } catch (const YAML::Exception& error) {
     throw ConfigError(path + ": malformed (" + error.msg + ")");
   }

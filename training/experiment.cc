@@ -2,6 +2,7 @@
 #include "training/weights_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -56,11 +57,11 @@ void ValidateForwardSolvers(const Config& config, const ModelOptions& model, int
 }  // namespace
 
 Experiment BuildExperiment(const Config& config, const std::string& config_path,
-                           int64_t length_override) {
+                           int64_t length_override, int64_t size_override) {
   Experiment e{config, config_path, nullptr, nullptr, nullptr, nullptr, DType::kFloat32};
   StringToDType(config.GetString("dtype"), &e.dtype);
   const uint64_t seed = static_cast<uint64_t>(config.GetInt("seed"));
-  DatasetRequest request{&config, config_path, length_override, seed};
+  DatasetRequest request{&config, config_path, length_override, seed, size_override};
   DatasetSplit split = MakeTaskSplit(request);
   e.train = std::move(split.train);
   e.test = std::move(split.test);
@@ -137,6 +138,30 @@ std::pair<int64_t, int64_t> CountCorrect(const Tensor& logits, const Batch& batc
     ++counted;
   }
   return {correct, counted};
+}
+
+std::pair<int64_t, int64_t> CountSolved(const Tensor& logits, const Batch& batch) {
+  const int64_t rows = logits.dim(0), classes = logits.dim(1);
+  SP_CHECK(rows == static_cast<int64_t>(batch.targets.size()) && batch.batch_size > 0 &&
+               rows % batch.batch_size == 0,
+           "CountSolved: ", rows, " rows of logits for ", batch.targets.size(), " targets of ",
+           batch.batch_size, " examples");
+  const int64_t per_example = rows / batch.batch_size;
+  const std::vector<double> values = logits.ToVector();
+  int64_t solved = 0, counted = 0;
+  for (int64_t e = 0; e < batch.batch_size; ++e) {
+    bool any = false, right = true;
+    for (int64_t r = e * per_example; r < (e + 1) * per_example && right; ++r) {
+      if (batch.targets[r] == kIgnoreTarget) continue;
+      any = true;
+      const auto begin = values.begin() + r * classes;
+      right = std::max_element(begin, begin + classes) - begin == batch.targets[r];
+    }
+    // An example judged wrong early has a target, so it is counted.
+    counted += any || !right;
+    solved += any && right;
+  }
+  return {solved, counted};
 }
 
 namespace {
@@ -311,15 +336,38 @@ SolverStats AttentionBackwardStats(const SequenceModel& model) {
   return Combine(parts);
 }
 
-void SetEvalDepth(SequenceModel& model, const Config& config) {
-  const int64_t depth = config.GetInt("eval.max_iterations");
+int64_t EvalDepth(const Config& config, int64_t trained_depth, int64_t tokens) {
+  const int64_t fixed = config.GetInt("eval.max_iterations");
+  if (fixed > 0) return fixed;
+  const int64_t training_tokens = TaskFootprintOf(config).length;
+  if (tokens <= 0 || training_tokens <= 0) return trained_depth;
+  const double per_token = config.GetDouble("eval.iterations_per_token");
+  const double rule = per_token > 0 ? per_token * static_cast<double>(tokens)
+                                    : static_cast<double>(trained_depth) *
+                                          static_cast<double>(tokens) /
+                                          static_cast<double>(training_tokens);
+  // Within the budget a config may set at all (eval.max_iterations' range).
+  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(rule - 1e-9)), trained_depth,
+                             int64_t{1} << 20);
+}
+
+void SetEvalDepth(SequenceModel& model, const Config& config, int64_t tokens) {
   if (Implicit* layer = model.mutable_implicit()) {
-    layer->mutable_options().forward.max_iterations =
-        depth > 0 ? static_cast<int>(depth)
-                  : static_cast<int>(config.GetInt("model.solver.forward.max_iterations"));
+    layer->mutable_options().forward.max_iterations = static_cast<int>(
+        EvalDepth(config, config.GetInt("model.solver.forward.max_iterations"), tokens));
   } else if (model.options().kind == ModelKind::kTied) {
-    model.SetDepthOverride(depth);
+    const int64_t trained = config.GetInt("model.unroll_steps");
+    const int64_t depth = EvalDepth(config, trained, tokens);
+    model.SetDepthOverride(depth == trained ? 0 : depth);
   }
+}
+
+int64_t TestTimeDepth(const SequenceModel& model) {
+  if (const Implicit* layer = model.implicit()) return layer->options().forward.max_iterations;
+  if (model.options().kind == ModelKind::kTied) {
+    return model.depth_override() > 0 ? model.depth_override() : model.options().unroll_steps;
+  }
+  return model.options().num_layers;
 }
 
 EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_size,
@@ -330,7 +378,7 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
   // Under mpirun the batches are dealt to the ranks in turn (batch k to rank
   // k mod ranks); each batch's figures are then combined on every rank in
   // batch order, so the result is the bits one process gets.
-  constexpr int kFields = 8;
+  constexpr int kFields = 10;
   std::vector<double> mine;  // kFields per batch this rank evaluated
   const int rank = WorldRank();
   const int ranks = WorldSize();
@@ -344,12 +392,14 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
     const Batch batch = MakeBatch(dataset, indices, dtype);
     const Var logits = ForwardBatch(model, batch);
     const auto [c, n] = CountCorrect(logits.value(), batch);
+    const auto [solved, judged] = CountSolved(logits.value(), batch);
     const SolverStats stats = ForwardStats(model);
     mine.insert(mine.end(),
                 {n > 0 ? BatchLoss(logits, batch).item() * static_cast<double>(n) : 0.0,
                  static_cast<double>(c), static_cast<double>(n), stats.iterations_mean,
                  stats.iterations_max, stats.residual_max, static_cast<double>(stats.converged),
-                 static_cast<double>(stats.not_converged)});
+                 static_cast<double>(stats.not_converged), static_cast<double>(solved),
+                 static_cast<double>(judged)});
   }
   model.Train(was_training);
   std::vector<std::vector<double>> parts = {mine};
@@ -364,7 +414,7 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
   }
   EvalResult result;
   double loss_sum = 0, iterations_sum = 0;
-  int64_t correct = 0, counted = 0;
+  int64_t correct = 0, counted = 0, solved = 0, judged = 0;
   for (int64_t k = 0; k < batches; ++k) {
     const double* f = parts[k % ranks].data() + (k / ranks) * kFields;
     loss_sum += f[0];
@@ -375,10 +425,13 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
     result.forward.residual_max = std::max(result.forward.residual_max, f[5]);
     result.forward.converged += static_cast<int64_t>(f[6]);
     result.forward.not_converged += static_cast<int64_t>(f[7]);
+    solved += static_cast<int64_t>(f[8]);
+    judged += static_cast<int64_t>(f[9]);
   }
   result.examples = dataset.size();
   result.loss = counted > 0 ? loss_sum / static_cast<double>(counted) : 0.0;
   result.accuracy = counted > 0 ? static_cast<double>(correct) / counted : 0.0;
+  result.solved_fraction = judged > 0 ? static_cast<double>(solved) / judged : 0.0;
   result.forward.iterations_mean = batches > 0 ? iterations_sum / batches : 0.0;
   return result;
 }

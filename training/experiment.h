@@ -35,8 +35,10 @@ struct Experiment {
 // only), for length extrapolation. Relative task paths are resolved against
 // the config file's directory. Throws ConfigError for settings that do not
 // fit together (e.g. max_length below the task length).
+// size_override > 0 does the same at that problem size (tasks with a size,
+// e.g. a maze's cells per side).
 Experiment BuildExperiment(const Config& config, const std::string& config_path,
-                           int64_t length_override = 0);
+                           int64_t length_override = 0, int64_t size_override = 0);
 
 // The logits of a batch, flattened to [rows, classes] in target order.
 Var ForwardBatch(SequenceModel& model, const Batch& batch);
@@ -46,6 +48,9 @@ Var EmbedBatch(const SequenceModel& model, const Batch& batch);
 Var BatchLoss(const Var& logits, const Batch& batch);
 // (correct, counted) predictions of the argmax over classes.
 std::pair<int64_t, int64_t> CountCorrect(const Tensor& logits, const Batch& batch);
+// (solved, counted) examples: an example is solved when the argmax is right
+// at every one of its targets; examples without a target are not counted.
+std::pair<int64_t, int64_t> CountSolved(const Tensor& logits, const Batch& batch);
 
 // Forward-solver statistics of the last Forward of an implicit model (all
 // zero for explicit and tied models).
@@ -96,15 +101,27 @@ std::string StatusCell(const SolverStats& stats);
 
 struct EvalResult {
   double loss = 0;
-  double accuracy = 0;
+  double accuracy = 0;        // per target (token, or example for classification)
+  double solved_fraction = 0; // of the examples, those right at every target
   int64_t examples = 0;
   SolverStats forward;  // averaged over batches (max for maxima)
 };
 
-// Applies the config's test-time depth (eval.max_iterations): the forward
-// solver budget of an implicit model, or the unroll depth of a tied one
-// (explicit models have a fixed depth). 0 restores the trained setting.
-void SetEvalDepth(SequenceModel& model, const Config& config);
+// The test-time depth for inputs of `tokens` tokens per example (0: the
+// training inputs'), given the trained depth (the forward solver's budget of
+// an implicit model, the unroll depth of a tied one): eval.max_iterations
+// when set (`eval --iters`); else the budget rule: with
+// eval.iterations_per_token r > 0, max(trained, ceil(r * tokens)); with r = 0
+// the trained depth per training token, max(trained, ceil(trained * tokens /
+// training tokens)). So a longer input gets a larger budget by default, and
+// the training inputs the trained one.
+int64_t EvalDepth(const Config& config, int64_t trained_depth, int64_t tokens);
+
+// Applies EvalDepth to the model (explicit models have a fixed depth).
+void SetEvalDepth(SequenceModel& model, const Config& config, int64_t tokens = 0);
+// The model's depth now: the forward solver's budget (implicit), the unrolled
+// steps (tied) or the layers (explicit).
+int64_t TestTimeDepth(const SequenceModel& model);
 
 // Evaluates in eval mode with the tape off (restores the mode after).
 EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_size,

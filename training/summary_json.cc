@@ -77,6 +77,7 @@ TrainSummary ReadTrainSummary(const std::string& run_dir) {
     s.final_train_accuracy = Number(root, "final_train_accuracy");
     s.final_eval.loss = Number(root, "test_loss");
     s.final_eval.accuracy = Number(root, "test_accuracy");
+    s.final_eval.solved_fraction = Number(root, "test_solved_fraction");
     s.final_eval.examples = static_cast<int64_t>(Number(root, "test_examples", 0));
     s.seconds_per_step = Number(root, "seconds_per_step");
     s.peak_rss_mb = Number(root, "peak_rss_mb");

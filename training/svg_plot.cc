@@ -281,6 +281,89 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
   return svg.str();
 }
 
+namespace {
+
+// A colour-blind-safe sequential map (viridis at five stops), linear between
+// them: 0 dark purple, 1 yellow.
+std::string HeatColor(double value) {
+  static const double stops[5][3] = {
+      {68, 1, 84}, {59, 82, 139}, {33, 145, 140}, {94, 201, 98}, {253, 231, 37}};
+  const double v = std::clamp(value, 0.0, 1.0) * 4.0;
+  const int i = std::min(3, static_cast<int>(v));
+  const double f = v - i;
+  char color[8];
+  std::snprintf(color, sizeof(color), "#%02x%02x%02x",
+                static_cast<int>(std::lround(stops[i][0] + f * (stops[i + 1][0] - stops[i][0]))),
+                static_cast<int>(std::lround(stops[i][1] + f * (stops[i + 1][1] - stops[i][1]))),
+                static_cast<int>(std::lround(stops[i][2] + f * (stops[i + 1][2] - stops[i][2]))));
+  return color;
+}
+
+}  // namespace
+
+std::string HeatMapSvg(const std::vector<HeatMapPanel>& panels, const HeatMapOptions& options) {
+  const double cell_w = 50, cell_h = 24, label_w = 60, gap = 30, top = 56, bottom = 44;
+  std::size_t most_rows = 1;
+  for (const HeatMapPanel& p : panels) most_rows = std::max(most_rows, p.rows.size());
+  std::vector<double> panel_x;
+  double x = 0;
+  for (const HeatMapPanel& p : panels) {
+    panel_x.push_back(x + label_w);
+    const double cells = cell_w * static_cast<double>(std::max<std::size_t>(p.columns.size(), 1));
+    x += label_w + std::max(cells, kCharWidth * static_cast<double>(p.title.size())) + gap;
+  }
+  const double width = std::max(x, 320.0);
+  const double height = top + cell_h * static_cast<double>(most_rows) + bottom;
+  std::ostringstream svg;
+  svg.precision(6);
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\""
+      << height << "\" viewBox=\"0 0 " << width << " " << height
+      << "\" font-family=\"sans-serif\" font-size=\"11\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      << "<text x=\"" << width / 2 << "\" y=\"20\" text-anchor=\"middle\" font-size=\"15\">"
+      << Escape(options.title) << "</text>\n"
+      << "<text transform=\"translate(12," << top + cell_h * static_cast<double>(most_rows) / 2
+      << ") rotate(-90)\" text-anchor=\"middle\">" << Escape(options.row_label) << "</text>\n"
+      << "<text x=\"" << width / 2 << "\" y=\"" << height - 8 << "\" text-anchor=\"middle\">"
+      << Escape(options.column_label) << "</text>\n";
+  for (std::size_t k = 0; k < panels.size(); ++k) {
+    const HeatMapPanel& p = panels[k];
+    const double left = panel_x[k];
+    svg << "<text x=\"" << left + cell_w * static_cast<double>(p.columns.size()) / 2 << "\" y=\""
+        << top - 10 << "\" text-anchor=\"middle\" font-size=\"13\">" << Escape(p.title)
+        << "</text>\n";
+    for (std::size_t r = 0; r < p.rows.size(); ++r) {
+      const double y = top + cell_h * static_cast<double>(r);
+      svg << "<text x=\"" << left - 6 << "\" y=\"" << y + cell_h / 2 + 4
+          << "\" text-anchor=\"end\">" << TickLabel(p.rows[r]) << "</text>\n";
+      for (std::size_t c = 0; c < p.columns.size(); ++c) {
+        const double cx = left + cell_w * static_cast<double>(c);
+        const std::size_t i = r * p.columns.size() + c;
+        const double v = i < p.values.size() ? p.values[i] : std::nan("");
+        if (!std::isfinite(v)) {
+          svg << "<rect x=\"" << cx << "\" y=\"" << y << "\" width=\"" << cell_w
+              << "\" height=\"" << cell_h << "\" fill=\"none\" stroke=\"#ccc\"/>\n";
+          continue;
+        }
+        char text[16];
+        std::snprintf(text, sizeof(text), "%.1f", 100.0 * v);
+        svg << "<rect x=\"" << cx << "\" y=\"" << y << "\" width=\"" << cell_w << "\" height=\""
+            << cell_h << "\" fill=\"" << HeatColor(v) << "\" stroke=\"white\"/>\n<text x=\""
+            << cx + cell_w / 2 << "\" y=\"" << y + cell_h / 2 + 4
+            << "\" text-anchor=\"middle\" fill=\"" << (v > 0.55 ? "#000" : "#fff") << "\">"
+            << text << "</text>\n";
+      }
+    }
+    const double y = top + cell_h * static_cast<double>(p.rows.size());
+    for (std::size_t c = 0; c < p.columns.size(); ++c) {
+      svg << "<text x=\"" << left + cell_w * (static_cast<double>(c) + 0.5) << "\" y=\""
+          << y + 14 << "\" text-anchor=\"middle\">" << TickLabel(p.columns[c]) << "</text>\n";
+    }
+  }
+  svg << "</svg>\n";
+  return svg.str();
+}
+
 void WriteTextFile(const std::string& path, const std::string& text) {
   WriteFileAtomically(path, text);
 }

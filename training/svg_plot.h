@@ -54,6 +54,26 @@ std::vector<double> LogTicks(double low, double high);
 // "1e-06"), never "0.30000000000000004".
 std::string TickLabel(double value);
 
+// Heat maps: one panel per model, side by side, each a grid of cells
+// coloured by a value in [0, 1] (e.g. held-out accuracy) and labelled with
+// it in percent; rows and columns are the values of two settings (e.g. the
+// input length and the test-time iterations). A panel's rows and columns
+// may differ (an explicit model has one depth); NaN cells are drawn empty.
+struct HeatMapPanel {
+  std::string title;            // the model, e.g. "implicit"
+  std::vector<double> rows;     // top to bottom
+  std::vector<double> columns;  // left to right
+  std::vector<double> values;   // rows x columns, row-major, in [0, 1]
+};
+
+struct HeatMapOptions {
+  std::string title;
+  std::string row_label;     // with the unit, e.g. "length (tokens)"
+  std::string column_label;  // e.g. "test-time iterations"
+};
+
+std::string HeatMapSvg(const std::vector<HeatMapPanel>& panels, const HeatMapOptions& options);
+
 // Writes text to path (atomically); throws an Error naming the path.
 void WriteTextFile(const std::string& path, const std::string& text);
 

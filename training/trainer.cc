@@ -79,6 +79,7 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"final_train_accuracy\": " << JsonNumber(s.final_train_accuracy)
       << ",\n  \"test_loss\": " << JsonNumber(s.final_eval.loss)
       << ",\n  \"test_accuracy\": " << JsonNumber(s.final_eval.accuracy)
+      << ",\n  \"test_solved_fraction\": " << JsonNumber(s.final_eval.solved_fraction)
       << ",\n  \"test_examples\": " << s.final_eval.examples
       << ",\n  \"test_forward_iterations_mean\": " << JsonNumber(s.final_eval.forward.iterations_mean)
       << ",\n  \"seconds_per_step\": " << JsonNumber(s.seconds_per_step)

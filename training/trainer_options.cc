@@ -62,12 +62,24 @@ const OptionFields<EvalOptions>& EvalOptions::Fields() {
                 "of this many training examples (cosine and relative error in the metrics, the "
                 "progress output and summary.json; 0: off)")
            .Int("max_iterations", &O::max_iterations, 0, 1 << 20,
-                "Test-time forward solver budget (0: the training budget)")
+                "Test-time forward solver budget (implicit) or unrolled steps (tied), for inputs "
+                "of every length (`eval --iters`; 0: the budget rule of "
+                "eval.iterations_per_token)")
+           .Double("iterations_per_token", &O::iterations_per_token,
+                   OptionBounds::Closed(0, 1 << 20),
+                   "The budget rule when eval.max_iterations is 0: an input of L tokens gets "
+                   "max(trained, ceil(r L)) iterations (implicit) or unrolled steps (tied) for r "
+                   "> 0; with r = 0, the trained budget per training token, so an input k times "
+                   "longer than the training inputs gets k times the trained budget")
            .DoubleList("iterations_sweep", &O::iterations_sweep, 1, 1 << 20,
                        "Test-time budgets for the accuracy-vs-iterations curve (implicit); "
                        "explicit/tied models are evaluated at matching depths")
            .DoubleList("lengths", &O::lengths, 2, 1 << 20,
-                       "Sequence lengths for the length-extrapolation curve");
+                       "Sequence lengths for the length-extrapolation curve and, with "
+                       "eval.iterations_sweep, the report's length x iterations heat map")
+           .DoubleList("sizes", &O::sizes, 2, 1 << 20,
+                       "Problem sizes (task.size, e.g. a maze's cells per side) for the report's "
+                       "size x iterations heat map; replaces eval.lengths as its rows");
   return *fields;
 }
 

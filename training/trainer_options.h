@@ -37,8 +37,10 @@ struct EvalOptions {
   int64_t batch_size = 256;
   int64_t gradient_check_batch_size = 8;
   int64_t max_iterations = 0;
+  double iterations_per_token = 0;  // 0: the trained iterations per training token
   std::vector<double> iterations_sweep;
   std::vector<double> lengths;
+  std::vector<double> sizes;
 
   static const OptionFields<EvalOptions>& Fields();
   static EvalOptions FromConfig(const Config& config);

@@ -135,6 +135,10 @@ class ConfigKeysTest : public ::testing::Test {
         for (const auto& [depth, accuracy] : v.accuracy_vs_depth) {
           seen << " " << depth << ":" << accuracy;
         }
+        seen << "\n  grid " << v.scale_name;
+        for (const ScaleDepthResult& g : v.scale_depth) {
+          seen << " " << g.scale << "x" << g.depth << ":" << g.accuracy << "," << g.solved_fraction;
+        }
         seen << "\n  length";
         for (const auto& [length, accuracy] : v.accuracy_vs_length) {
           seen << " " << length << ":" << accuracy;
@@ -173,7 +177,7 @@ class ConfigKeysTest : public ::testing::Test {
     }
     seen << "progress " << text << "\n";
     // Test time: the eval.* budget, the tensors an evaluation batch needs.
-    SetEvalDepth(*e.model, config);
+    SetEvalDepth(*e.model, config, e.test->info().length);
     ResetBufferPoolStats();
     const EvalResult eval = Evaluate(*e.model, *e.test, config.GetInt("eval.batch_size"), e.dtype);
     seen << "eval " << eval.loss << " " << eval.accuracy << " iters "
@@ -273,6 +277,11 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
   const std::vector<std::string> digits = {"task.kind=digits", "model.max_length=16",
                                            from_files[0], from_files[1], "task.length=16",
                                            "task.vocab_size=16"};
+  // The base's length and vocabulary at their defaults: the tasks below do
+  // not read them.
+  const std::vector<std::string> prefix_sum = {"task.kind=prefix_sum", "task.vocab_size=16"};
+  const std::vector<std::string> maze = {"task.kind=maze", "task.size=2", "task.length=16",
+                                         "task.vocab_size=16", "model.max_length=64"};
   const std::vector<std::string> nonfinite = {"train.optimizer.lr=1e30", "train.clip_norm=0",
                                               "train.optimizer.type=sgd"};
   const std::vector<std::string> jacobian = {"model.regularization.jacobian_weight=0.5"};
@@ -298,6 +307,8 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"task.feature_dim", {csv, "1"}},
       {"task.num_classes", {csv, "5"}},
       {"task.vocab_size", {{}, "7"}},
+      {"task.modulus", {prefix_sum, "3"}},
+      {"task.size", {maze, "3"}},
       {"model.kind", {{}, "tied"}},
       {"model.cell", {{}, "test_tanh_cell"}},
       {"model.dim", {{}, "12"}},
@@ -350,6 +361,9 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"eval.max_iterations", {{}, "1"}},
       {"eval.iterations_sweep", {{}, "[1, 2]", ProbeKind::kCompare}},
       {"eval.lengths", {{}, "[6]", ProbeKind::kCompare}},
+      {"eval.sizes", {maze, "[3]", ProbeKind::kCompare}},
+      // A budget of 4 per token (20 at the 5 tokens) against the trained 3.
+      {"eval.iterations_per_token", {{"model.solver.forward.max_iterations=3"}, "4"}},
       {"log.dir", {{}, path("other_run")}},
       {"log.formats", {{}, "[csv]"}},
       {"log.progress", {{}, "none"}},

@@ -172,6 +172,14 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
                  args.iterations);
         SP_CHECK(args.iterations <= INT_MAX, "--iters ", args.iterations, " is too large");
         SP_CHECK(args.length >= 0, "--length must be >= 1 (0: as trained), got ", args.length);
+        SP_CHECK(args.size >= 0, "--size must be >= 1 (0: as trained), got ", args.size);
+        SP_CHECK(!args.until_converged || args.cap >= 1,
+                 "--until-converged needs --cap N, the most iterations a solve may take (a solve "
+                 "that never meets its tolerance would otherwise never end)");
+        SP_CHECK(args.cap <= INT_MAX, "--cap ", args.cap, " is too large");
+        SP_CHECK(args.cap == 0 || args.until_converged, "--cap applies to --until-converged only");
+        SP_CHECK(!(args.until_converged && args.iterations > 0),
+                 "--iters and --until-converged both set the budget: give one");
         checkpoint_path = std::filesystem::is_directory(args.run)
                               ? (std::filesystem::path(args.run) / "checkpoint.ckpt").string()
                               : args.run;
@@ -180,15 +188,22 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
                                          checkpoint_path + " (stored config)", args.overrides);
         // The checkpoint holds the weights: model.init_from is not read again.
         config.Set("model.init_from=");
-        if (args.iterations > 0) {
-          config.Set("eval.max_iterations=" + std::to_string(args.iterations));
+        if (args.iterations > 0 || args.until_converged) {
+          const int64_t budget = args.until_converged ? args.cap : args.iterations;
+          config.Set("eval.max_iterations=" + std::to_string(budget));
         }
         CheckMemoryFits(config, /*training=*/false);
-        experiment = BuildExperiment(config, "", args.length);
+        experiment = BuildExperiment(config, "", args.length, args.size);
         experiment.model->LoadParameters(state.model);
+        if (args.until_converged && experiment.model->implicit() == nullptr) {
+          throw ConfigError("--until-converged needs a model with a tolerance (model.kind "
+                            "implicit); this one is " + config.GetString("model.kind") +
+                            ": give its depth with --iters");
+        }
       },
       [&] {
-        SetEvalDepth(*experiment.model, experiment.config);
+        const int64_t tokens = experiment.test->info().length;
+        SetEvalDepth(*experiment.model, experiment.config, tokens);
         const EvalResult result = Evaluate(*experiment.model, *experiment.test,
                                            experiment.config.GetInt("eval.batch_size"),
                                            experiment.dtype);
@@ -202,8 +217,10 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
         if (args.json) {
           out << "{\"loss\": " << JsonNumber(result.loss)
               << ", \"accuracy\": " << JsonNumber(result.accuracy)
+              << ", \"solved_fraction\": " << JsonNumber(result.solved_fraction)
               << ", \"examples\": " << result.examples
-              << ", \"length\": " << experiment.test->info().length
+              << ", \"length\": " << tokens
+              << ", \"iterations_budget\": " << TestTimeDepth(*experiment.model)
               << ", \"forward_iterations_mean\": " << JsonNumber(result.forward.iterations_mean)
               << ", \"forward_iterations_max\": " << JsonNumber(result.forward.iterations_max)
               << ", \"forward_residual_max\": " << JsonNumber(result.forward.residual_max)
@@ -225,8 +242,9 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
         } else {
           out << std::fixed << std::setprecision(4) << checkpoint_path << " (step " << state.step
               << "): test loss " << result.loss << ", test accuracy " << std::setprecision(2)
-              << 100.0 * result.accuracy << "% over " << result.examples
-              << " examples of length " << experiment.test->info().length;
+              << 100.0 * result.accuracy << "%, solved " << 100.0 * result.solved_fraction
+              << "% over " << result.examples << " examples of length " << tokens
+              << ", test-time depth " << TestTimeDepth(*experiment.model);
           if (result.forward.iterations_max > 0) {
             out << std::setprecision(1) << ", forward iterations " << result.forward.iterations_mean
                 << " (max " << result.forward.iterations_max << "), "

@@ -46,8 +46,15 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err,
 struct EvalArgs {
   std::string run;  // run directory or checkpoint file
   std::vector<std::string> overrides;
-  int64_t iterations = 0;  // 0: as trained
-  int64_t length = 0;      // 0: as trained
+  // The test-time budget: `iterations` > 0 fixes it (--iters); else the
+  // budget rule (training/experiment.h EvalDepth) gives it by input length.
+  int64_t iterations = 0;
+  int64_t length = 0;  // 0: as trained
+  int64_t size = 0;    // 0: as trained (tasks with a size, e.g. maze)
+  // --until-converged: each solve runs until it meets the forward solver's
+  // tolerance, at most `cap` iterations (required).
+  bool until_converged = false;
+  int64_t cap = 0;
   bool json = false;
   // Also run the gradient check (training/gradient_check.h) on a probe batch
   // of eval.gradient_check_batch_size training examples (8 if that is 0).

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -61,9 +62,19 @@ int main(int argc, char** argv) {
       "eval", "Evaluate a trained run (run directory or checkpoint file) on held-out data");
   eval_cmd->add_option("run", eval.run, "Run directory or .ckpt file")->required();
   eval_cmd->add_option("overrides", eval.overrides, "Dotted overrides of the run's config");
-  eval_cmd->add_option("--iters", eval.iterations,
-                       "Test-time forward solver budget (implicit) or unroll depth (tied)");
+  eval_cmd
+      ->add_option("--iters", eval.iterations,
+                   "Test-time forward solver budget (implicit) or unroll depth (tied); default: "
+                   "the budget rule, eval.iterations_per_token")
+      ->check(CLI::Range(int64_t{1}, int64_t{INT_MAX}));
   eval_cmd->add_option("--length", eval.length, "Evaluate on sequences of this length");
+  eval_cmd->add_option("--size", eval.size,
+                       "Evaluate on problems of this size (task.size, e.g. a maze's cells per "
+                       "side)");
+  eval_cmd->add_flag("--until-converged", eval.until_converged,
+                     "Run each solve until it meets the forward solver's tolerance, at most "
+                     "--cap iterations (implicit models)");
+  eval_cmd->add_option("--cap", eval.cap, "The iteration cap of --until-converged (required)");
   eval_cmd->add_flag("--json", eval.json, "Print the result as JSON");
   eval_cmd->add_flag("--gradient-check", eval.gradient_check,
                      "Also compare the gradient the model trains with against a reference "

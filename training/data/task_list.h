@@ -26,7 +26,9 @@
   X(PrefixParity, "prefix_parity")                \
   X(AssociativeRecall, "associative_recall")      \
   X(Digits, "digits")                             \
-  X(Csv, "csv")
+  X(Csv, "csv")                                   \
+  X(PrefixSum, "prefix_sum")                      \
+  X(Maze, "maze")
 
 namespace stillpoint {
 

@@ -17,7 +17,7 @@ _stillpoint() {
   local options
   case "${command}" in
     train) options="--resume --force --overwrite --stop-after --help" ;;
-    eval) options="--iters --length --json --gradient-check --help" ;;
+    eval) options="--iters --length --size --until-converged --cap --json --gradient-check --help" ;;
     compare) options="--overwrite --help" ;;
     report) options="--out --help" ;;
     retrieve) options="--patterns --queries --out --beta --solver --tol --max-iter --threads --dtype --help" ;;
