@@ -99,7 +99,16 @@ struct EvalResult {
   double accuracy = 0;
   int64_t examples = 0;
   SolverStats forward;  // averaged over batches (max for maxima)
+  // Implicit and energy models: the agreement of the fixed points reached
+  // from zeros and from a random start (SequenceModel::ComparePaths) on the
+  // first kPathIndependenceExamples examples; NaN for other kinds.
+  PathIndependence path_independence;
 };
+
+// Examples of the path-independence probe of every evaluation, and the
+// seed of its random starts (the same starts at every evaluation).
+inline constexpr int64_t kPathIndependenceExamples = 64;
+inline constexpr uint64_t kPathIndependenceSeed = 0x9a7417;
 
 // Applies the config's test-time depth (eval.max_iterations): the forward
 // solver budget of an implicit model, or the unroll depth of a tied one
