@@ -105,7 +105,16 @@ struct EvalResult {
   double solved_fraction = 0; // of the examples, those right at every target
   int64_t examples = 0;
   SolverStats forward;  // averaged over batches (max for maxima)
+  // Implicit and energy models: the agreement of the fixed points reached
+  // from zeros and from a random start (SequenceModel::ComparePaths) on the
+  // first kPathIndependenceExamples examples; NaN for other kinds.
+  PathIndependence path_independence;
 };
+
+// Examples of the path-independence probe of every evaluation, and the
+// seed of its random starts (the same starts at every evaluation).
+inline constexpr int64_t kPathIndependenceExamples = 64;
+inline constexpr uint64_t kPathIndependenceSeed = 0x9a7417;
 
 // The test-time depth for inputs of `tokens` tokens per example (0: the
 // training inputs'), given the trained depth (the forward solver's budget of

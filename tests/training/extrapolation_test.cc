@@ -122,11 +122,15 @@ void CheckMaze(const Example& e, int64_t n) {
       if (r == 0 || c == 0 || r == width - 1 || c == width - 1 || (r % 2 == 0 && c % 2 == 0)) {
         EXPECT_EQ(token, 0) << "a border or corner position is open at " << r << "," << c;
       }
-      if (cell) EXPECT_NE(token, 0) << "a cell is a wall at " << r << "," << c;
+      if (cell) {
+        EXPECT_NE(token, 0) << "a cell is a wall at " << r << "," << c;
+      }
       if (token != 0 && !cell) ++passages;
       if (token == 2) ++starts, start = p;
       if (token == 3) ++goals, goal = p;
-      if (token == 2 || token == 3) EXPECT_TRUE(cell);
+      if (token == 2 || token == 3) {
+        EXPECT_TRUE(cell);
+      }
       // Walls carry no target; open positions 0 or 1.
       if (token == 0) {
         EXPECT_EQ(e.targets[p], kIgnoreTarget);
@@ -171,7 +175,9 @@ TEST(MazeTest, EveryMazeIsATreeAndItsTargetIsTheShortestPath) {
       distinct.insert(data->Get(i).tokens);
     }
     // 2 x 2 cells have 4 spanning trees and 12 (start, goal) pairs only.
-    if (n >= 3) EXPECT_GT(distinct.size(), 35u) << "the mazes of one seed repeat";
+    if (n >= 3) {
+      EXPECT_GT(distinct.size(), 35u) << "the mazes of one seed repeat";
+    }
   }
 }
 
