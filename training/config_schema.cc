@@ -82,6 +82,10 @@ ConfigSchema BuildSchema() {
               "digits: the CSV (default: the shipped examples/data/digits.csv.gz); csv: the "
               "training file. Relative paths are relative to the config file")
       .String("task.test_path", "", "csv: the held-out file")
+      .Int("task.max_file_mib", static_cast<int64_t>(ReadLimit::kDefaultMaxMib),
+           "The most MiB read from one data file (after decompression): a bigger, endless "
+           "(/dev/zero) or gzip-bomb file is refused naming this key",
+           1, 1 << 24)
       .Double("task.test_fraction", 0.2, "digits: fraction held out for testing", 0.01, 0.99)
       .Int("task.feature_dim", 0, "csv: numbers per token (0: the inputs are token ids)", 0,
            1 << 20)
@@ -191,11 +195,19 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c, const std::string& pr
       c, prefix + "backward.", BackwardOptions::Fields(), options.backward,
       [&](const std::string& name) { return SolverKeyApplies(prefix, "backward." + name); });
   // The schema checks each key alone; the solvers' own rules (e.g. a
-  // divergence factor of 0 or above 1) are checked here, before any work.
+  // divergence factor of 0 or above 1) are checked here, before any work,
+  // and named by the user's key (model.solver.forward.fallback_chain), not
+  // by the struct that holds it (ForwardSolverOptions).
   std::string error;
-  if (!options.IsValid(&error)) {
-    throw ConfigError(c.source() + ": " + prefix.substr(0, prefix.size() - 1) + ": " + error);
-  }
+  const auto keyed = [&](const std::string& section, const std::string& struct_name) {
+    const std::string lead = struct_name + ": ";
+    const std::string problem =
+        error.rfind(lead, 0) == 0 ? error.substr(lead.size()) : error;
+    return ConfigError(c.source() + ": " + prefix + section + problem);
+  };
+  if (!options.forward.IsValid(&error)) throw keyed("forward.", "ForwardSolverOptions");
+  if (!options.backward.IsValid(&error)) throw keyed("backward.", "BackwardOptions");
+  if (!options.IsValid(&error)) throw keyed("", "ImplicitOptions");
   return options;
 }
 

@@ -43,7 +43,8 @@ DatasetSplit DigitsSplitOf(const DatasetRequest& request) {
     const char* dir = std::getenv("STILLPOINT_DATA_DIR");
     path = std::string(dir && *dir ? dir : STILLPOINT_DATA_DIR) + "/digits.csv.gz";
   }
-  DigitsSplit digits = LoadDigits(path, config.GetDouble("task.test_fraction"), request.seed);
+  DigitsSplit digits = LoadDigits(path, config.GetDouble("task.test_fraction"), request.seed,
+                                  DataReadLimit(config));
   DatasetSplit split;
   split.train = std::move(digits.train);
   split.test = std::move(digits.test);
@@ -63,6 +64,7 @@ DatasetSplit CsvSplit(const DatasetRequest& request) {
   options.feature_dim = config.GetInt("task.feature_dim");
   options.vocab_size = config.GetInt("task.vocab_size");
   options.num_classes = config.GetInt("task.num_classes");
+  options.limit = DataReadLimit(config);
   if (options.path.empty() || config.GetString("task.test_path").empty()) {
     throw ConfigError(config.source() + ": task.kind csv needs task.path and task.test_path");
   }
@@ -82,6 +84,13 @@ DatasetSplit CsvSplit(const DatasetRequest& request) {
 }
 
 }  // namespace
+
+ReadLimit DataReadLimit(const Config& config) {
+  ReadLimit limit;
+  limit.max_bytes = static_cast<uint64_t>(config.GetInt("task.max_file_mib")) << 20;
+  limit.raised_by = "task.max_file_mib";
+  return limit;
+}
 
 std::string ResolvePath(const std::string& path, const std::string& config_path) {
   if (path.empty() || std::filesystem::path(path).is_absolute() || config_path.empty()) {

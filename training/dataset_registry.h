@@ -43,6 +43,10 @@ struct DatasetSplit {
 using DatasetFactory = std::function<DatasetSplit(const DatasetRequest& request)>;
 Registry<DatasetFactory>& DatasetRegistry();
 
+// The cap on a data file's (decompressed) bytes: task.max_file_mib MiB,
+// named as the key that raises it.
+ReadLimit DataReadLimit(const Config& config);
+
 // A relative path resolved against the config file's directory ("" stays
 // "").
 std::string ResolvePath(const std::string& path, const std::string& config_path);

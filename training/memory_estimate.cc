@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "training/dataset.h"
+
 namespace stillpoint {
 namespace {
 
@@ -31,6 +33,7 @@ std::string MemoryEstimate::Breakdown() const {
   if (optimizer_state > 0) out << ", optimizer state " << FormatBytes(optimizer_state);
   out << ", activations " << FormatBytes(activations);
   if (solver_history > 0) out << ", solver history " << FormatBytes(solver_history);
+  if (dataset > 0) out << ", dataset " << FormatBytes(dataset);
   return out.str();
 }
 
@@ -66,6 +69,15 @@ MemoryEstimate EstimateMemory(const Config& c, bool training) {
                                                            : "model.solver.forward.broyden_memory");
     e.solver_history = 2 * memory * batch * length * dim * bytes;
   }
+  SequenceTask sequence_task;
+  if (StringToSequenceTask(task, &sequence_task)) {
+    // Each example: its Example (three vectors) and int64 tokens and targets
+    // per position; the held-out set is generated too (at the same length
+    // unless eval --length changes it, which the caller checks again).
+    const double per_example = sizeof(Example) + 2.0 * sizeof(int64_t) * length;
+    e.dataset =
+        (Elements(c, "task.train_examples") + Elements(c, "task.test_examples")) * per_example;
+  }
   if (training) {
     e.gradients = e.parameters;
     const std::string optimizer = c.GetString("train.optimizer.type");
@@ -91,7 +103,8 @@ void CheckMemoryFits(const Config& c, bool training, double available_bytes) {
   std::ostringstream keys;
   for (const char* key :
        {"model.dim", "model.hidden", "model.kind", "model.num_layers", "model.unroll_steps",
-        "model.max_length", "task.vocab_size", "task.length",
+        "model.max_length", "task.vocab_size", "task.length", "task.train_examples",
+        "task.test_examples",
         training ? "train.batch_size" : "eval.batch_size", "model.solver.forward.type", "dtype"}) {
     keys << (keys.tellp() > 0 ? ", " : "") << key << "=" << c.ValueText(key);
   }

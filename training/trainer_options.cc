@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "solvers/options.h"  // kMaxSolverIterations
 #include "training/option_schema.h"
 
 namespace stillpoint {
@@ -61,7 +62,7 @@ const OptionFields<EvalOptions>& EvalOptions::Fields() {
                 "uses is compared with a reference (ift, GMRES to 1e-10) on a fixed probe batch "
                 "of this many training examples (cosine and relative error in the metrics, the "
                 "progress output and summary.json; 0: off)")
-           .Int("max_iterations", &O::max_iterations, 0, 1 << 20,
+           .Int("max_iterations", &O::max_iterations, 0, kMaxSolverIterations,
                 "Test-time forward solver budget (0: the training budget)")
            .DoubleList("iterations_sweep", &O::iterations_sweep, 1, 1 << 20,
                        "Test-time budgets for the accuracy-vs-iterations curve (implicit); "
