@@ -17,11 +17,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The records that make a directory a run's (or a comparison's): written as
-// soon as a run starts (metrics) or when it ends (summary, report).
-const char* const kRunRecords[] = {"checkpoint.ckpt", "metrics.csv",  "metrics.jsonl",
-                                   "summary.json",    "summary.md",   "report.md",
-                                   "report.html"};
+// The records that make a directory a run's (or a comparison's): metrics,
+// written as soon as a run starts, its checkpoint, and a comparison's
+// report. (summary.json alone is not one: the demos write theirs.)
+const char* const kRunRecords[] = {"checkpoint.ckpt", "metrics.csv", "metrics.jsonl",
+                                   "report.md", "report.html"};
 
 // What kind of thing is at path, without following a final symlink.
 enum class Kind { kNothing, kFile, kSymlink, kDirectory, kSpecial };
@@ -86,7 +86,9 @@ bool HoldsRecords(const std::string& directory, int depth) {
 
 }  // namespace
 
-bool HoldsARun(const std::string& directory) { return HoldsRecords(directory, 2); }
+bool HoldsARun(const std::string& directory, bool below_too) {
+  return HoldsRecords(directory, below_too ? 2 : 0);
+}
 
 void CheckRunDirectory(const std::string& directory, bool overwrite,
                        const std::string& input_config) {
@@ -97,7 +99,7 @@ void CheckRunDirectory(const std::string& directory, bool overwrite,
                       (kind == Kind::kSpecial ? "a device, FIFO or socket" : "a file") +
                       ", not a directory");
   }
-  if (HoldsARun(directory)) {
+  if (HoldsARun(directory, /*below_too=*/true)) {
     if (overwrite) return;
     throw ConfigError("run directory '" + directory +
                       "' already holds a run; --resume continues it, --overwrite replaces it, "
@@ -115,7 +117,7 @@ void CheckRunDirectory(const std::string& directory, bool overwrite,
     }
     if (!overwrite) {
       throw ConfigError("log.dir '" + directory + "' holds '" + path +
-                        "', which is not a run's (there is no checkpoint, metrics or summary "
+                        "', which is not a run's (there is no checkpoint or metrics "
                         "beside it) and which the run would replace; move it, give another "
                         "log.dir, or --overwrite to replace it");
     }

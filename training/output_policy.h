@@ -31,10 +31,12 @@ namespace stillpoint {
 const std::vector<std::string>& RunFileNames();
 
 // True when `directory` holds the records of a run or a comparison: a
-// checkpoint, metrics, a summary or a comparison report, in it or in its
-// subdirectories two levels down (a comparison's variants). Other files (a
-// user's notes, a config, data) do not make it a run.
-bool HoldsARun(const std::string& directory);
+// checkpoint, metrics or a comparison report; with `below_too`,
+// also in its subdirectories two levels down (a comparison's variants; what
+// train and compare check for log.dir). Other files (a user's notes, a
+// config, data) do not make it a run. A demo's folder holding a trained run
+// in a subdirectory is not itself a run directory.
+bool HoldsARun(const std::string& directory, bool below_too = false);
 
 // Throws ConfigError unless `directory` may receive a run (train) or a
 // comparison (compare): it must be a directory or not exist; when it holds

@@ -39,6 +39,10 @@ std::string HolderOf(const std::string& lock_path) {
 
 RunDirectoryLock::RunDirectoryLock(const std::string& directory) : directory_(directory) {
   std::error_code error;
+  // A file, FIFO or device named as log.dir is bad input, not a failure.
+  if (fs::exists(directory, error) && !fs::is_directory(directory, error)) {
+    throw ConfigError("log.dir '" + directory + "' is not a directory");
+  }
   fs::create_directories(directory, error);
   if (error) {
     throw Error("cannot create the run directory '" + directory + "': " + error.message());

@@ -25,8 +25,8 @@ namespace stillpoint {
 class RunDirectoryLock {
  public:
   // Creates `directory` if needed and locks it. Throws ConfigError naming
-  // the holder when another writer holds it, Error when the lock file cannot
-  // be created.
+  // the holder when another writer holds it, or when `directory` exists and
+  // is not a directory; Error when the lock file cannot be created.
   explicit RunDirectoryLock(const std::string& directory);
   ~RunDirectoryLock();
   RunDirectoryLock(const RunDirectoryLock&) = delete;

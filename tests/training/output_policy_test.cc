@@ -174,6 +174,17 @@ TEST_F(OutputPolicyTest, ExportRefusesRunFilesDevicesFifosAndExistingFiles) {
   EXPECT_NE(ReadFileBytes(file), "old");
 }
 
+// A FIFO (or file) named as log.dir: exit 1 "cannot create the run
+// directory" before; bad input now, and the FIFO is untouched.
+TEST_F(OutputPolicyTest, ALogDirThatIsNotADirectoryIsBadInput) {
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_EQ(Train(WriteConfig(dir_ / "f.yaml", fifo)), 2);
+  EXPECT_NE(err_.str().find("log.dir '" + fifo + "' is not a directory"), std::string::npos)
+      << err_.str();
+  EXPECT_TRUE(fs::is_fifo(fifo));
+}
+
 // The atomic writer itself never renames over a device, FIFO or directory,
 // whoever calls it.
 TEST_F(OutputPolicyTest, TheAtomicWriterRefusesSpecialFiles) {
