@@ -69,12 +69,12 @@ namespace {
 // `depth` levels of subdirectories are searched too: a comparison keeps its
 // variants' runs in root/<variant> or root/<attention>/<kind>.
 bool HoldsRecords(const std::string& directory, int depth) {
-  if (KindOf(directory) != Kind::kDirectory) return false;
+  std::error_code error;
+  if (!fs::is_directory(directory, error)) return false;  // (a symlink to one counts)
   for (const char* name : kRunRecords) {
     if (KindOf((fs::path(directory) / name).string()) != Kind::kNothing) return true;
   }
   if (depth == 0) return false;
-  std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(directory, error)) {
     if (entry.is_directory(error) && !entry.is_symlink(error) &&
         HoldsRecords(entry.path().string(), depth - 1)) {
@@ -94,7 +94,8 @@ void CheckRunDirectory(const std::string& directory, bool overwrite,
                        const std::string& input_config) {
   const Kind kind = KindOf(directory);
   if (kind == Kind::kNothing) return;
-  if (kind != Kind::kDirectory) {
+  std::error_code error;
+  if (kind != Kind::kDirectory && !fs::is_directory(directory, error)) {
     throw ConfigError("log.dir '" + directory + "' is " +
                       (kind == Kind::kSpecial ? "a device, FIFO or socket" : "a file") +
                       ", not a directory");

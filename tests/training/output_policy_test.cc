@@ -185,6 +185,19 @@ TEST_F(OutputPolicyTest, ALogDirThatIsNotADirectoryIsBadInput) {
   EXPECT_TRUE(fs::is_fifo(fifo));
 }
 
+// A log.dir that is a symlink to a directory is that directory: its run is
+// found (and kept) as any other.
+TEST_F(OutputPolicyTest, ASymlinkedLogDirIsTheDirectoryItNames) {
+  fs::create_directories(dir_ / "real");
+  const std::string link = (dir_ / "link").string();
+  fs::create_directory_symlink(dir_ / "real", link);
+  const std::string config = WriteConfig(dir_ / "s.yaml", link);
+  ASSERT_EQ(Train(config), 0) << err_.str();
+  EXPECT_TRUE(fs::exists(dir_ / "real" / "checkpoint.ckpt"));
+  EXPECT_EQ(Train(config), 2);
+  EXPECT_NE(err_.str().find("already holds a run"), std::string::npos) << err_.str();
+}
+
 // The atomic writer itself never renames over a device, FIFO or directory,
 // whoever calls it.
 TEST_F(OutputPolicyTest, TheAtomicWriterRefusesSpecialFiles) {
