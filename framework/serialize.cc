@@ -384,15 +384,14 @@ void WriteFileAtomically(const std::string& path, const std::string& bytes) {
   const std::string temporary = TemporaryPathFor(path);
   const std::string context = detail::StrCat("cannot write '", path, "'");
   // The rename would replace whatever is at path: only a regular file (or a
-  // symlink, replaced as a link) may be; never a device node, FIFO, socket
-  // or directory (as root, `export --out /dev/full` replaced the device).
+  // symlink, replaced as a link) may be; never a device node, FIFO or socket
+  // (as root, `export --out /dev/full` replaced the device). A directory
+  // cannot be replaced by a file's rename: that fails below.
   struct stat existing {};
   if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode) &&
-      !S_ISLNK(existing.st_mode)) {
-    throw Error(detail::StrCat(context, ": it is ",
-                               S_ISDIR(existing.st_mode) ? "a directory"
-                                                         : "a device, FIFO or socket",
-                               ", which stillpoint never replaces (only regular files)"));
+      !S_ISLNK(existing.st_mode) && !S_ISDIR(existing.st_mode)) {
+    throw Error(detail::StrCat(context, ": it is a device, FIFO or socket, which stillpoint "
+                               "never replaces (only regular files)"));
   }
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) ThrowSystemError(detail::StrCat(context, ": cannot create '", temporary, "'"), errno);

@@ -88,9 +88,9 @@ void DeserializeModule(const std::string& bytes,
 // Writes bytes to TemporaryPathFor(path), flushes it to disk (fsync) and
 // renames it over path. On failure removes the temporary it created and
 // throws an Error naming path and the system's reason; an existing file at
-// path is left untouched. Refuses (Error) when path is a directory, device
-// node, FIFO or socket: only a regular file or a symlink (the link itself)
-// is replaced.
+// path is left untouched. Refuses (Error) when path is a device node, FIFO
+// or socket (a directory fails at the rename): only a regular file or a
+// symlink (the link itself) is replaced.
 void WriteFileAtomically(const std::string& path, const std::string& bytes);
 // The temporary WriteFileAtomically writes first: path + ".tmp.<pid>",
 // unique to the writing process.
