@@ -16,6 +16,9 @@ namespace stillpoint {
 // Sets the number of worker threads for every later ParallelFor (>= 1).
 // Default: 1, so a program is deterministic and single-threaded until it
 // asks for more (the trainer sets it from the `threads` config key).
+// The most worker threads a command or config may ask for (`threads`,
+// --threads): more than any machine stillpoint runs on has cores.
+inline constexpr int kMaxThreads = 256;
 void SetNumThreads(int num_threads);
 int NumThreads();
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -382,6 +383,16 @@ void WriteFileAtomically(const std::string& path, const std::string& bytes) {
   // other's temporary.
   const std::string temporary = TemporaryPathFor(path);
   const std::string context = detail::StrCat("cannot write '", path, "'");
+  // The rename would replace whatever is at path: only a regular file (or a
+  // symlink, replaced as a link) may be; never a device node, FIFO or socket
+  // (as root, `export --out /dev/full` replaced the device). A directory
+  // cannot be replaced by a file's rename: that fails below.
+  struct stat existing {};
+  if (::lstat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode) &&
+      !S_ISLNK(existing.st_mode) && !S_ISDIR(existing.st_mode)) {
+    throw Error(detail::StrCat(context, ": it is a device, FIFO or socket, which stillpoint "
+                               "never replaces (only regular files)"));
+  }
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) ThrowSystemError(detail::StrCat(context, ": cannot create '", temporary, "'"), errno);
 
@@ -427,7 +438,24 @@ void WriteFileAtomically(const std::string& path, const std::string& bytes) {
   }
 }
 
-std::string ReadFileBytes(const std::string& path) {
+void ThrowReadLimitExceeded(const std::string& path, const ReadLimit& limit) {
+  const uint64_t mib = limit.max_bytes >> 20;
+  const std::string size =
+      mib > 0 ? detail::StrCat(mib, " MiB") : detail::StrCat(limit.max_bytes, " bytes");
+  throw Error(limit.raised_by.empty()
+                  ? detail::StrCat("'", path, "': more than ", size, ", the most this reader takes")
+                  : detail::StrCat("'", path, "': more than ", size, " (the cap of ",
+                                   limit.raised_by, "; raise ", limit.raised_by,
+                                   " to read it)"));
+}
+
+namespace {
+
+// Reads at most `count` bytes of the file at path (all of it when it is
+// shorter); `size_hint` is set to the size a regular file reports (or -1).
+// With `whole_or_nothing`, a regular file longer than count is not read.
+std::string ReadUpTo(const std::string& path, uint64_t count, bool whole_or_nothing,
+                     int64_t* size_hint) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) ThrowSystemError(detail::StrCat("cannot open '", path, "' for reading"), errno);
   struct stat info {};
@@ -440,11 +468,20 @@ std::string ReadFileBytes(const std::string& path) {
     ::close(fd);
     ThrowSystemError(detail::StrCat("cannot read '", path, "'"), EISDIR);
   }
+  *size_hint = S_ISREG(info.st_mode) ? static_cast<int64_t>(info.st_size) : -1;
   std::string bytes;
-  bytes.reserve(static_cast<std::size_t>(info.st_size));
+  if (whole_or_nothing && *size_hint >= 0 && static_cast<uint64_t>(*size_hint) > count) {
+    ::close(fd);  // the caller's cap refuses it; nothing read
+    return bytes;
+  }
+  if (*size_hint > 0) {
+    bytes.reserve(static_cast<std::size_t>(std::min<uint64_t>(*size_hint, count)));
+  }
   char chunk[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, chunk, sizeof(chunk));
+  while (bytes.size() < count) {
+    const std::size_t want =
+        static_cast<std::size_t>(std::min<uint64_t>(sizeof(chunk), count - bytes.size()));
+    const ssize_t n = ::read(fd, chunk, want);
     if (n < 0) {
       if (errno == EINTR) continue;
       const int error_number = errno;
@@ -456,6 +493,27 @@ std::string ReadFileBytes(const std::string& path) {
   }
   ::close(fd);
   return bytes;
+}
+
+}  // namespace
+
+std::string ReadFileBytes(const std::string& path, const ReadLimit& limit) {
+  // One byte past the cap tells a file at the cap from one beyond it.
+  const uint64_t want = limit.max_bytes == std::numeric_limits<uint64_t>::max()
+                            ? limit.max_bytes
+                            : limit.max_bytes + 1;
+  int64_t size = -1;
+  std::string bytes = ReadUpTo(path, want, /*whole_or_nothing=*/true, &size);
+  if ((size >= 0 && static_cast<uint64_t>(size) > limit.max_bytes) ||
+      bytes.size() > limit.max_bytes) {
+    ThrowReadLimitExceeded(path, limit);
+  }
+  return bytes;
+}
+
+std::string ReadFilePrefix(const std::string& path, std::size_t count) {
+  int64_t size = -1;
+  return ReadUpTo(path, count, /*whole_or_nothing=*/false, &size);
 }
 
 void SaveTensors(const std::string& path, const NamedTensors& tensors) {

@@ -88,14 +88,35 @@ void DeserializeModule(const std::string& bytes,
 // Writes bytes to TemporaryPathFor(path), flushes it to disk (fsync) and
 // renames it over path. On failure removes the temporary it created and
 // throws an Error naming path and the system's reason; an existing file at
-// path is left untouched.
+// path is left untouched. Refuses (Error) when path is a device node, FIFO
+// or socket (a directory fails at the rename): only a regular file or a
+// symlink (the link itself) is replaced.
 void WriteFileAtomically(const std::string& path, const std::string& bytes);
 // The temporary WriteFileAtomically writes first: path + ".tmp.<pid>",
 // unique to the writing process.
 std::string TemporaryPathFor(const std::string& path);
+// A cap on the bytes one reader takes from one file (after decompression),
+// so an endless or huge input (/dev/zero, a FIFO, a gzip bomb) is an Error
+// naming the file and the cap instead of std::bad_alloc. `raised_by` names
+// the config key or flag that raises the cap, for the message ("" when
+// nothing does). Every reader of user files takes one: data files read
+// through ReadFileMaybeGzip (training/dataset.h) with the limit of
+// task.max_file_mib (DataReadLimit, training/dataset_registry.h).
+struct ReadLimit {
+  static constexpr uint64_t kDefaultMaxMib = 1024;
+  uint64_t max_bytes = kDefaultMaxMib << 20;
+  std::string raised_by;
+};
+// Throws the Error of a file beyond its limit: "PATH: more than N MiB (the
+// cap of KEY; raise KEY to read it)".
+[[noreturn]] void ThrowReadLimitExceeded(const std::string& path, const ReadLimit& limit);
+
 // The whole content of a file; throws an Error naming path if it cannot be
-// opened or read.
-std::string ReadFileBytes(const std::string& path);
+// opened or read, or holds more than limit.max_bytes.
+std::string ReadFileBytes(const std::string& path, const ReadLimit& limit = ReadLimit());
+// At most the first `count` bytes of a file (fewer if it is shorter); for
+// readers that check a header before they take the rest.
+std::string ReadFilePrefix(const std::string& path, std::size_t count);
 
 // 64-bit FNV-1a. Pass a previous result as `hash` to continue over more bytes.
 inline constexpr uint64_t kFnv1a64Offset = 14695981039346656037ull;

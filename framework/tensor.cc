@@ -31,6 +31,17 @@ std::size_t SizeOf(DType dtype) { return dtype == DType::kFloat64 ? 8 : 4; }
 
 // ---------------------------------------------------------------- Shape
 
+namespace {
+
+// "[a, b, c]" of extents not yet a Shape (for the constructor's errors).
+std::string ShapeText(const std::vector<int64_t>& dims) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
+}  // namespace
+
 Shape::Shape(std::initializer_list<int64_t> dims)
     : Shape(std::vector<int64_t>(dims)) {}
 
@@ -38,9 +49,16 @@ Shape::Shape(const std::vector<int64_t>& dims) {
   SP_CHECK(static_cast<int>(dims.size()) <= kMaxRank, "Shape: rank ", dims.size(),
            " exceeds the maximum of ", kMaxRank);
   rank_ = static_cast<int>(dims.size());
+  int64_t elements = 1;
   for (int i = 0; i < rank_; ++i) {
     SP_CHECK(dims[i] >= 0, "Shape: negative extent ", dims[i], " at axis ", i);
     dims_[i] = dims[i];
+    // Checked, so numel() and the byte counts built on it never wrap: a
+    // product beyond kMaxElements used to overflow into a small or negative
+    // count ([2^31, 2^31] was accepted).
+    SP_CHECK(!__builtin_mul_overflow(elements, dims[i], &elements) && elements <= kMaxElements,
+             "Shape ", ShapeText(dims), ": more than ", kMaxElements,
+             " (2^60) elements; its size does not fit in 64-bit byte counts");
   }
 }
 

@@ -42,6 +42,10 @@ constexpr DType DTypeOf<double>() {
 class Shape {
  public:
   static constexpr int kMaxRank = 4;
+  // The most elements of any shape: 8-byte elements then need at most 2^63
+  // bytes, so numel() * SizeOf(dtype) never overflows. A constructor given
+  // more throws.
+  static constexpr int64_t kMaxElements = int64_t{1} << 60;
 
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims);

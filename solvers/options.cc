@@ -210,7 +210,7 @@ const OptionFields<ForwardSolverOptions>& ForwardSolverOptions::Fields() {
   using O = ForwardSolverOptions;
   using T = ForwardSolverType;
   constexpr double kInf = std::numeric_limits<double>::max();
-  constexpr int kMaxIterations = 1 << 20;
+  constexpr int kMaxIterations = kMaxSolverIterations;
   static const auto* fields =
       &(new OptionFields<O>)
            ->Enum("type", &O::type, AllForwardSolverTypes(), stillpoint::ToString,

@@ -124,6 +124,10 @@ using IterationCallback = std::function<CallbackReturnType(const IterationSummar
 
 // ---- options ----
 
+// The largest iteration budget of any solver option (max_iterations,
+// stagnation_window, gmres_max_iterations): the bound a command's flag states.
+inline constexpr int kMaxSolverIterations = 1 << 20;
+
 struct ForwardSolverOptions {
   ForwardSolverType type = ForwardSolverType::kAnderson;
 

@@ -14,6 +14,9 @@ constexpr char kMagic[8] = {'S', 'T', 'I', 'L', 'L', 'C', 'K', 'P'};
 // magic + version + total length + metadata length.
 constexpr std::size_t kHeaderSize = 8 + 4 + 8 + 4;
 constexpr std::size_t kChecksumSize = 8;
+// The most a checkpoint's length field may state (1 TiB): beyond, the field
+// is damaged, and reading that much from a FIFO would not end.
+constexpr uint64_t kMaxCheckpointBytes = uint64_t{1} << 40;
 
 void Append(std::string* out, uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((value >> (8 * i)) & 0xff));
@@ -103,6 +106,14 @@ CheckpointState DeserializeCheckpoint(const std::string& bytes, const std::strin
   } catch (const YAML::Exception& e) {
     fail(std::string("unreadable metadata: ") + e.what());
   }
+  // Checksummed, yet written by something else or edited: a count below 0
+  // would be logged as "step -5/20" and trained from.
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"step", state.step},
+                                    {"data_epoch", state.data_epoch},
+                                    {"data_offset", state.data_offset}}) {
+    if (value < 0) fail(std::string("metadata: ") + name + " is " + std::to_string(value) +
+                        ", below 0; the file was not written by stillpoint train");
+  }
   std::istringstream records(bytes.substr(kHeaderSize + meta_length,
                                           total - kChecksumSize - kHeaderSize - meta_length));
   state.model = ReadTensors(records, source + " (model)");
@@ -116,7 +127,20 @@ void SaveCheckpoint(const std::string& path, const CheckpointState& state) {
 }
 
 CheckpointState LoadCheckpoint(const std::string& path) {
-  return DeserializeCheckpoint(ReadFileBytes(path), path);
+  // The header first: any other file (/dev/zero, a FIFO, a dataset given by
+  // mistake) fails at its magic without being read whole, and the length
+  // the header states bounds what is read (one byte more tells trailing
+  // bytes apart).
+  const std::string header = ReadFilePrefix(path, kHeaderSize);
+  if (header.size() < kHeaderSize || std::memcmp(header.data(), kMagic, 8) != 0) {
+    DeserializeCheckpoint(header, path);  // throws: wrong magic or truncated
+  }
+  const uint64_t total = Read(header, 12, 8);
+  if (total < kHeaderSize + kChecksumSize || total > kMaxCheckpointBytes) {
+    throw Error("checkpoint '" + path + "': corrupted length field (" + std::to_string(total) +
+                " bytes)");
+  }
+  return DeserializeCheckpoint(ReadFilePrefix(path, static_cast<std::size_t>(total) + 1), path);
 }
 
 }  // namespace stillpoint

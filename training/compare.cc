@@ -23,6 +23,7 @@
 #include "training/gradient_check.h"
 #include "training/memory_estimate.h"
 #include "training/metrics.h"
+#include "training/output_policy.h"
 #include "training/run_directory.h"
 #include "training/svg_plot.h"
 
@@ -202,11 +203,8 @@ CompareReport RunComparison(const Config& base,
   std::optional<RunDirectoryLock> lock;
   OnMainRank([&] {
     lock.emplace(root);
-    if (overwrite) {
-      RemoveRunFiles(root);
-    } else {
-      RefuseNonEmptyRunDirectory(root);
-    }
+    CheckRunDirectory(root, overwrite, config_path);
+    if (overwrite) RemoveRunFiles(root);
   });
   CompareReport report;
   const std::vector<double> lengths = base.GetDoubleList("eval.lengths");

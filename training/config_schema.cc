@@ -68,6 +68,10 @@ ConfigSchema BuildSchema() {
 
   // ---- task: task.kind and the keys of the tasks (training/data/task_list.h)
   AddTaskKeys(s);
+  s.Int("task.max_file_mib", static_cast<int64_t>(ReadLimit::kDefaultMaxMib),
+        "The most MiB read from one data file of any task (after decompression): a bigger, "
+        "endless (/dev/zero) or gzip-bomb file is refused naming this key",
+        1, 1 << 24);
 
   // ---- model: ModelOptions, with the cell's keys and model.energy.*
   // (EnergyBlockOptions); model.init_from (read by BuildExperiment, not by the
@@ -173,11 +177,19 @@ ImplicitOptions ImplicitOptionsFromConfig(const Config& c, const std::string& pr
       c, prefix + "backward.", BackwardOptions::Fields(), options.backward,
       [&](const std::string& name) { return SolverKeyApplies(prefix, "backward." + name); });
   // The schema checks each key alone; the solvers' own rules (e.g. a
-  // divergence factor of 0 or above 1) are checked here, before any work.
+  // divergence factor of 0 or above 1) are checked here, before any work,
+  // and named by the user's key (model.solver.forward.fallback_chain), not
+  // by the struct that holds it (ForwardSolverOptions).
   std::string error;
-  if (!options.IsValid(&error)) {
-    throw ConfigError(c.source() + ": " + prefix.substr(0, prefix.size() - 1) + ": " + error);
-  }
+  const auto keyed = [&](const std::string& section, const std::string& struct_name) {
+    const std::string lead = struct_name + ": ";
+    const std::string problem =
+        error.rfind(lead, 0) == 0 ? error.substr(lead.size()) : error;
+    return ConfigError(c.source() + ": " + prefix + section + problem);
+  };
+  if (!options.forward.IsValid(&error)) throw keyed("forward.", "ForwardSolverOptions");
+  if (!options.backward.IsValid(&error)) throw keyed("backward.", "BackwardOptions");
+  if (!options.IsValid(&error)) throw keyed("", "ImplicitOptions");
   return options;
 }
 

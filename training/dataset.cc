@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <sstream>
 
@@ -111,7 +112,17 @@ void Batcher::Restore(const Position& position) {
 
 // ---------------------------------------------------------------- files
 
-std::string ReadFileMaybeGzip(const std::string& path) {
+std::string ReadFileMaybeGzip(const std::string& path, const ReadLimit& limit) {
+  // The size a regular file reports (the compressed size) is checked first;
+  // the decompressed bytes are counted as they come (a gzip bomb).
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    SP_CHECK(false, "cannot read '", path, "': it is a directory");
+  }
+  if (std::filesystem::is_regular_file(path, error) &&
+      std::filesystem::file_size(path, error) > limit.max_bytes && !error) {
+    ThrowReadLimitExceeded(path, limit);
+  }
   // gzopen reads plain files unchanged, so one code path serves both.
   gzFile file = gzopen(path.c_str(), "rb");
   SP_CHECK(file != nullptr, "cannot open '", path, "': ", std::strerror(errno));
@@ -134,6 +145,10 @@ std::string ReadFileMaybeGzip(const std::string& path) {
       SP_CHECK(code == Z_OK || code == Z_STREAM_END, "cannot read '", path,
                "': the compressed data ends early (", message, "); the file is truncated");
       return content;
+    }
+    if (content.size() + static_cast<std::size_t>(n) > limit.max_bytes) {
+      gzclose(file);
+      ThrowReadLimitExceeded(path, limit);
     }
     content.append(buffer, n);
   }
@@ -192,9 +207,10 @@ int64_t AsClass(double value, int64_t num_classes, bool allow_ignore, const std:
 
 }  // namespace
 
-DigitsSplit LoadDigits(const std::string& path, double test_fraction, uint64_t seed) {
+DigitsSplit LoadDigits(const std::string& path, double test_fraction, uint64_t seed,
+                       const ReadLimit& limit) {
   SP_CHECK(test_fraction > 0 && test_fraction < 1, "LoadDigits: test_fraction must be in (0, 1)");
-  const std::string content = ReadFileMaybeGzip(path);
+  const std::string content = ReadFileMaybeGzip(path, limit);
   std::vector<Example> examples;
   std::stringstream lines(content);
   std::string line;
@@ -266,7 +282,7 @@ std::unique_ptr<InMemoryDataset> LoadCsvDataset(const CsvDatasetOptions& options
   SP_CHECK(options.num_classes >= 1, path, ": csv dataset needs num_classes >= 1");
   SP_CHECK(options.feature_dim > 0 || options.vocab_size > 0, path,
            ": csv dataset of token ids needs vocab_size >= 1");
-  const std::string content = ReadFileMaybeGzip(path);
+  const std::string content = ReadFileMaybeGzip(path, options.limit);
   const int64_t inputs = options.feature_dim > 0 ? options.length * options.feature_dim
                                                  : options.length;
   DatasetInfo info;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "framework/random.h"
+#include "framework/serialize.h"
 #include "framework/tensor.h"
 
 namespace stillpoint {
@@ -116,7 +117,8 @@ struct DigitsSplit {
   std::unique_ptr<InMemoryDataset> train;
   std::unique_ptr<InMemoryDataset> test;
 };
-DigitsSplit LoadDigits(const std::string& path, double test_fraction, uint64_t seed);
+DigitsSplit LoadDigits(const std::string& path, double test_fraction, uint64_t seed,
+                       const ReadLimit& limit = ReadLimit());
 
 // Whether a CSV line is a header row: every cell is a non-empty name that
 // does not read as a number ("x0,x1,label"). Only a file's first non-blank
@@ -136,11 +138,13 @@ struct CsvDatasetOptions {
   int64_t feature_dim = 0;  // 0: token ids
   int64_t vocab_size = 0;   // required for token ids
   int64_t num_classes = 0;
+  ReadLimit limit;  // of the file's decompressed bytes
 };
 std::unique_ptr<InMemoryDataset> LoadCsvDataset(const CsvDatasetOptions& options);
 
 // Reads a whole file, transparently gunzipping a .gz file; throws an Error
-// naming the path when it cannot.
-std::string ReadFileMaybeGzip(const std::string& path);
+// naming the path when it cannot, or when it (decompressed) holds more than
+// limit.max_bytes (framework/serialize.h).
+std::string ReadFileMaybeGzip(const std::string& path, const ReadLimit& limit = ReadLimit());
 
 }  // namespace stillpoint

@@ -41,6 +41,13 @@ std::string Join(const std::vector<std::string>& items, const std::string& separ
 
 }  // namespace
 
+ReadLimit DataReadLimit(const Config& config) {
+  ReadLimit limit;
+  limit.max_bytes = static_cast<uint64_t>(config.GetInt("task.max_file_mib")) << 20;
+  limit.raised_by = "task.max_file_mib";
+  return limit;
+}
+
 std::string ResolvePath(const std::string& path, const std::string& config_path) {
   if (path.empty() || std::filesystem::path(path).is_absolute() || config_path.empty()) {
     return path;

@@ -37,6 +37,10 @@ DatasetSplit MakeTaskSplit(const DatasetRequest& request);
 // The config's task's view of an example, for the memory estimate.
 TaskFootprint TaskFootprintOf(const Config& config);
 
+// The cap on a data file's (decompressed) bytes: task.max_file_mib MiB,
+// named as the key that raises it.
+ReadLimit DataReadLimit(const Config& config);
+
 // A relative path resolved against the config file's directory ("" stays
 // "").
 std::string ResolvePath(const std::string& path, const std::string& config_path);

@@ -6,6 +6,7 @@
 #include <sstream>
 #include <vector>
 
+#include "training/dataset.h"
 #include "training/dataset_registry.h"
 
 namespace stillpoint {
@@ -34,6 +35,7 @@ std::string MemoryEstimate::Breakdown() const {
   if (optimizer_state > 0) out << ", optimizer state " << FormatBytes(optimizer_state);
   out << ", activations " << FormatBytes(activations);
   if (solver_history > 0) out << ", solver history " << FormatBytes(solver_history);
+  if (dataset > 0) out << ", dataset " << FormatBytes(dataset);
   return out.str();
 }
 
@@ -68,6 +70,11 @@ MemoryEstimate EstimateMemory(const Config& c, bool training) {
                                                            : "model.solver.forward.broyden_memory");
     e.solver_history = 2 * memory * batch * length * dim * bytes;
   }
+  // Each generated example: its Example (three vectors) and int64 tokens and
+  // targets per position; the held-out set is generated too (at the same
+  // length unless eval --length changes it, which the caller checks again).
+  const double per_example = sizeof(Example) + 2.0 * sizeof(int64_t) * length;
+  e.dataset = static_cast<double>(task.examples) * per_example;
   if (training) {
     e.gradients = e.parameters;
     const std::string optimizer = c.GetString("train.optimizer.type");

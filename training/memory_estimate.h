@@ -11,7 +11,9 @@
 // adam/adamw, one for sgd with momentum); the activations a training step
 // keeps for its backward pass (dim and hidden wide per token, per unrolled
 // or explicit layer; one layer for an implicit model); and the forward
-// solver's history (anderson or broyden: 2 m states of the batch). Biases,
+// solver's history (anderson or broyden: 2 m states of the batch); and the
+// generated datasets of a synthetic sequence task (task.train_examples and
+// task.test_examples sequences of task.length tokens and targets). Biases,
 // layer norms, the head, attention scores and temporaries are left out, so
 // a config the check refuses cannot fit, and one it passes may still not.
 #pragma once
@@ -29,9 +31,10 @@ struct MemoryEstimate {
   double optimizer_state = 0;
   double activations = 0;
   double solver_history = 0;
+  double dataset = 0;  // generated sequence tasks; data files are capped by task.max_file_mib
 
   double total() const {
-    return parameters + gradients + optimizer_state + activations + solver_history;
+    return parameters + gradients + optimizer_state + activations + solver_history + dataset;
   }
   // "parameters 256.0 GiB, gradients 256.0 GiB, ..."
   std::string Breakdown() const;

@@ -19,6 +19,26 @@ std::shared_ptr<AdjointWarmStart> WarmStartOf(const SequenceModel& model) {
   return layer->adjoint_warm_start();
 }
 
+// Whether two configs hold the same value for key: numbers compared as
+// numbers (`lr: 1.0e-3` is `0.001`), booleans as booleans, the rest as text.
+bool SameValue(const Config& a, const Config& b, const ConfigKey& key) {
+  const std::string text_a = a.ValueText(key.path), text_b = b.ValueText(key.path);
+  if (text_a == text_b) return true;
+  if (text_a.empty() || text_b.empty()) return false;  // set in one only
+  switch (key.type) {
+    case ConfigType::kBool:
+      return a.GetBool(key.path) == b.GetBool(key.path);
+    case ConfigType::kInt:
+      return a.GetInt(key.path) == b.GetInt(key.path);
+    case ConfigType::kDouble:
+      return a.GetDouble(key.path) == b.GetDouble(key.path);
+    case ConfigType::kDoubleList:
+      return a.GetDoubleList(key.path) == b.GetDoubleList(key.path);
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 bool MayChangeOnResume(const std::string& key) {
@@ -59,8 +79,8 @@ CheckpointState LoadCheckpointForResume(const std::string& path,
   std::vector<std::string> differences;
   for (const ConfigKey& key : current.schema().keys()) {
     if (MayChangeOnResume(key.path)) continue;
-    const std::string before = stored.ValueText(key.path), now = current.ValueText(key.path);
-    if (before != now) {
+    if (!SameValue(stored, current, key)) {
+      const std::string before = stored.ValueText(key.path), now = current.ValueText(key.path);
       differences.push_back(key.path + ": " + (before.empty() ? "(unset)" : before) + " -> " +
                             (now.empty() ? "(unset)" : now) + " (now from " +
                             current.Origin(key.path) + ")");

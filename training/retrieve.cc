@@ -63,8 +63,8 @@ RetrievalResult RetrieveHopfield(const Tensor& patterns,
   return result;
 }
 
-Tensor ReadCsvMatrix(const std::string& path, DType dtype) {
-  const std::string text = ReadFileMaybeGzip(path);
+Tensor ReadCsvMatrix(const std::string& path, DType dtype, const ReadLimit& limit) {
+  const std::string text = ReadFileMaybeGzip(path, limit);
   std::vector<double> values;
   int64_t columns = -1, rows = 0, line_number = 0;
   std::istringstream lines(text);

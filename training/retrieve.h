@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/serialize.h"
 #include "framework/tensor.h"
 #include "solvers/options.h"
 #include "solvers/summary.h"
@@ -49,8 +50,8 @@ ForwardSolverOptions RetrievalSolverOptions();
 
 // A numeric CSV (one row per line, comma separated, no header) as an [rows,
 // cols] tensor. Empty, ragged or non-numeric input is an Error naming the
-// file and line.
-Tensor ReadCsvMatrix(const std::string& path, DType dtype);
+// file and line; a file beyond `limit` (decompressed) is an Error naming it.
+Tensor ReadCsvMatrix(const std::string& path, DType dtype, const ReadLimit& limit = ReadLimit());
 void WriteCsvMatrix(const std::string& path, const Tensor& matrix);
 
 // Writes DIR/fixed_points.csv and DIR/stats.json (per query: iterations,

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "training/config.h"
+#include "training/output_policy.h"
 
 namespace stillpoint {
 namespace {
@@ -37,6 +39,10 @@ std::string HolderOf(const std::string& lock_path) {
 
 RunDirectoryLock::RunDirectoryLock(const std::string& directory) : directory_(directory) {
   std::error_code error;
+  // A file, FIFO or device named as log.dir is bad input, not a failure.
+  if (fs::exists(directory, error) && !fs::is_directory(directory, error)) {
+    throw ConfigError("log.dir '" + directory + "' is not a directory");
+  }
   fs::create_directories(directory, error);
   if (error) {
     throw Error("cannot create the run directory '" + directory + "': " + error.message());
@@ -84,17 +90,6 @@ bool RunDirectoryIsEmpty(const std::string& directory) {
   return true;
 }
 
-void RefuseNonEmptyRunDirectory(const std::string& directory) {
-  std::error_code error;
-  if (fs::exists(directory, error) && !fs::is_directory(directory, error)) {
-    throw ConfigError("log.dir '" + directory + "' is a file, not a directory");
-  }
-  if (RunDirectoryIsEmpty(directory)) return;
-  throw ConfigError("run directory '" + directory +
-                    "' already holds a run; --resume continues it, --overwrite replaces it, "
-                    "or give another log.dir");
-}
-
 std::string NextFreeRunDirectory(const std::string& base) {
   if (RunDirectoryIsEmpty(base)) return base;
   for (int n = 2;; ++n) {
@@ -104,20 +99,7 @@ std::string NextFreeRunDirectory(const std::string& base) {
 }
 
 void RemoveRunFiles(const std::string& directory) {
-  static const char* const kRunFiles[] = {"config.yaml",
-                                          "metrics.csv",
-                                          "metrics.jsonl",
-                                          "checkpoint.ckpt",
-                                          "summary.md",
-                                          "summary.json",
-                                          "loss.svg",
-                                          "accuracy.svg",
-                                          "solver.svg",
-                                          "report.md",
-                                          "report.html",
-                                          "accuracy_vs_depth.svg",
-                                          "accuracy_vs_length.svg"};
-  for (const char* name : kRunFiles) {
+  for (const std::string& name : RunFileNames()) {
     const fs::path path = fs::path(directory) / name;
     std::error_code error;
     fs::remove(path, error);
@@ -125,6 +107,26 @@ void RemoveRunFiles(const std::string& directory) {
       throw Error("--overwrite: cannot remove '" + path.string() + "': " + error.message());
     }
   }
+}
+
+std::vector<std::string> RemoveStaleTemporaries(const std::string& directory) {
+  std::vector<std::string> removed;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(directory, error)) {
+    const std::string name = entry.path().filename().string();
+    const std::size_t mark = name.rfind(".tmp.");
+    if (mark == std::string::npos || mark == 0 || !entry.is_regular_file(error)) continue;
+    const std::string digits = name.substr(mark + 5);
+    if (digits.empty() || digits.size() > 9 ||
+        digits.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    // Alive (or not ours to signal): a writer may still be saving it.
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (fs::remove(entry.path(), error)) removed.push_back(entry.path().string());
+  }
+  return removed;
 }
 
 }  // namespace stillpoint

@@ -9,22 +9,24 @@
 // lock file never blocks a later run; the file itself stays (removing it
 // would race with a writer that has just opened it).
 //
-// A plain run into a directory that already holds files (other than .lock)
-// is refused unless the caller overwrites or resumes: repeating a command
-// must not destroy the last result. With no log.dir in the config, the CLI
+// A plain run into a directory that already holds a run is refused unless
+// the caller overwrites or resumes: repeating a command must not destroy the
+// last result (CheckRunDirectory, training/output_policy.h, which also
+// guards a user's files in a directory that holds no run). With no log.dir in the config, the CLI
 // picks the first free directory of runs/<config name>, runs/<config
 // name>-2, runs/<config name>-3, ... (NextFreeRunDirectory) and prints it.
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace stillpoint {
 
 class RunDirectoryLock {
  public:
   // Creates `directory` if needed and locks it. Throws ConfigError naming
-  // the holder when another writer holds it, Error when the lock file cannot
-  // be created.
+  // the holder when another writer holds it, or when `directory` exists and
+  // is not a directory; Error when the lock file cannot be created.
   explicit RunDirectoryLock(const std::string& directory);
   ~RunDirectoryLock();
   RunDirectoryLock(const RunDirectoryLock&) = delete;
@@ -40,18 +42,20 @@ class RunDirectoryLock {
 // True when `directory` does not exist or holds nothing but a lock file.
 bool RunDirectoryIsEmpty(const std::string& directory);
 
-// Throws ConfigError when `directory` holds an earlier run's files; the
-// message names it and the way out (--overwrite, --resume, another log.dir).
-void RefuseNonEmptyRunDirectory(const std::string& directory);
-
 // `base` if it is empty (or missing), else the first of base-2, base-3, ...
 // that is.
 std::string NextFreeRunDirectory(const std::string& base);
 
-// Removes the files a run writes (checkpoint, metrics, config, summary,
-// plots, reports) from `directory`, so an overwritten run starts clean and a
+// Removes the files a run writes (RunFileNames: checkpoint, metrics,
+// config, summary, plots, reports) from `directory`, so an overwritten run starts clean and a
 // crash cannot leave the old run's checkpoint beside the new run's metrics.
 // Other files and subdirectories are left alone.
 void RemoveRunFiles(const std::string& directory);
+
+// Removes the temporaries (<file>.tmp.<pid>, framework/serialize.h) that a
+// writer killed mid-save left in `directory` (SIGKILL, SIGXFSZ): only those
+// whose pid is not a live process, so a concurrent writer's (an export
+// into the run directory) is left alone. Returns the paths removed.
+std::vector<std::string> RemoveStaleTemporaries(const std::string& directory);
 
 }  // namespace stillpoint

@@ -13,7 +13,10 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 
-struct sigaction g_previous_int, g_previous_term;
+// The signals that stop a run, and the handlers they had before.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGXFSZ};
+constexpr int kStopSignalCount = sizeof(kStopSignals) / sizeof(kStopSignals[0]);
+struct sigaction g_previous[kStopSignalCount];
 
 void Write(const char* text) {
   // Only async-signal-safe calls in the handler: write(2), not iostreams.
@@ -21,9 +24,13 @@ void Write(const char* text) {
   (void)ignored;
 }
 
+// Signals raised again by every failing write: never a reason to stop at once.
+bool Repeats(int signal_number) { return signal_number == SIGPIPE || signal_number == SIGXFSZ; }
+
 void Handle(int signal_number) {
   int expected = 0;
   if (!g_stop_signal.compare_exchange_strong(expected, signal_number)) {
+    if (Repeats(signal_number)) return;  // the write that raised it fails instead
     // The second request: stop now, with the signal's default action, so the
     // shell sees the process killed by it.
     Write("\nstopping at once\n");
@@ -31,11 +38,26 @@ void Handle(int signal_number) {
     std::raise(signal_number);
     return;
   }
-  Write(signal_number == SIGINT
-            ? "\nSIGINT: finishing the current step, then writing a checkpoint and the summary "
-              "(Ctrl-C again stops at once)\n"
-            : "\nSIGTERM: finishing the current step, then writing a checkpoint and the summary "
-              "(a second signal stops at once)\n");
+  switch (signal_number) {
+    case SIGINT:
+      Write("\nSIGINT: finishing the current step, then writing a checkpoint and the summary "
+            "(Ctrl-C again stops at once)\n");
+      break;
+    case SIGPIPE:
+      Write("\nSIGPIPE: standard output was closed; finishing the current step, then writing a "
+            "checkpoint and the summary\n");
+      break;
+    case SIGXFSZ:
+      Write("\nSIGXFSZ: a file reached the file size limit (ulimit -f); finishing the current "
+            "step, then trying to write a checkpoint and the summary\n");
+      break;
+    default:
+      Write(signal_number == SIGHUP
+                ? "\nSIGHUP: finishing the current step, then writing a checkpoint and the "
+                  "summary (a second signal stops at once)\n"
+                : "\nSIGTERM: finishing the current step, then writing a checkpoint and the "
+                  "summary (a second signal stops at once)\n");
+  }
 }
 
 }  // namespace
@@ -47,13 +69,11 @@ StopOnSignals::StopOnSignals() {
   sigemptyset(&action.sa_mask);
   // Restart interrupted system calls: the step in flight should not see EINTR.
   action.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &action, &g_previous_int);
-  sigaction(SIGTERM, &action, &g_previous_term);
+  for (int i = 0; i < kStopSignalCount; ++i) sigaction(kStopSignals[i], &action, &g_previous[i]);
 }
 
 StopOnSignals::~StopOnSignals() {
-  sigaction(SIGINT, &g_previous_int, nullptr);
-  sigaction(SIGTERM, &g_previous_term, nullptr);
+  for (int i = 0; i < kStopSignalCount; ++i) sigaction(kStopSignals[i], &g_previous[i], nullptr);
 }
 
 int StopRequested() { return g_stop_signal.load(); }
@@ -66,6 +86,12 @@ const char* SignalName(int signal_number) {
       return "SIGINT";
     case SIGTERM:
       return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGXFSZ:
+      return "SIGXFSZ";
     default:
       return "a signal";
   }

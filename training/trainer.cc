@@ -22,6 +22,7 @@
 #include "training/gradient_check.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"
+#include "training/output_policy.h"
 #include "training/progress.h"
 #include "training/resume.h"
 #include "training/run_directory.h"
@@ -255,7 +256,14 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   summary.provenance = CollectProvenance(c);
   // Held until Train returns: one writer per run directory.
   std::optional<RunDirectoryLock> lock;
-  OnMainRank([&] { lock.emplace(summary.run_dir); });
+  OnMainRank([&] {
+    lock.emplace(summary.run_dir);
+    for (const std::string& path : RemoveStaleTemporaries(summary.run_dir)) {
+      if (options.progress) {
+        *options.progress << "removed " << path << ", left by a writer that was killed\n";
+      }
+    }
+  });
   const std::string checkpoint_path = summary.run_dir + "/checkpoint.ckpt";
   const bool resumed = options.resume && std::filesystem::exists(checkpoint_path);
   CheckpointState resume_state;
@@ -272,10 +280,14 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
       summary.num_parameters = model.NumParameters();
       return summary;
     }
-  } else if (options.overwrite || options.resume) {
-    OnMainRank([&] { RemoveRunFiles(summary.run_dir); });
   } else {
-    OnMainRank([&] { RefuseNonEmptyRunDirectory(summary.run_dir); });
+    // A resume with no checkpoint starts afresh in the run it names.
+    OnMainRank([&] {
+      CheckRunDirectory(summary.run_dir,
+                        options.overwrite || (options.resume && HoldsARun(summary.run_dir)),
+                        e.config_path);
+      if (options.overwrite || options.resume) RemoveRunFiles(summary.run_dir);
+    });
   }
 
   const TrainerOptions trainer = TrainerOptions::FromConfig(c);
@@ -302,8 +314,20 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
       // bad input for this model, not a runtime failure.
       throw ConfigError(checkpoint_path + ": does not fit this model: " + error.what());
     }
+    // A checksummed file can still hold metadata that does not fit this
+    // run: bad input naming the file, not an internal error.
+    if (state.data_offset > e.train->size()) {
+      throw ConfigError(checkpoint_path + ": its data position (offset " +
+                        std::to_string(state.data_offset) + " in epoch " +
+                        std::to_string(state.data_epoch) + ") lies beyond the training set of " +
+                        std::to_string(e.train->size()) +
+                        " examples; the checkpoint is of another dataset or damaged");
+    }
     batcher.Restore({state.data_epoch, state.data_offset});
-    SP_CHECK(rng.LoadState(state.rng_state), checkpoint_path, ": unreadable RNG state");
+    if (!rng.LoadState(state.rng_state)) {
+      throw ConfigError(checkpoint_path + ": its random number generator state does not parse; "
+                        "the checkpoint is damaged");
+    }
     step = state.step;
     // Rows written after the checkpoint (before a crash) are written again.
     if (writes) DropMetricsAfterStep(summary.run_dir, step);

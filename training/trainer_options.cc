@@ -2,6 +2,7 @@
 
 #include <limits>
 
+#include "solvers/options.h"  // kMaxSolverIterations
 #include "training/option_schema.h"
 
 namespace stillpoint {
@@ -71,7 +72,7 @@ const OptionFields<EvalOptions>& EvalOptions::Fields() {
                 "uses is compared with a reference (ift, GMRES to 1e-10) on a fixed probe batch "
                 "of this many training examples (cosine and relative error in the metrics, the "
                 "progress output and summary.json; 0: off)")
-           .Int("max_iterations", &O::max_iterations, 0, 1 << 20,
+           .Int("max_iterations", &O::max_iterations, 0, kMaxSolverIterations,
                 "Test-time forward solver budget (implicit) or unrolled steps (tied), for inputs "
                 "of every length (`eval --iters`; 0: the budget rule of "
                 "eval.iterations_per_token)")

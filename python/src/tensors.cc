@@ -140,7 +140,13 @@ tensor.numpy() share the tensor's memory the same way.)doc")
             for (int64_t extent : shape) {
               if (extent < 0) throw py::value_error("shape: extents must be >= 0");
             }
-            return Tensor::Zeros(Shape(shape), parsed);
+            Shape checked;
+            try {
+              checked = Shape(shape);  // refuses a product beyond Shape::kMaxElements
+            } catch (const Error& error) {
+              throw py::value_error(std::string("shape: ") + error.what());
+            }
+            return Tensor::Zeros(checked, parsed);
           },
           py::arg("shape"), py::arg("dtype") = "float32", "A new tensor of zeros.")
       .def_property_readonly("shape",

@@ -159,6 +159,17 @@ TEST_F(SeedDemosTest, CorrectionImprovesUnclampedAndShiftedAccuracy) {
     right_after += corrected[t] == cells[16 + t];
   }
   EXPECT_GT(right_after, right_before) << out_;
+  // A prior precision beyond float32 (the run's dtype) printed garbage and
+  // exited 0 (issue 48, item 9).
+  std::vector<std::string> huge = args;
+  huge.insert(huge.end(), {"--value-prior-precision", "1e39"});
+  EXPECT_EQ(Run(huge), 2);
+  EXPECT_NE(err_.find("--value-prior-precision 1e+39 does not fit in float32"), std::string::npos)
+      << err_;
+  // The demo's folder now holds its outputs: a second demo there is refused
+  // without --overwrite, before any work (the output policy).
+  EXPECT_EQ(Run({"demo", "correction", "--out", out.string()}), 2);
+  EXPECT_NE(err_.find("already holds files; --overwrite"), std::string::npos) << err_;
 
   // The trained run's own solve: the contraction rate of its iterations is
   // the spectral radius of its Jacobian at the fixed point.
@@ -198,6 +209,9 @@ TEST_F(SeedDemosTest, BadInputExitsWithTwoAndNamesTheCulprit) {
   EXPECT_NE(err_.find("--iterations"), std::string::npos) << err_;
   EXPECT_EQ(Run({"demo", "correction", "--out", out, "--observation-accuracy", "0.1"}), 2);
   EXPECT_NE(err_.find("--observation-accuracy"), std::string::npos) << err_;
+  EXPECT_EQ(Run({"demo", "correction", "--out", out, "--value-prior-precision", "1e39"}), 2);
+  EXPECT_NE(err_.find("--value-prior-precision must be in (0, 3.40282e+38]"), std::string::npos)
+      << err_;
   EXPECT_FALSE(fs::exists(out)) << "no output for bad input";
 
   const fs::path file = dir_ / "a_file";

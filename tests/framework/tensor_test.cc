@@ -28,6 +28,28 @@ TEST(ShapeTest, ExtentsNumelAndNegativeAxes) {
   EXPECT_THROW((Shape{1, 2, 3, 4, 5}), Error);
 }
 
+// Item 12 of issue 48: [2^31, 2^31] and [2^62, 4] overflowed the element
+// or byte count and were accepted. Every shape's size is now checked; the
+// largest allowed one holds exactly kMaxElements.
+TEST(ShapeTest, ASizeThatOverflowsIsRefused) {
+  for (const std::vector<int64_t>& dims :
+       std::vector<std::vector<int64_t>>{{int64_t{1} << 62, 4},
+                                         {int64_t{1} << 31, int64_t{1} << 31},
+                                         {int64_t{1} << 40, int64_t{1} << 40, 0},
+                                         {int64_t{1} << 30, int64_t{1} << 30, 2}}) {
+    try {
+      Shape shape(dims);
+      FAIL() << "accepted " << shape.ToString();
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("more than 1152921504606846976 (2^60) elements"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_EQ((Shape{int64_t{1} << 30, int64_t{1} << 30}).numel(), Shape::kMaxElements);
+  EXPECT_EQ((Shape{0, int64_t{1} << 40}).numel(), 0);
+}
+
 TEST(TensorTest, FactoriesAndElementAccessInBothDtypes) {
   for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
     Tensor t = Tensor::FromVector(Shape{2, 2}, {1, 2, 3, 4.5}, dtype);

@@ -1,7 +1,7 @@
 // Fuzzes the CSV and gzip readers (training datasets, retrieval matrices):
 // any file content either loads or is an Error. Inputs that start with the
 // gzip magic are decompressed first, so truncated and corrupted streams are
-// covered along with the CSV they hold.
+// covered along with the CSV they hold; one reading is under a 4 KiB cap.
 #include <unistd.h>
 
 #include <cstddef>
@@ -23,9 +23,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   }
+  // The same content under a small size cap too, so a (decompressed)
+  // stream crossing the cap reaches ReadFileMaybeGzip's refusal.
+  ReadLimit small;
+  small.max_bytes = 4096;
+  small.raised_by = "task.max_file_mib";
   const CsvDatasetOptions token_ids{path, 2, 0, 4, 4};
   const CsvDatasetOptions features{path, 2, 1, 0, 4};
-  for (const CsvDatasetOptions& options : {token_ids, features}) {
+  const CsvDatasetOptions capped{path, 2, 0, 4, 4, small};
+  for (const CsvDatasetOptions& options : {token_ids, features, capped}) {
     try {
       LoadCsvDataset(options);
     } catch (const Error&) {

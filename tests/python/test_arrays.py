@@ -68,3 +68,11 @@ def test_sequence_task_is_the_trainers_reverse_task():
     assert np.array_equal(tokens, again)
     with pytest.raises(ValueError, match="unknown sequence task 'revers'"):
         stillpoint.sequence_task("revers")
+
+
+@pytest.mark.parametrize("shape", [[2**62, 4], [2**31, 2**31], [2**20, 2**20, 2**21]])
+def test_a_shape_whose_size_overflows_is_refused(shape):
+    # Item 12 of issue 48: the element count overflowed int64 (or the byte
+    # count did) and the shape was accepted.
+    with pytest.raises(ValueError, match="more than 1152921504606846976"):
+        stillpoint.Tensor.zeros(shape)

@@ -493,8 +493,15 @@ TEST(BenchCommandTest, BadArgumentsExitWithTwoBeforeAnyWork) {
   args.threads = 0;
   expect_bad(args, "--threads");
   args = good;
+  args.threads = 100000;  // the true bound, not ">= 1"
+  expect_bad(args, "--threads must be in [1, 256], got 100000");
+  args = good;
   args.steps = 0;
   expect_bad(args, "--steps");
+  // --steps 99999999999 used to run for ever with no output.
+  args = good;
+  args.steps = 99999999999;
+  expect_bad(args, "--steps must be in [1, 100000], got 99999999999");
   args = good;
   args.warmup = -2;
   expect_bad(args, "--warmup");

@@ -97,6 +97,34 @@ TEST_F(CheckpointTest, AFailedSaveLeavesThePreviousCheckpointIntact) {
   EXPECT_EQ(LoadCheckpoint(path_).step, 42);
 }
 
+// A checksummed checkpoint whose metadata is wrong: a negative step was
+// accepted and logged as "step -5/20".
+TEST_F(CheckpointTest, NegativeCountsInTheMetadataAreRefused) {
+  for (const char* field : {"step", "data_epoch", "data_offset"}) {
+    CheckpointState state = SampleState();
+    if (std::string(field) == "step") state.step = -5;
+    if (std::string(field) == "data_epoch") state.data_epoch = -1;
+    if (std::string(field) == "data_offset") state.data_offset = -7;
+    const std::string message = ErrorLoading(SerializeCheckpoint(state));
+    EXPECT_NE(message.find(std::string("checkpoint 'mem': metadata: ") + field + " is -"),
+              std::string::npos)
+        << message;
+  }
+}
+
+// An endless file (/dev/zero) is refused at its first bytes, not read until
+// memory runs out.
+TEST_F(CheckpointTest, AnEndlessFileIsRefusedAtItsHeader) {
+  try {
+    LoadCheckpoint("/dev/zero");
+    FAIL() << "/dev/zero loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'/dev/zero': not a stillpoint checkpoint"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(CheckpointTest, MissingFileNamesThePath) {
   try {
     LoadCheckpoint((dir_ / "none.ckpt").string());

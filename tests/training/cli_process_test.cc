@@ -2,6 +2,7 @@
 // (signals, exit codes set by main, argument parsing before any command).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -41,8 +43,10 @@ class CliProcessTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  // Starts `stillpoint args...` with stdout and stderr in files.
-  void Start(const std::vector<std::string>& args) {
+  // Starts `stillpoint args...` with stdout and stderr in files; `in_child`
+  // runs in the child before the exec (another stdout, a resource limit).
+  void Start(const std::vector<std::string>& args,
+             const std::function<void()>& in_child = nullptr) {
     pid_ = ::fork();
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
@@ -50,6 +54,7 @@ class CliProcessTest : public ::testing::Test {
       const int err = ::open((dir_ / "stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(out, STDOUT_FILENO);
       ::dup2(err, STDERR_FILENO);
+      if (in_child) in_child();
       std::vector<char*> argv;
       std::string program = STILLPOINT_CLI_PATH;
       argv.push_back(program.data());
@@ -69,8 +74,9 @@ class CliProcessTest : public ::testing::Test {
     return status;
   }
 
-  int RunToEnd(const std::vector<std::string>& args) {
-    Start(args);
+  int RunToEnd(const std::vector<std::string>& args,
+               const std::function<void()>& in_child = nullptr) {
+    Start(args, in_child);
     const int status = Wait();
     EXPECT_TRUE(WIFEXITED(status)) << "status " << status;
     return WEXITSTATUS(status);
@@ -183,6 +189,115 @@ TEST_F(CliProcessTest, ASecondSigintStopsAtOnceAndKeepsTheLastCheckpoint) {
   // one of the step reached: complete and loadable in both cases.
   const CheckpointState state = LoadCheckpoint((dir_ / "run" / "checkpoint.ckpt").string());
   EXPECT_GE(state.step, 3);
+}
+
+// SIGHUP (the terminal closed) used to kill the run without the stop
+// checkpoint and summary that SIGINT and SIGTERM get.
+TEST_F(CliProcessTest, SighupStopsAsCtrlCDoesWithExitCode129) {
+  std::vector<std::string> args = LongRun();
+  args.push_back("train.checkpoint_every=0");
+  Start(args);
+  ASSERT_TRUE(WaitFor([&] { return MetricsRows() >= 2; })) << Text("stderr");
+  ASSERT_EQ(::kill(pid_, SIGHUP), 0);
+  const int status = Wait();
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 129) << Text("stderr");
+  EXPECT_EQ(LoadCheckpoint((dir_ / "run" / "checkpoint.ckpt").string()).step, MetricsRows());
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "summary.json"));
+  EXPECT_NE(Text("stderr").find("stopped by SIGHUP"), std::string::npos) << Text("stderr");
+  EXPECT_NE(Text("stderr").find(" --resume"), std::string::npos) << Text("stderr");
+}
+
+// Item 4 of issue 48: `stillpoint train ... | head -1` killed training at
+// the next progress line (exit 141, no message, no checkpoint, no summary).
+// Now the closed pipe stops the run after its step as Ctrl-C does, and the
+// resume command goes to stderr.
+TEST_F(CliProcessTest, StdoutPipedToAReaderThatExitsStopsWithACheckpoint) {
+  int pipe_ends[2];
+  ASSERT_EQ(::pipe(pipe_ends), 0);
+  std::vector<std::string> args = LongRun();
+  args.push_back("train.checkpoint_every=0");
+  args.push_back("log.progress=lines");
+  Start(args, [&] {
+    ::dup2(pipe_ends[1], STDOUT_FILENO);
+    ::close(pipe_ends[0]);
+  });
+  ::close(pipe_ends[1]);
+  // `head -1`: read the first line, then exit.
+  char first = 0;
+  ASSERT_EQ(::read(pipe_ends[0], &first, 1), 1);
+  ::close(pipe_ends[0]);
+  const int status = Wait();
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGPIPE) << Text("stderr");
+  const std::string err = Text("stderr");
+  EXPECT_NE(err.find("stopped by SIGPIPE"), std::string::npos) << err;
+  EXPECT_NE(err.find("Resume with:\n  stillpoint train "), std::string::npos) << err;
+  const CheckpointState state = LoadCheckpoint((dir_ / "run" / "checkpoint.ckpt").string());
+  EXPECT_GE(state.step, 1);
+  EXPECT_EQ(state.step, MetricsRows());
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "summary.json"));
+}
+
+// `ulimit -f` (SIGXFSZ) used to kill the run mid-save with no message and
+// leave checkpoint.ckpt.tmp.PID behind. Now the save fails with the path
+// named, exit 1, and the temporary is removed.
+TEST_F(CliProcessTest, AFileSizeLimitIsAnErrorNamingTheFileAndLeavesNoTemporary) {
+  std::vector<std::string> args = LongRun();
+  args.push_back("train.checkpoint_every=1");
+  Start(args, [] {
+    const struct rlimit limit = {16 << 10, 16 << 10};  // 16 KiB: less than a checkpoint
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+  });
+  const int status = Wait();
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << Text("stderr");
+  const std::string err = Text("stderr");
+  EXPECT_NE(err.find("SIGXFSZ"), std::string::npos) << err;
+  EXPECT_NE(err.find("cannot write '" + (dir_ / "run" / "checkpoint.ckpt").string() + "'"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("File too large"), std::string::npos) << err;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_ / "run")) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp."), std::string::npos)
+        << entry.path();
+  }
+}
+
+// Item 5 of issue 48: a failed write to stdout (/dev/full, a full disk)
+// exited 0 with truncated output.
+TEST_F(CliProcessTest, AFailedWriteToStdoutIsExitOneNamingIt) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const auto to_full = [] {
+    const int full = ::open("/dev/full", O_WRONLY);
+    ::dup2(full, STDOUT_FILENO);
+  };
+  EXPECT_EQ(RunToEnd({"config", "--json-schema"}, to_full), 1);
+  EXPECT_NE(Text("stderr").find("writing to standard output failed: No space left on device"),
+            std::string::npos)
+      << Text("stderr");
+  EXPECT_EQ(RunToEnd({"config", "--keys"}, to_full), 1);
+  EXPECT_EQ(RunToEnd({"config", "--keys"}), 0);
+  EXPECT_NE(Text("stdout").find("train.optimizer.lr"), std::string::npos);
+}
+
+// Item 11 of issue 48: under `ulimit -v 300000` the linked OpenBLAS (an
+// OpenMP build, loaded before main through Ceres' LAPACK as well) retried a
+// buffer allocation per core for ever. main.cc limits it to one thread
+// before any library initialises (its preinit function).
+TEST_F(CliProcessTest, StartsUnderAnAddressSpaceLimit) {
+  Start({"--version"}, [] {
+    const struct rlimit limit = {300000 << 10, 300000 << 10};  // ulimit -v 300000
+    ::setrlimit(RLIMIT_AS, &limit);
+  });
+  ASSERT_TRUE(WaitFor([&] {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+    pid_ = -1;
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    return true;
+  })) << "stillpoint --version did not return under ulimit -v 300000";
+  EXPECT_NE(Text("stdout").find("stillpoint "), std::string::npos) << Text("stderr");
 }
 
 TEST_F(CliProcessTest, AMisspeltCommandIsNamed) {

@@ -303,5 +303,35 @@ TEST_F(FileTest, CsvFeatureBeyondFloat32IsAnError) {
       << message;
 }
 
+// Item 1 of issue 48: task.path=/dev/zero, a huge file and a gzip bomb
+// ended in std::bad_alloc. Each is refused at the cap, naming the file and
+// the key that raises it; a file at the cap is read.
+TEST_F(FileTest, DataFilesBeyondTheCapAreRefusedNamingTheKey) {
+  ReadLimit limit;
+  limit.max_bytes = 1 << 20;
+  limit.raised_by = "task.max_file_mib";
+  const std::string zero = ErrorOf([&] { ReadFileMaybeGzip("/dev/zero", limit); });
+  EXPECT_NE(zero.find("'/dev/zero': more than 1 MiB (the cap of task.max_file_mib; raise "
+                      "task.max_file_mib to read it)"),
+            std::string::npos)
+      << zero;
+  // A plain file one byte over the cap, and one at the cap.
+  const std::string over = Write("over", std::string((1 << 20) + 1, '1'));
+  EXPECT_NE(ErrorOf([&] { ReadFileMaybeGzip(over, limit); }).find("more than 1 MiB"),
+            std::string::npos);
+  const std::string at = Write("at", std::string(1 << 20, '1'));
+  EXPECT_EQ(ReadFileMaybeGzip(at, limit).size(), std::size_t{1} << 20);
+  // A gzip bomb: 8 MiB of zeros compress to a few KiB; the decompressed
+  // bytes are what the cap counts.
+  const std::string bomb = Write("bomb", "") + ".gz";
+  EXPECT_LT(WriteGzip(bomb, std::string(8 << 20, '0')), std::size_t{1} << 16);
+  const std::string message = ErrorOf([&] { ReadFileMaybeGzip(bomb, limit); });
+  EXPECT_NE(message.find(bomb + "': more than 1 MiB"), std::string::npos) << message;
+  // The CSV dataset reader passes its options' limit through.
+  CsvDatasetOptions options{bomb, 3, 0, 4, 4, limit};
+  EXPECT_NE(ErrorOf([&] { LoadCsvDataset(options); }).find("task.max_file_mib"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace stillpoint

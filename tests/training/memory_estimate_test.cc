@@ -81,5 +81,32 @@ TEST(MemoryEstimateTest, TrainRefusesAModelLargerThanTheMachine) {
   fs::remove_all(dir);
 }
 
+// Item 2 of issue 48: task.train_examples=16777216 task.length=4096 (about
+// 1 TiB of generated sequences) passed the estimate and grew until
+// std::bad_alloc. The generated sets now count, and the keys are named.
+TEST(MemoryEstimateTest, TheGeneratedDatasetCountsAndItsKeysAreNamed) {
+  const Config small = Config::FromYaml(StillpointSchema(), kSmall, "small.yaml");
+  // 16 + 8 sequences of 5 tokens: each an Example and 5 int64 tokens and targets.
+  EXPECT_EQ(EstimateMemory(small, true).dataset, (16 + 8) * (sizeof(Example) + 2 * 8 * 5.0));
+  EXPECT_EQ(EstimateMemory(small, false).dataset, EstimateMemory(small, true).dataset);
+  const Config huge = Config::FromYaml(StillpointSchema(), kSmall, "small.yaml",
+                                       {"task.train_examples=16777216", "task.length=4096",
+                                        "model.max_length=4096"});
+  EXPECT_GT(EstimateMemory(huge, true).dataset, 1e12);
+  try {
+    CheckMemoryFits(huge, true, 64.0 * (1 << 30));
+    FAIL() << "a terabyte of generated sequences passed";
+  } catch (const ConfigError& error) {
+    const std::string m = error.what();
+    EXPECT_NE(m.find("dataset 1.0 TiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("task.train_examples=16777216"), std::string::npos) << m;
+    EXPECT_NE(m.find("task.length=4096"), std::string::npos) << m;
+  }
+  // Data files are not generated: their size is capped by task.max_file_mib.
+  const Config digits = Config::FromYaml(StillpointSchema(), kSmall, "small.yaml",
+                                         {"task.kind=digits", "task.train_examples=16777216"});
+  EXPECT_EQ(EstimateMemory(digits, true).dataset, 0);
+}
+
 }  // namespace
 }  // namespace stillpoint

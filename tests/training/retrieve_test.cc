@@ -149,6 +149,7 @@ TEST_F(RetrieveCliTest, CsvHeaderRowsAreSkipped) {
   ASSERT_EQ(RunRetrieve(args, out, err), 0) << err.str();
   EXPECT_NE(out.str().find("1 queries against 3 patterns"), std::string::npos) << out.str();
   args.queries_path = Write("qh3.csv", "x,y,z\n0.2,0.7\n");
+  args.out_dir = (dir_ / "out_header3").string();
   EXPECT_EQ(RunRetrieve(args, out, err), 2);
   EXPECT_NE(err.str().find("qh3.csv:2: 2 columns"), std::string::npos) << err.str();
 }
@@ -210,7 +211,12 @@ TEST_F(RetrieveCliTest, OutOfRangeOptionsAreInputErrors) {
        "--beta must be a positive finite number"},
       {[](RetrieveArgs* a) { a->beta = 1e39; }, "--beta 1e+39 does not fit in float32"},
       {[](RetrieveArgs* a) { a->out_dir = ""; }, "--out must name a directory"},
-      {[](RetrieveArgs* a) { a->max_iterations = 4294967298; }, "--max-iter must be in [1, "},
+      {[](RetrieveArgs* a) { a->max_iterations = 4294967298; },
+       "--max-iter must be in [1, 1048576], got 4294967298"},
+      // The solvers' true bound (it used to say [1, 2147483647] and then
+      // fail naming ForwardSolverOptions).
+      {[](RetrieveArgs* a) { a->max_iterations = 2000000; }, "--max-iter must be in [1, 1048576]"},
+      {[](RetrieveArgs* a) { a->tolerance = -1; }, "--tol must be a finite number >= 0"},
       {[](RetrieveArgs* a) { a->threads = 100000; }, "--threads must be in [1, 256]"},
       {[](RetrieveArgs* a) { a->threads = 0; }, "--threads must be in [1, 256]"},
   };

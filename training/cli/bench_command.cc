@@ -29,6 +29,8 @@ namespace {
 constexpr int kOk = 0;
 constexpr int kRuntimeFailure = 1;
 constexpr int kBadInput = 2;
+// The most timed (or warm-up) steps one bench invocation takes.
+constexpr int64_t kMaxBenchSteps = 100000;
 
 // W3 (bench/SPEC.md).
 constexpr int64_t kPatterns = 1024;
@@ -703,7 +705,10 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
   WeightsExport weights;
   if (args.workload == "allreduce") {
     try {
-      SP_CHECK(args.steps >= 1 && args.warmup >= 0, "--steps must be >= 1 and --warmup >= 0");
+      SP_CHECK(args.steps >= 1 && args.steps <= kMaxBenchSteps && args.warmup >= 0 &&
+                   args.warmup <= kMaxBenchSteps,
+               "--steps must be in [1, ", kMaxBenchSteps, "] and --warmup in [0, ",
+               kMaxBenchSteps, "]");
     } catch (const std::exception& e) {
       err << "error: " << e.what() << "\n";
       return kBadInput;
@@ -750,12 +755,16 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
     SP_CHECK(args.iterations >= 0 && args.iterations <= 100000,
              "--iters must be >= 1 (0: the workload's default), got ", args.iterations);
     iterations = static_cast<int>(args.iterations > 0 ? args.iterations : transformer ? 16 : 32);
-    SP_CHECK(args.threads >= 1 && args.threads <= 1024, "--threads must be >= 1, got ",
-             args.threads);
+    SP_CHECK(args.threads >= 1 && args.threads <= kMaxThreads, "--threads must be in [1, ",
+             kMaxThreads, "], got ", args.threads);
     SP_CHECK(args.shards >= 1, "--shards must be >= 1, got ", args.shards);
     SP_CHECK(transformer || args.shards == 1, "--shards does not apply to w3 (Hopfield retrieval)");
-    SP_CHECK(args.steps >= 1, "--steps must be >= 1, got ", args.steps);
-    SP_CHECK(args.warmup >= 0, "--warmup must be >= 0, got ", args.warmup);
+    // Bounded so a mistyped count ends: --steps 99999999999 ran for ever
+    // with no output.
+    SP_CHECK(args.steps >= 1 && args.steps <= kMaxBenchSteps, "--steps must be in [1, ",
+             kMaxBenchSteps, "], got ", args.steps);
+    SP_CHECK(args.warmup >= 0 && args.warmup <= kMaxBenchSteps, "--warmup must be in [0, ",
+             kMaxBenchSteps, "], got ", args.warmup);
     SP_CHECK(!args.scaling || transformer, "--scaling does not apply to w3 (Hopfield retrieval)");
     SP_CHECK(!args.scaling || args.threads >= 2,
              "--scaling compares 1 thread with --threads, which must then be >= 2, got ",

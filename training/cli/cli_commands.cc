@@ -8,6 +8,7 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <ostream>
 
 #include "training/checkpoint.h"
@@ -22,6 +23,7 @@
 #include "training/memory_estimate.h"
 #include "training/metrics.h"
 #include "training/retrieve.h"
+#include "training/output_policy.h"
 #include "training/run_directory.h"
 #include "training/signals.h"
 #include "training/trainer.h"
@@ -136,10 +138,11 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err,
         options.stop_after_steps = args.stop_after_steps;
         options.progress = &out;
         const std::string run_dir = RunDirectory(experiment.config, experiment.config_path);
+        // Before the first line: a closed stdout (SIGPIPE) stops the run too.
+        const StopOnSignals stop_on_signals;
         out << "training " << experiment.model->Name() << " (" << experiment.model->NumParameters()
             << " parameters) on " << experiment.config.GetString("task.kind") << "; run directory "
             << run_dir << "\n";
-        const StopOnSignals stop_on_signals;
         const TrainSummary summary = Train(experiment, options);
         if (summary_out != nullptr) *summary_out = summary;
         if (summary.already_complete) {
@@ -158,6 +161,17 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err,
           err << "error: training stopped early: " << summary.stop_reason << "\n";
           return kRuntimeFailure;
         }
+        // A run that reached its last step without training (lr 1e10: most
+        // steps skipped as non-finite, the loss NaN) is a failure, not exit 0.
+        if (!std::isfinite(summary.final_train_loss) ||
+            2 * summary.skipped_steps > summary.steps) {
+          err << "error: the run did not train: " << summary.skipped_steps << " of "
+              << summary.steps << " steps were skipped as non-finite and the last training loss "
+              << "is " << summary.final_train_loss << " (train.optimizer.lr is "
+              << experiment.config.ValueText("train.optimizer.lr")
+              << "; a smaller one, or train.clip_norm, keeps the steps finite)\n";
+          return kRuntimeFailure;
+        }
         return kOk;
       });
 }
@@ -169,9 +183,9 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
   return GuardedCommand(
       err,
       [&] {
-        SP_CHECK(args.iterations >= 0, "--iters must be >= 1 (0: as trained), got ",
+        SP_CHECK(args.iterations >= 0 && args.iterations <= kMaxSolverIterations,
+                 "--iters must be in [1, ", kMaxSolverIterations, "] (0: as trained), got ",
                  args.iterations);
-        SP_CHECK(args.iterations <= INT_MAX, "--iters ", args.iterations, " is too large");
         SP_CHECK(args.length >= 0, "--length must be >= 1 (0: as trained), got ", args.length);
         SP_CHECK(args.size >= 0, "--size must be >= 1 (0: as trained), got ", args.size);
         SP_CHECK(!args.until_converged || args.cap >= 1,
@@ -273,7 +287,7 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
         ChooseRunDirectory(&config, args.config_path, args.overwrite);
         ValidateCompareVariants(config, args.config_path);
         const std::string root = RunDirectory(config, args.config_path);
-        if (!args.overwrite) RefuseNonEmptyRunDirectory(root);
+        CheckRunDirectory(root, args.overwrite, args.config_path);
         out << "comparison in " << root << "\n";
       },
       [&] {
@@ -301,10 +315,22 @@ int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err) {
       [&] {
         SP_CHECK(!args.runs.empty(), "report: name at least one run directory");
         std::string listed, task;
+        // Each run once: one counted twice would pool as two seeds of one
+        // variant with a spread of zero.
+        std::map<std::string, std::string> seen;  // canonical path -> as found
         for (const std::string& given : args.runs) {
           std::string path = given;
           while (path.size() > 1 && path.back() == '/') path.pop_back();
           for (const std::string& run : FindRunDirectories(path)) {
+            std::error_code error;
+            std::string canonical = std::filesystem::canonical(run, error).string();
+            if (error) canonical = run;
+            const auto [it, added] = seen.emplace(canonical, run);
+            if (!added) {
+              throw ConfigError("report: '" + run + "' and '" + it->second +
+                                "' are the same run, given twice (directly or inside a "
+                                "comparison); name each run once");
+            }
             const std::string name =
                 run == path ? path : std::filesystem::relative(run, path).string();
             VariantResult v = LoadVariantResult(run, name);
@@ -329,6 +355,7 @@ int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err) {
         header.description = "Runs " + listed + (task.empty() ? "" : "; task `" + task + "`") +
                              " (stillpoint report).";
         root = args.out_dir.empty() ? NextFreeRunDirectory("runs/report") : args.out_dir;
+        CheckOutputDirectory(root, args.overwrite);
       },
       [&] {
         WriteComparisonReport(root, header, &report);
@@ -356,6 +383,7 @@ int RunExport(const ExportArgs& args, std::ostream& out, std::ostream& err) {
                                  : std::filesystem::path(args.run).parent_path()) /
                       ("weights." + args.format))
                          .string();
+        CheckOutputFile(path, args.overwrite);
       },
       [&] {
         if (args.format == "safetensors") {
@@ -384,20 +412,26 @@ int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err) 
                  "number, got ", args.beta);
         SP_CHECK(dtype != DType::kFloat32 || args.beta <= FLT_MAX, "--beta ", args.beta,
                  " does not fit in float32 (--dtype float64 holds it)");
-        SP_CHECK(args.threads >= 1 && args.threads <= 256, "--threads must be in [1, 256], got ",
-                 args.threads);
-        SP_CHECK(args.max_iterations >= 1 && args.max_iterations <= INT_MAX,
-                 "--max-iter must be in [1, ", INT_MAX, "], got ", args.max_iterations);
-        SP_CHECK(!args.out_dir.empty(), "--out must name a directory, got ''");
-        SP_CHECK(!std::filesystem::exists(args.out_dir) ||
-                     std::filesystem::is_directory(args.out_dir),
-                 "--out '", args.out_dir, "' is a file, not a directory");
+        SP_CHECK(args.threads >= 1 && args.threads <= kMaxThreads, "--threads must be in [1, ",
+                 kMaxThreads, "], got ", args.threads);
+        SP_CHECK(args.max_iterations >= 1 && args.max_iterations <= kMaxSolverIterations,
+                 "--max-iter must be in [1, ", kMaxSolverIterations, "], got ",
+                 args.max_iterations);
+        SP_CHECK(std::isfinite(args.tolerance) && args.tolerance >= 0, "--tol must be a finite "
+                 "number >= 0, got ", args.tolerance);
+        CheckOutputDirectory(args.out_dir, args.overwrite);
         options.relative_tolerance = args.tolerance;
         options.max_iterations = static_cast<int>(args.max_iterations);
         std::string error;
-        SP_CHECK(options.IsValid(&error), "solver options: ", error);
-        patterns = ReadCsvMatrix(args.patterns_path, dtype);
-        queries = ReadCsvMatrix(args.queries_path, dtype);
+        SP_CHECK(options.IsValid(&error), "--solver ", args.solver, ": ", error);
+        SP_CHECK(args.max_file_mib >= 1 && args.max_file_mib <= (int64_t{1} << 24),
+                 "--max-file-mib must be in [1, ", int64_t{1} << 24, "], got ",
+                 args.max_file_mib);
+        ReadLimit limit;
+        limit.max_bytes = static_cast<uint64_t>(args.max_file_mib) << 20;
+        limit.raised_by = "--max-file-mib";
+        patterns = ReadCsvMatrix(args.patterns_path, dtype, limit);
+        queries = ReadCsvMatrix(args.queries_path, dtype, limit);
         SP_CHECK(patterns.dim(1) == queries.dim(1), args.queries_path, ": queries have ",
                  queries.dim(1), " columns but the patterns in ", args.patterns_path, " have ",
                  patterns.dim(1));

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/serialize.h"    // ReadLimit
 #include "training/provenance.h"  // StillpointVersion
 
 namespace stillpoint {
@@ -79,16 +80,21 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
 struct ReportArgs {
   std::vector<std::string> runs;
   std::string out_dir;
+  bool overwrite = false;  // replace the report files of an existing out_dir
 };
 int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err);
 
 // `stillpoint export RUN --format safetensors|npz [--out FILE]`: the
 // parameters of a run (its checkpoint) in a format PyTorch and NumPy read
-// (training/weights_file.h); FILE defaults to RUN/weights.<format>.
+// (training/weights_file.h); FILE defaults to RUN/weights.<format>. The
+// output policy (training/output_policy.h) applies to every command's
+// outputs: an existing file or non-empty directory is replaced only with
+// --overwrite, a run's own files, devices and FIFOs never.
 struct ExportArgs {
   std::string run;  // run directory or checkpoint file
   std::string format;
   std::string out;
+  bool overwrite = false;  // replace an existing file (never a run's own, a device, a FIFO)
 };
 int RunExport(const ExportArgs& args, std::ostream& out, std::ostream& err);
 
@@ -102,6 +108,8 @@ struct RetrieveArgs {
   int64_t max_iterations = 32;
   int threads = 1;
   std::string dtype = "float32";
+  int64_t max_file_mib = ReadLimit::kDefaultMaxMib;  // cap of each CSV, decompressed
+  bool overwrite = false;  // write into an out_dir that holds files
 };
 int RunRetrieve(const RetrieveArgs& args, std::ostream& out, std::ostream& err);
 

@@ -59,6 +59,7 @@ SeedDemoCommands::SeedDemoCommands(CLI::App& app) : state_(std::make_unique<Stat
       "Seed 003: attention over L exchangeable tokens converges to the kernel-weighted "
       "conditional mean like L^-1/2 (dot-product and RBF logits)");
   s.exchangeable->add_option("--out", x.out_dir, "Output directory")->required();
+  s.exchangeable->add_flag("--overwrite", x.overwrite, "Write into an --out directory that holds files");
   s.exchangeable->add_option("--min-tokens", x.min_tokens, "Smallest L")->capture_default_str();
   s.exchangeable->add_option("--max-tokens", x.max_tokens, "Largest L")->capture_default_str();
   s.exchangeable->add_option("--trials", x.trials, "Trials (latents) per L")
@@ -73,6 +74,7 @@ SeedDemoCommands::SeedDemoCommands(CLI::App& app) : state_(std::make_unique<Stat
       "Seeds 000/002: hidden-state distribution over an implicit solve and the layer-norm "
       "equilibrium's convergence rate against lambda2/lambda1");
   s.hidden_state->add_option("--out", h.out_dir, "Output directory")->required();
+  s.hidden_state->add_flag("--overwrite", h.overwrite, "Write into an --out directory that holds files");
   s.hidden_state->add_option("--run", h.run,
                              "A trained run (directory or .ckpt) with an implicit layer; "
                              "without it, the layer-norm equilibrium model");
@@ -94,6 +96,7 @@ SeedDemoCommands::SeedDemoCommands(CLI::App& app) : state_(std::make_unique<Stat
       "Seed 004: clamped-value belief propagation (accuracy as positions are clamped) and "
       "online key adaptation on shifted digits");
   s.correction->add_option("--out", c.out_dir, "Output directory")->required();
+  s.correction->add_flag("--overwrite", c.overwrite, "Write into an --out directory that holds files");
   s.correction->add_option("--train-steps", c.train_steps, "Training steps of the segment model")
       ->capture_default_str();
   s.correction->add_option("--observation-accuracy", c.observation_accuracy,

@@ -3,9 +3,12 @@
 // (command line, config, data files), reported before any work starts; 130
 // and 143 after a graceful stop on SIGINT and SIGTERM (training/signals.h).
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -16,8 +19,52 @@
 #include "training/config.h"
 #include "training/cli/demo_cli.h"
 #include "training/distributed.h"
+#include "training/output_policy.h"
 #include "training/provenance.h"
 
+namespace {
+
+// The OpenMP build of OpenBLAS that Debian links (directly, and through
+// Ceres' LAPACK) allocates a large buffer per thread while it loads, one
+// thread per core unless OPENBLAS_NUM_THREADS (or, in older builds,
+// OMP_NUM_THREADS) says otherwise, and retries a failed allocation for ever:
+// under `ulimit -v 300000`, `stillpoint --version` never returned.
+// stillpoint runs every BLAS call on one thread (framework/kernels/gemm.cc),
+// so one buffer is all it needs, and nothing else in it uses OpenMP
+// (ParallelFor is oneTBB).
+//
+// The variables must be set before OpenBLAS initialises, which is before
+// main. An executable's .preinit_array runs before any shared library's
+// initialiser, but libc's own initialiser then resets the environment to
+// the one the process started with, so a setenv() there is lost. So this
+// function, when either variable is unset, starts the program again
+// (execve of /proc/self/exe, same arguments) with them set to 1; a user's
+// own settings are kept, and if the exec fails the program goes on as it
+// would have.
+void LimitBlasBeforeItLoads(int, char** argv, char** envp) {
+  const char* const wanted[] = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
+  bool present[2] = {false, false};
+  int count = 0;
+  for (; envp[count] != nullptr; ++count) {
+    for (int w = 0; w < 2; ++w) {
+      const std::size_t name = std::strchr(wanted[w], '=') - wanted[w] + 1;
+      if (std::strncmp(envp[count], wanted[w], name) == 0) present[w] = true;
+    }
+  }
+  if (present[0] && present[1]) return;
+  std::vector<char*> environment(envp, envp + count);
+  for (int w = 0; w < 2; ++w) {
+    if (!present[w]) environment.push_back(const_cast<char*>(wanted[w]));
+  }
+  environment.push_back(nullptr);
+  ::execve("/proc/self/exe", argv, environment.data());
+  // Only on failure (no /proc): go on with the environment as it is.
+}
+
+__attribute__((section(".preinit_array"), used)) void (*const kPreinit)(int, char**, char**) =
+    &LimitBlasBeforeItLoads;
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace stillpoint;
@@ -29,6 +76,16 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;
   }
+  // stdout through a buffer that keeps the reason of a failed write
+  // (training/output_policy.h); &std::cout stays the stream commands see.
+  CheckedOutputBuffer stdout_buffer(STDOUT_FILENO);
+  struct RestoreCout {  // on every return: std::cout outlives main
+    std::streambuf* previous;
+    ~RestoreCout() {
+      std::cout.flush();
+      std::cout.rdbuf(previous);
+    }
+  } const restore_cout{std::cout.rdbuf(&stdout_buffer)};
   std::ostream silent(nullptr);
   std::ostream& out = IsMainRank() ? std::cout : silent;
   std::ostream& err = IsMainRank() ? std::cerr : silent;
@@ -97,6 +154,8 @@ int main(int argc, char** argv) {
       ->required();
   report_cmd->add_option("--out", report.out_dir,
                          "Directory of the report (default: the first free runs/report[-N])");
+  report_cmd->add_flag("--overwrite", report.overwrite,
+                       "Write into an --out directory that holds files (never a run directory)");
 
   ExportArgs export_args;
   CLI::App* export_cmd = app.add_subcommand(
@@ -104,6 +163,9 @@ int main(int argc, char** argv) {
   export_cmd->add_option("run", export_args.run, "Run directory or .ckpt file")->required();
   export_cmd->add_option("--format", export_args.format, "safetensors or npz")->required();
   export_cmd->add_option("--out", export_args.out, "Output file (default RUN/weights.FORMAT)");
+  export_cmd->add_flag("--overwrite", export_args.overwrite,
+                       "Replace an existing output file (never a run's own file, a device or a "
+                       "FIFO; a symlink is replaced as a link)");
 
   RetrieveArgs retrieve;
   CLI::App* retrieve_cmd = app.add_subcommand(
@@ -126,6 +188,11 @@ int main(int argc, char** argv) {
   retrieve_cmd->add_option("--threads", retrieve.threads, "Worker threads")
       ->capture_default_str();
   retrieve_cmd->add_option("--dtype", retrieve.dtype, "float32 or float64")
+      ->capture_default_str();
+  retrieve_cmd->add_flag("--overwrite", retrieve.overwrite,
+                         "Write into an --out directory that holds files");
+  retrieve_cmd->add_option("--max-file-mib", retrieve.max_file_mib,
+                           "The most MiB read from each CSV (after decompression)")
       ->capture_default_str();
 
   BenchArgs bench;
@@ -202,14 +269,23 @@ int main(int argc, char** argv) {
     const int code = IsMainRank() ? app.exit(e) : e.get_exit_code();
     return code == 0 ? 0 : 2;
   }
-  if (*train_cmd) return RunTrain(train, out, err);
-  if (*eval_cmd) return RunEval(eval, out, err);
-  if (*compare_cmd) return RunCompare(compare, out, err);
-  if (*report_cmd) return RunReport(report, out, err);
-  if (*export_cmd) return RunExport(export_args, out, err);
-  if (*retrieve_cmd) return RunRetrieve(retrieve, out, err);
-  if (*bench_cmd) return RunBench(bench, out, err);
-  if (*config_cmd) return RunConfig(config, out, err);
-  if (seed_demos.Selected()) return seed_demos.Run(out, err);
-  return 2;
+  const auto run = [&]() -> int {
+    if (*train_cmd) return RunTrain(train, out, err);
+    if (*eval_cmd) return RunEval(eval, out, err);
+    if (*compare_cmd) return RunCompare(compare, out, err);
+    if (*report_cmd) return RunReport(report, out, err);
+    if (*export_cmd) return RunExport(export_args, out, err);
+    if (*retrieve_cmd) return RunRetrieve(retrieve, out, err);
+    if (*bench_cmd) return RunBench(bench, out, err);
+    if (*config_cmd) return RunConfig(config, out, err);
+    if (seed_demos.Selected()) return seed_demos.Run(out, err);
+    return 2;
+  };
+  int code = run();
+  // A failed or short write to stdout (a full disk, /dev/full) is a failure,
+  // not exit 0 with truncated output (training/output_policy.h).
+  if (IsMainRank() && !CheckStandardOutput(std::cout, std::cerr, &stdout_buffer) && code == 0) {
+    code = 1;
+  }
+  return code;
 }

@@ -37,6 +37,7 @@ DatasetSplit MakeCsv(const CsvOptions& o, const DatasetRequest& request) {
   options.feature_dim = o.feature_dim;
   options.vocab_size = o.vocab_size;
   options.num_classes = o.num_classes;
+  options.limit = DataReadLimit(*request.config);
   if (options.path.empty() || o.test_path.empty()) {
     throw ConfigError("needs task.path and task.test_path");
   }

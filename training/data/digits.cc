@@ -37,7 +37,7 @@ DatasetSplit MakeDigits(const DigitsOptions& o, const DatasetRequest& request) {
     const char* dir = std::getenv("STILLPOINT_DATA_DIR");
     path = std::string(dir && *dir ? dir : STILLPOINT_DATA_DIR) + "/digits.csv.gz";
   }
-  DigitsSplit digits = LoadDigits(path, o.test_fraction, request.seed);
+  DigitsSplit digits = LoadDigits(path, o.test_fraction, request.seed, DataReadLimit(*request.config));
   DatasetSplit split;
   split.train = std::move(digits.train);
   split.test = std::move(digits.test);

@@ -65,6 +65,10 @@ using DatasetFactory = std::function<DatasetSplit(const DatasetRequest& request)
 struct TaskFootprint {
   int64_t length = 0;      // tokens per training example
   int64_t vocab_size = 0;  // rows of the token embedding (0: feature inputs)
+  // Examples held in memory (training and held-out sets) when the task
+  // generates them; 0 for tasks read from files (their files are capped by
+  // task.max_file_mib instead).
+  int64_t examples = 0;
   // The config keys that set the two, named when a run cannot fit.
   std::vector<std::string> keys;
 };
@@ -138,7 +142,16 @@ TaskDefinition DefineSyntheticTask(
     split.grid_width = std::max(info.grid_width, split.test->info().grid_width);
     return split;
   };
-  TaskDefinition task = DefineTask<Options>(std::move(doc), make, std::move(footprint));
+  // A generated dataset is held whole: its size counts in the memory
+  // estimate, and its example counts are keys that set it.
+  auto counted = [footprint](const Options& o) {
+    TaskFootprint f = footprint(o);
+    f.examples = o.train_examples + o.test_examples;
+    f.keys.push_back("task.train_examples");
+    f.keys.push_back("task.test_examples");
+    return f;
+  };
+  TaskDefinition task = DefineTask<Options>(std::move(doc), make, counted);
   task.generate = [draw](const Config& config, int64_t examples, uint64_t seed) {
     return draw(ReadOptionKeys(config, "task.", Options::Fields()), examples, seed);
   };

@@ -1,6 +1,7 @@
 #include "training/demos/correction_demo.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -372,16 +373,18 @@ void CheckCorrectionDemoOptions(const CorrectionDemoOptions& o) {
            o.train_steps);
   SP_CHECK(o.belief_iterations >= 1 && o.belief_iterations <= 1000,
            "--belief-iterations must be in [1, 1000], got ", o.belief_iterations);
-  SP_CHECK(o.value_prior_precision > 0.0 && std::isfinite(o.value_prior_precision),
-           "--value-prior-precision must be > 0 (at 0 one clamp overwrites every key's value), "
-           "got ", o.value_prior_precision);
+  SP_CHECK(o.value_prior_precision > 0.0 && o.value_prior_precision <= FLT_MAX,
+           "--value-prior-precision must be in (0, ", FLT_MAX, "] (at 0 one clamp overwrites "
+           "every key's value; beyond, float32 holds no such number), got ",
+           o.value_prior_precision);
   SP_CHECK(o.prototype_steps >= 1 && o.prototype_steps <= 1000000,
            "--prototype-steps must be >= 1, got ", o.prototype_steps);
   SP_CHECK(std::isfinite(o.shift_offset), "--shift must be finite");
   SP_CHECK(o.adaptation_iterations >= 1 && o.adaptation_iterations <= 1000,
            "--adaptation-iterations must be in [1, 1000], got ", o.adaptation_iterations);
-  SP_CHECK(o.key_prior_precision >= 0.0 && std::isfinite(o.key_prior_precision),
-           "--key-prior-precision must be >= 0, got ", o.key_prior_precision);
+  SP_CHECK(o.key_prior_precision >= 0.0 && o.key_prior_precision <= FLT_MAX,
+           "--key-prior-precision must be in [0, ", FLT_MAX, "] (float32), got ",
+           o.key_prior_precision);
   SP_CHECK(o.prototypes >= 1 && o.adaptation_batch >= 2 && o.train_examples >= 64 &&
                o.test_examples >= 64,
            "prototypes, adaptation_batch and the example counts are too small");
@@ -389,7 +392,7 @@ void CheckCorrectionDemoOptions(const CorrectionDemoOptions& o) {
 
 CorrectionDemoResult RunCorrectionDemo(const CorrectionDemoOptions& o, std::ostream& out) {
   CheckCorrectionDemoOptions(o);
-  PrepareDemoDirectory(o.out_dir);
+  PrepareDemoDirectory(o.out_dir, o.overwrite);
   const fs::path dir = fs::absolute(o.out_dir);
   fs::create_directories(dir / "data");
   Rng data_rng(o.seed);
@@ -513,6 +516,15 @@ void RunCorrect(const CorrectArgs& args, std::ostream& out) {
   Experiment experiment = LoadTrainedRun(args.run);
   SequenceModel& model = *experiment.model;
   RequireProbabilisticAttention(model, args.run);
+  // The belief update runs in the run's dtype, where a larger value is
+  // infinite and the predictions garbage.
+  if (experiment.dtype == DType::kFloat32 && args.value_prior_precision > FLT_MAX) {
+    std::ostringstream message;
+    message << "--value-prior-precision " << args.value_prior_precision
+            << " does not fit in float32, the dtype of run '" << args.run << "' (at most "
+            << FLT_MAX << ")";
+    throw ConfigError(message.str());
+  }
   const DatasetInfo& info = experiment.train->info();
   if (info.vocab_size <= 0) {
     throw ConfigError("run '" + args.run + "' reads feature vectors, not token ids");

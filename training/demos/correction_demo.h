@@ -50,6 +50,7 @@ namespace stillpoint {
 
 struct CorrectionDemoOptions {
   std::string out_dir;
+  bool overwrite = false;  // write into an out_dir that holds files
   // Part 1: the segment task.
   int64_t segments = 4;
   int64_t segment_length = 4;

@@ -9,6 +9,7 @@
 #include "framework/check.h"
 #include "training/config.h"
 #include "training/metrics.h"
+#include "training/output_policy.h"
 
 namespace stillpoint {
 
@@ -50,8 +51,9 @@ std::string DemoSummary::ToJson() const {
   return out.str();
 }
 
-void PrepareDemoDirectory(const std::string& dir) {
+void PrepareDemoDirectory(const std::string& dir, bool overwrite) {
   if (dir.empty()) throw ConfigError("--out must name a directory");
+  CheckOutputDirectory(dir, overwrite);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec || !std::filesystem::is_directory(dir)) {

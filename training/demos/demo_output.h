@@ -32,8 +32,10 @@ class DemoSummary {
 };
 
 // Creates dir (and parents); throws a ConfigError (bad input) naming it
-// when it cannot, or when it exists and is not a directory.
-void PrepareDemoDirectory(const std::string& dir);
+// when it cannot, or when the output policy refuses it
+// (CheckOutputDirectory, training/output_policy.h: not a directory, a run
+// directory, or holding files without `overwrite`).
+void PrepareDemoDirectory(const std::string& dir, bool overwrite);
 
 // Least-squares slope and intercept of y against x.
 struct LineFit {

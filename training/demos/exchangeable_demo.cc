@@ -169,7 +169,7 @@ void CheckExchangeableDemoOptions(const ExchangeableDemoOptions& o) {
 
 ExchangeableDemoResult RunExchangeableDemo(const ExchangeableDemoOptions& o, std::ostream& out) {
   CheckExchangeableDemoOptions(o);
-  PrepareDemoDirectory(o.out_dir);
+  PrepareDemoDirectory(o.out_dir, o.overwrite);
 
   const Problem problem;
   Rng rng(o.seed);

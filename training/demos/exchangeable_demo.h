@@ -33,6 +33,7 @@ namespace stillpoint {
 
 struct ExchangeableDemoOptions {
   std::string out_dir;
+  bool overwrite = false;  // write into an out_dir that holds files
   // Token counts L = min_tokens, 2 min_tokens, ..., up to max_tokens
   // (powers of two apart; min_tokens >= 2).
   int64_t min_tokens = 4;

@@ -260,7 +260,7 @@ void CheckHiddenStateDemoOptions(const HiddenStateDemoOptions& o) {
 HiddenStateDemoResult RunHiddenStateDemo(const HiddenStateDemoOptions& o, std::ostream& out) {
   CheckHiddenStateDemoOptions(o);
   const Measured m = o.run.empty() ? RunLayerNormEquilibrium(o) : RunTrainedModel(o);
-  PrepareDemoDirectory(o.out_dir);
+  PrepareDemoDirectory(o.out_dir, o.overwrite);
   const Distribution d = Describe(m.iterates);
   const std::filesystem::path dir(o.out_dir);
 

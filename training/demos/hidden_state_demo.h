@@ -42,6 +42,7 @@ namespace stillpoint {
 
 struct HiddenStateDemoOptions {
   std::string out_dir;
+  bool overwrite = false;  // write into an out_dir that holds files
   // A trained run (directory or .ckpt); empty: the S7b model.
   std::string run;
   // S7b: state width D (>= 3) and number of tokens (>= 2 D).

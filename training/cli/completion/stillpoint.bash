@@ -19,8 +19,8 @@ _stillpoint() {
     train) options="--resume --force --overwrite --stop-after --help" ;;
     eval) options="--iters --length --size --until-converged --cap --json --gradient-check --help" ;;
     compare) options="--overwrite --help" ;;
-    report) options="--out --help" ;;
-    retrieve) options="--patterns --queries --out --beta --solver --tol --max-iter --threads --dtype --help" ;;
+    report) options="--out --overwrite --help" ;;
+    retrieve) options="--patterns --queries --out --beta --solver --tol --max-iter --threads --dtype --max-file-mib --overwrite --help" ;;
     bench) options="--model --attention --no-warm-start --iters --threads --shards --steps --warmup --scaling --json --weights --dtype --seed --help" ;;
     config) options="--resolved --doc --json-schema --keys --help" ;;
     *) return ;;
