@@ -15,6 +15,7 @@
 #include "framework/ops.h"
 #include "framework/random.h"
 #include "layers/attention.h"
+#include "layers/energy_attention.h"
 #include "layers/models.h"
 
 namespace stillpoint {
@@ -180,6 +181,38 @@ TEST(MultiHeadAttentionLayout, GradientsThroughMaskBiasAndRotation) {
     const auto f = [&](const VarList& in) { return attention.Forward(in[0]); };
     const auto r = CheckGradients(f, {x});
     EXPECT_TRUE(r) << ToString(mask) << ": " << r;
+  }
+}
+
+ImplicitOptions TightSolve();
+
+// The implicit gradient of every energy attention through its masked and
+// rotated logits, against central differences of its fixed point.
+TEST(EnergyAttentionLayout, GradientsThroughMaskBiasAndRotation) {
+  for (const std::string block : {"hopfield", "probabilistic", "expfam", "energy_transformer"}) {
+    for (PositionScheme scheme : {PositionScheme::kAlibi, PositionScheme::kRotary}) {
+      Rng rng(8);
+      auto layout = std::make_shared<AttentionLayout>();
+      layout->mask = AttentionMaskKind::kCausal;
+      layout->positions = scheme;
+      EnergyAttentionOptions options;
+      options.block.layer = block;
+      options.block.dim = 8;
+      options.block.heads = 2;
+      options.block.key_grad = KeyGrad::kStop;
+      options.block.dtype = DType::kFloat64;
+      options.block.layout = layout;
+      options.solver = TightSolve();
+      options.solver.backward.tolerance = 1e-13;
+      options.solver.backward.max_iterations = 400;
+      EnergyAttention attention(options, rng);
+      const Var x(RandomNormal(Shape{1, 4, 8}, 0, 1, DType::kFloat64, rng), true);
+      const auto f = [&](const VarList& in) { return attention.Forward(in[0]); };
+      GradCheckOptions check;
+      check.relative_tolerance = 1e-5;
+      const auto r = CheckGradients(f, {x}, check);
+      EXPECT_TRUE(r) << block << " " << ToString(scheme) << ": " << r;
+    }
   }
 }
 
