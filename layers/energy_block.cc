@@ -114,6 +114,7 @@ class HopfieldBlock : public CatalogueBlock<HopfieldAttention> {
                                            .beta = ResolvedBeta(o),
                                            .causal = o.causal,
                                            .query_field = true,
+                                           .contraction = o.pattern_contraction,
                                            .dtype = o.dtype},
                            rng)) {}
 
@@ -373,6 +374,12 @@ const OptionFields<EnergyBlockOptions>& EnergyBlockOptions::Fields() {
                    "at every state (its Jacobian beta_v Cov_w(mu) is symmetric positive "
                    "semidefinite); 0: off (training can make the fixed point a saddle)")
            .AppliesWhen(ReadBy("probabilistic"))
+           .Double("pattern_contraction", &O::pattern_contraction,
+                   OptionBounds::Open(0.0, 1.0).OrZero(),
+                   "Energy attention, hopfield only (an error for a config without it): the keys "
+                   "are scaled to |beta| |k_j|^2 < c so the CCCP map contracts by at most c at "
+                   "every state (its Jacobian beta K^T Cov_p K is symmetric); 0: off")
+           .AppliesWhen(ReadBy("hopfield"))
            .Bool("normalize_input", &O::normalize_input,
                  "Energy attention: layer norm of the block's input before its projections "
                  "(keeps the operating point whatever the embedding scale)")

@@ -131,6 +131,10 @@ struct EnergyBlockOptions {
   // symmetric positive definite I - J admits CG. 0: off (the value term can
   // then outgrow the mixture's spread and the fixed point becomes a saddle).
   double value_contraction = 0.9;
+  // hopfield: the same bound for its CCCP map (HopfieldOptions::
+  // contraction): the keys are scaled to |beta| |k_j|^2 < c, so the map's
+  // Jacobian beta K^T Cov_p K has every eigenvalue below c in modulus. 0: off.
+  double pattern_contraction = 0.9;
   // Layer norm of the block's input before its projections (parameters
   // "norm.gain", "norm.bias"): keeps every block at its operating point
   // whatever the scale of the embedding or of the state.

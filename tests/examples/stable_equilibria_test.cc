@@ -27,7 +27,7 @@
 namespace stillpoint {
 namespace {
 
-using testing_support::Quoted;
+using testing_support::TrainCommand;
 
 struct Checks {
   std::vector<double> spectral_radius;  // one per evaluation
@@ -41,18 +41,15 @@ class StableEquilibriaTest : public testing_support::ScratchDirTest {
   // 100 steps of the quickstart's probabilistic/energy variant (300 in the
   // config), evaluated every 25; returns the checks of every evaluation.
   Checks Train(const std::string& sub, const std::vector<std::string>& overrides) {
-    std::string command = Quoted(STILLPOINT_CLI_PATH) + " train " +
-                          Quoted(std::string(STILLPOINT_SOURCE_DIR) +
-                                 "/examples/configs/quickstart.yaml");
-    for (const std::string& o :
-         {std::string("model.kind=energy"), std::string("model.attention=probabilistic"),
-          std::string("train.steps=100"), std::string("train.eval_every=25"),
-          std::string("train.checkpoint_every=0"), std::string("log.plots=false"),
-          std::string("log.dir=") + (dir_ / sub).string(), std::string("log.progress=none")}) {
-      command += " " + Quoted(o);
-    }
-    for (const std::string& o : overrides) command += " " + Quoted(o);
-    command += " > " + Quoted((dir_ / (sub + ".out")).string()) + " 2>&1";
+    std::vector<std::string> all = {"model.kind=energy",        "model.attention=probabilistic",
+                                    "train.steps=100",          "train.eval_every=25",
+                                    "train.checkpoint_every=0", "log.plots=false",
+                                    "log.dir=" + (dir_ / sub).string(), "log.progress=none"};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    const std::string command =
+        TrainCommand(STILLPOINT_CLI_PATH,
+                     std::string(STILLPOINT_SOURCE_DIR) + "/examples/configs/quickstart.yaml", all,
+                     dir_ / (sub + ".out"));
     const int status = std::system(command.c_str());
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command;
     const std::map<std::string, std::vector<double>> metrics = ReadRunMetrics((dir_ / sub).string());

@@ -358,6 +358,8 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"model.energy.beta", {{"model.kind=energy"}, "2.5"}},
       {"model.energy.value_precision",
        {{"model.kind=energy", "model.energy.layer=probabilistic"}, "0.25"}},
+      {"model.energy.pattern_contraction",
+       {{"model.kind=energy", "model.energy.layer=hopfield"}, "0.5"}},
       {"model.energy.value_contraction",
        {{"model.kind=energy", "model.energy.layer=probabilistic"}, "0.5"}},
       {"model.energy.key_grad", {{"model.kind=energy", energy_transformer}, "stop"}},
