@@ -85,36 +85,6 @@ TEST(JacobianFrobeniusPenalty, RejectsBadProbeCount) {
   EXPECT_THROW(JacobianFrobeniusPenalty(p.cell, p.z0, 0, rng), Error);
 }
 
-TEST(SpectralRadius, FindsTheDominantEigenvalue) {
-  // Affine map with W = Q diag(0.8, -0.5, 0.4, 0.3, -0.2) Q^T: rho = 0.8.
-  ImplicitProblem p = AffineProblem(2, 5, 2, false, 8);
-  Rng rng(9);
-  Eigen::MatrixXd m(5, 5);
-  for (int i = 0; i < 5; ++i) {
-    for (int j = 0; j < 5; ++j) m(i, j) = rng.Normal();
-  }
-  const Eigen::HouseholderQR<Eigen::MatrixXd> qr(m);
-  const Eigen::MatrixXd q = qr.householderQ();
-  Eigen::VectorXd eigenvalues(5);
-  eigenvalues << 0.8, -0.5, 0.4, 0.3, -0.2;
-  const Eigen::MatrixXd w = q * eigenvalues.asDiagonal() * q.transpose();
-  Tensor& w_value = p.params[0].mutable_value();
-  for (int i = 0; i < 5; ++i) {
-    for (int j = 0; j < 5; ++j) w_value.set(i * 5 + j, w(i, j));
-  }
-  SpectralRadiusOptions options;
-  options.max_iterations = 100;
-  options.tolerance = 1e-12;
-  const SpectralRadiusResult result = EstimateSpectralRadius(p.cell, p.z0, options);
-  ASSERT_EQ(result.radius.size(), 2u);
-  for (int b = 0; b < 2; ++b) {
-    EXPECT_NEAR(result.radius[b], 0.8, 1e-6) << b;
-    EXPECT_TRUE(result.converged[b]);
-    EXPECT_LT(result.iterations[b], 100);
-  }
-  EXPECT_NEAR(result.max_radius, 0.8, 1e-6);
-}
-
 // Sets the affine problem's W (J_b = W) to S diag(eigenvalues) S^-1 with a
 // random S, orthogonal when symmetric.
 void SetKnownSpectrum(ImplicitProblem* p, const std::vector<double>& eigenvalues, bool symmetric,
@@ -138,6 +108,23 @@ void SetKnownSpectrum(ImplicitProblem* p, const std::vector<double>& eigenvalues
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) w_value.set(i * n + j, w(i, j));
   }
+}
+
+TEST(SpectralRadius, FindsTheDominantEigenvalue) {
+  // Affine map with W = Q diag(0.8, -0.5, 0.4, 0.3, -0.2) Q^T: rho = 0.8.
+  ImplicitProblem p = AffineProblem(2, 5, 2, false, 8);
+  SetKnownSpectrum(&p, {0.8, -0.5, 0.4, 0.3, -0.2}, /*symmetric=*/true, 9);
+  SpectralRadiusOptions options;
+  options.max_iterations = 100;
+  options.tolerance = 1e-12;
+  const SpectralRadiusResult result = EstimateSpectralRadius(p.cell, p.z0, options);
+  ASSERT_EQ(result.radius.size(), 2u);
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_NEAR(result.radius[b], 0.8, 1e-6) << b;
+    EXPECT_TRUE(result.converged[b]);
+    EXPECT_LT(result.iterations[b], 100);
+  }
+  EXPECT_NEAR(result.max_radius, 0.8, 1e-6);
 }
 
 // The Rayleigh quotient keeps the dominant eigenvalue's sign: an
