@@ -92,7 +92,14 @@ HopfieldProblem HopfieldAttention::Prepare(const Var& stored,
   Var y = norm_stored_ ? norm_stored_->Forward(stored) : stored;
   Var r = norm_state_ ? norm_state_->Forward(state) : state;
   HopfieldProblem problem;
-  problem.context.Set("keys", SplitHeads(wk_->Forward(y), o.head_dim));
+  Var keys = SplitHeads(wk_->Forward(y), o.head_dim);  // [B, H, S, d]
+  if (o.contraction > 0.0) {
+    // k_j / sqrt(1 + |beta| |k_j|^2 / c): |beta| |k_j|^2 < c (see the option).
+    const Var scaled =
+        mul_scalar(mul(abs(Beta4()), sum(square(keys), -1, /*keepdim=*/true)), 1.0 / o.contraction);
+    keys = div(keys, sqrt(add_scalar(scaled, 1.0)));
+  }
+  problem.context.Set("keys", keys);
   AddAttentionMask(mask, o.causal, batch, o.heads, state.dim(1), stored.dim(1), o.dtype,
                    &problem.context);
   problem.initial_state = SplitHeads(wq_->Forward(r), o.head_dim);
@@ -255,6 +262,9 @@ const OptionFields<HopfieldOptions>& HopfieldOptions::Fields() {
            .Bool("energy_constants", &O::energy_constants,
                  "Add Ramsauer's constants (1/beta) ln S + M^2/2 per query to the energy")
            .Bool("query_field", &O::query_field, "The queries as an external field on the state")
+           .Double("contraction", &O::contraction, OptionBounds::Open(0.0, 1.0).OrZero(),
+                   "Scale the keys to |beta| |k_j|^2 < c so the update contracts by at most c "
+                   "(0: off)")
            .Include("solve.", &O::solve, EnergySolveOptions::Fields())
            .Enum("dtype", &O::dtype, {DType::kFloat32, DType::kFloat64}, stillpoint::ToString,
                  "The dtype of the parameters");

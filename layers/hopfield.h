@@ -90,6 +90,13 @@ struct HopfieldOptions {
   bool energy_constants = false;
   // The queries as an external field on the state (see above).
   bool query_field = false;
+  // Contraction c > 0: each head's keys k_j are scaled to
+  // k_j / sqrt(1 + |beta| |k_j|^2 / c), so |beta| |k_j|^2 < c. The CCCP map
+  // xi <- (q +) K^T softmax(beta K xi) has the Jacobian beta K^T Cov_p K,
+  // symmetric, whose eigenvalues are at most |beta| sum_j p_j |k_j - m|^2 <
+  // c in modulus: with c < 1 it contracts at every state whatever beta and
+  // the projections learn. 0: off.
+  double contraction = 0.0;
   // Fixed steps (default 0: one-step attention) or the fixed point.
   EnergySolveOptions solve = FixedSteps(0);
   DType dtype = DType::kFloat32;

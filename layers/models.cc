@@ -29,6 +29,7 @@ HopfieldOptions ReadoutHopfieldOptions(const ModelOptions& o) {
   h.normalize_stored = true;
   h.normalize_state = true;
   h.query_field = true;
+  h.contraction = o.energy.pattern_contraction;
   h.solve.mode = EnergySolveMode::kFixedPoint;
   h.solve.implicit = o.cell_options.attention_solver.value_or(DefaultAttentionSolverOptions());
   h.dtype = o.dtype;

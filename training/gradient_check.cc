@@ -18,7 +18,8 @@ std::string GradientCheck::Line() const {
                 cosine, relative_error, reference_residual, reference_status.c_str());
   std::string line = buffer;
   if (!std::isnan(spectral_radius)) {
-    std::snprintf(buffer, sizeof(buffer), "; spectral radius of J_f %.3g", spectral_radius);
+    std::snprintf(buffer, sizeof(buffer), "; spectral radius of J_f %.3g (eigenvalue %.3g)",
+                  spectral_radius, spectral_eigenvalue);
     line += buffer;
   }
   return line;
@@ -92,7 +93,9 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   }
   if (model.options().kind == ModelKind::kImplicit || model.options().kind == ModelKind::kEnergy) {
     // Power iteration on J_f^T at the fixed point of the forward just run.
-    check.spectral_radius = model.FixedPointSpectralRadius(EmbedBatch(model, batch)).max_radius;
+    const SpectralRadiusResult estimate = model.FixedPointSpectralRadius(EmbedBatch(model, batch));
+    check.spectral_radius = estimate.max_radius;
+    check.spectral_eigenvalue = estimate.dominant_eigenvalue;
   }
   for (Implicit* layer : layers) layer->mutable_options().backward = ReferenceBackwardOptions();
   for (ImplicitOptions* options : readouts) options->backward = ReferenceBackwardOptions();

@@ -44,9 +44,15 @@ struct GradientCheck {
   // converges only below 1. Models of kind implicit (the cell) and energy
   // (the block's update); NaN otherwise.
   double spectral_radius = std::numeric_limits<double>::quiet_NaN();
+  // The signed dominant eigenvalue behind that radius (the Rayleigh quotient
+  // of its sample, SpectralRadiusResult::dominant_eigenvalue): near
+  // -spectral_radius the map overshoots (damping contracts it), near
+  // +spectral_radius it expands (a saddle of an energy). NaN with the radius.
+  double spectral_eigenvalue = std::numeric_limits<double>::quiet_NaN();
 
   // "gradient check: cos 0.99998, rel err 6.1e-03 against ift/gmres to 1e-10
-  // (reached 3.2e-08, MAX_ITERATIONS); spectral radius of J_f 0.93".
+  // (reached 3.2e-08, MAX_ITERATIONS); spectral radius of J_f 0.93
+  // (eigenvalue -0.93)".
   std::string Line() const;
 };
 

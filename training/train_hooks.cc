@@ -213,6 +213,7 @@ void LogHook::Evaluate(TrainLoopState& state, std::map<std::string, double>& row
     row["grad_rel_err"] = summary.gradient_check.relative_error;
     if (!std::isnan(summary.gradient_check.spectral_radius)) {
       row["spectral_radius"] = summary.gradient_check.spectral_radius;
+      row["spectral_eigenvalue"] = summary.gradient_check.spectral_eigenvalue;
     }
     progress_.Message("step " + std::to_string(state.step) + ": " +
                       summary.gradient_check.Line());

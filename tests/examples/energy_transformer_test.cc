@@ -22,7 +22,7 @@ namespace stillpoint {
 namespace {
 
 namespace fs = std::filesystem;
-using testing_support::Quoted;
+using testing_support::TrainCommand;
 
 class EnergyTransformerExampleTest : public testing_support::ScratchDirTest {
  protected:
@@ -31,16 +31,13 @@ class EnergyTransformerExampleTest : public testing_support::ScratchDirTest {
   // Trains the example config with `overrides` on the reduced budget;
   // returns its summary.json.
   YAML::Node Train(const std::string& sub, const std::vector<std::string>& overrides) {
-    std::string command = Quoted(STILLPOINT_CLI_PATH) + " train " +
-                          Quoted(std::string(STILLPOINT_SOURCE_DIR) +
-                                 "/examples/configs/energy_transformer.yaml");
-    for (const std::string& o :
-         {std::string("train.steps=150"), std::string("train.eval_every=150"),
-          std::string("log.dir=") + (dir_ / sub).string(), std::string("log.progress=none")}) {
-      command += " " + Quoted(o);
-    }
-    for (const std::string& o : overrides) command += " " + Quoted(o);
-    command += " > " + Quoted((dir_ / (sub + ".out")).string()) + " 2>&1";
+    std::vector<std::string> all = {"train.steps=150", "train.eval_every=150",
+                                    "log.dir=" + (dir_ / sub).string(), "log.progress=none"};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    const std::string command = TrainCommand(
+        STILLPOINT_CLI_PATH,
+        std::string(STILLPOINT_SOURCE_DIR) + "/examples/configs/energy_transformer.yaml", all,
+        dir_ / (sub + ".out"));
     const int status = std::system(command.c_str());
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command;
     return YAML::LoadFile((dir_ / sub / "summary.json").string());

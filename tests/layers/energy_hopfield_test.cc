@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "framework/gradcheck.h"
@@ -207,6 +208,33 @@ TEST(HopfieldEnergyTest, OneMinusJacobianIsHessian) {
   EXPECT_LT((jacobian - jacobian.transpose()).cwiseAbs().maxCoeff(), 1e-12);
   Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eigen(jacobian);
   EXPECT_GE(eigen.eigenvalues().minCoeff(), -1e-12);
+}
+
+// The contraction option bounds the CCCP map's Jacobian beta K^T Cov_p K
+// below c at every state: with large stored patterns and a large beta the
+// map expands without it, and its largest eigenvalue stays below c with it.
+TEST(HopfieldAttentionTest, ContractionBoundsTheJacobianEverywhere) {
+  const auto largest_eigenvalue = [](double contraction) {
+    Rng rng(12);
+    HopfieldOptions o = RawOptions(1, 4, 2.0);
+    o.query_field = true;
+    o.contraction = contraction;
+    HopfieldAttention layer(o, rng);
+    const Var x = RandnVar({1, 6, 4}, rng, 3.0);
+    const HopfieldProblem problem = layer.Prepare(x, x, x);
+    double largest = -std::numeric_limits<double>::infinity();
+    for (int trial = 0; trial < 8; ++trial) {
+      const Tensor xi = Randn(problem.initial_state.shape(), rng, 2.0);
+      const Eigen::MatrixXd j =
+          DenseJacobian([&](const Var& z) { return layer.Update(z, problem.context); }, xi);
+      EXPECT_LT((j - j.transpose()).cwiseAbs().maxCoeff(), 1e-10);
+      Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eigen(0.5 * (j + j.transpose()));
+      largest = std::max(largest, eigen.eigenvalues().cwiseAbs().maxCoeff());
+    }
+    return largest;
+  };
+  EXPECT_GT(largest_eigenvalue(0.0), 1.0);
+  EXPECT_LT(largest_eigenvalue(0.9), 0.9);
 }
 
 // update_steps = 0 is multi-head attention with scale beta: compare with a

@@ -114,7 +114,7 @@ TEST(LayerOptionsTest, HopfieldOptions) {
   ExpectNamesEveryField(
       defaults, {"state_size", "stored_size", "value_size", "heads", "head_dim", "value_head_dim",
                  "output_size", "beta", "learn_beta", "normalize_stored", "normalize_state",
-                 "projection_bias", "causal", "energy_constants", "query_field", "solve.mode",
+                 "projection_bias", "causal", "energy_constants", "query_field", "contraction", "solve.mode",
                  "solve.steps", "solve.trace_energy", "dtype"});
 }
 
@@ -193,7 +193,7 @@ TEST(LayerOptionsTest, ProbabilisticAttentionOptions) {
   ExpectNamesEveryField(
       defaults,
       {"dim", "heads", "head_dim", "value_head_dim", "query_precision", "value_precision",
-       "learn_precisions", "magnitude_prior", "log_normalizer", "causal", "projection_bias",
+       "learn_precisions", "contraction", "magnitude_prior", "log_normalizer", "causal", "projection_bias",
        "solve.mode", "solve.steps", "solve.trace_energy", "key_adaptation.iterations",
        "key_adaptation.prior_precision", "key_adaptation.recentre_prior",
        "key_adaptation.adapt_precision", "key_adaptation.precision_prior_shape",

@@ -468,13 +468,15 @@ ModelOptions BenchModelOptions(
   if (kind == ModelKind::kEnergy) {
     // W4: the probabilistic-attention block with constant precisions
     // alpha = 1/sqrt(dh) (beta 0: the default) and beta = 1/dh
-    // (value_precision 1), biases on its projections, plain EM.
+    // (value_precision 1), biases on its projections, plain EM on unscaled
+    // values.
     EnergyBlockOptions& block = options.energy;
     block.layer = "probabilistic";
     block.dim = shapes.dim;
     block.heads = shapes.heads;
     block.beta = 0.0;
     block.value_precision = 1.0;
+    block.value_contraction = 0.0;  // the workload (and its PyTorch peer) has plain values
     block.normalize_input = true;
     block.projection_bias = true;
     block.learn_precisions = false;
