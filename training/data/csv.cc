@@ -62,8 +62,10 @@ TaskDefinition CsvTask() {
   return DefineTask<CsvOptions>(
       "CSV files of token ids or features, with a target per token or one per line", MakeCsv,
       [](const CsvOptions& o) {
-        return TaskFootprint{o.length, o.feature_dim > 0 ? 0 : o.vocab_size,
-                             {"task.length", "task.vocab_size", "task.feature_dim"}};
+        return TaskFootprint{
+            .length = o.length,
+            .vocab_size = o.feature_dim > 0 ? 0 : o.vocab_size,
+            .keys = {"task.length", "task.vocab_size", "task.feature_dim"}};
       });
 }
 

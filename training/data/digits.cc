@@ -53,7 +53,7 @@ DatasetSplit MakeDigits(const DigitsOptions& o, const DatasetRequest& request) {
 TaskDefinition DigitsTask() {
   return DefineTask<DigitsOptions>(
       "the 8x8 digits images, 16 tokens of 4 features, one class per image", MakeDigits,
-      [](const DigitsOptions&) { return TaskFootprint{16, 0, {}}; });
+      [](const DigitsOptions&) { return TaskFootprint{.length = 16}; });
 }
 
 }  // namespace stillpoint

@@ -141,7 +141,7 @@ TaskDefinition MazeTask() {
       "a depth-first-search maze of task.size^2 cells as a (2 task.size + 1)^2 grid of wall, "
       "open, start and goal tokens; the target marks the shortest path on the open positions",
       DrawMazes, WithTestSize, [](const O& o) {
-        return TaskFootprint{(2 * o.size + 1) * (2 * o.size + 1), 4, {"task.size"}};
+        return TaskFootprint{.length = (2 * o.size + 1) * (2 * o.size + 1), .vocab_size = 4, .keys = {"task.size"}};
       });
 }
 

@@ -57,7 +57,8 @@ TaskDefinition PrefixSumTask() {
   return DefineSyntheticTask<O>(
       "digits in [0, task.modulus), y_t = (x_0 + ... + x_t) mod task.modulus", DrawPrefixSums,
       [](O o, const DatasetRequest& request) { return WithTestLength(o, request); },
-      [](const O& o) { return TaskFootprint{o.length, o.modulus, {"task.length", "task.modulus"}}; });
+      [](const O& o) { return TaskFootprint{
+          .length = o.length, .vocab_size = o.modulus, .keys = {"task.length", "task.modulus"}}; });
 }
 
 }  // namespace stillpoint

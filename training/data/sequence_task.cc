@@ -44,8 +44,10 @@ TaskDefinition DefineSequenceTask(std::string doc, const SequenceRule& rule) {
       },
       [](O o, const DatasetRequest& request) { return WithTestLength(o, request); },
       [rule](const O& o) {
-        return TaskFootprint{o.length, rule.symbols ? rule.symbols(o.vocab_size) : o.vocab_size,
-                             {"task.length", "task.vocab_size"}};
+        return TaskFootprint{
+            .length = o.length,
+            .vocab_size = rule.symbols ? rule.symbols(o.vocab_size) : o.vocab_size,
+            .keys = {"task.length", "task.vocab_size"}};
       });
 }
 

@@ -65,12 +65,12 @@ using DatasetFactory = std::function<DatasetSplit(const DatasetRequest& request)
 struct TaskFootprint {
   int64_t length = 0;      // tokens per training example
   int64_t vocab_size = 0;  // rows of the token embedding (0: feature inputs)
+  // The config keys that set the two, named when a run cannot fit.
+  std::vector<std::string> keys;
   // Examples held in memory (training and held-out sets) when the task
   // generates them; 0 for tasks read from files (their files are capped by
   // task.max_file_mib instead).
   int64_t examples = 0;
-  // The config keys that set the two, named when a run cannot fit.
-  std::vector<std::string> keys;
 };
 
 struct TaskDefinition {
