@@ -149,6 +149,7 @@ class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
                              options.key_adaptation = o.key_adaptation;
                              options.projection_bias = o.projection_bias;
                              options.learn_precisions = o.learn_precisions;
+                             options.contraction = o.value_contraction;
                              options.causal = o.causal;
                              options.dtype = o.dtype;
                              return options;
@@ -365,6 +366,12 @@ const OptionFields<EnergyBlockOptions>& EnergyBlockOptions::Fields() {
                    "initial value precision times the head width (beta_v = value_precision / head "
                    "width; the EM value term's scale is about value_precision / 3 at "
                    "initialisation); 0: one-step softmax attention")
+           .AppliesWhen(ReadBy("probabilistic"))
+           .Double("value_contraction", &O::value_contraction, OptionBounds::Open(0.0, 1.0).OrZero(),
+                   "Energy attention, probabilistic only (an error for a config without it): the "
+                   "values are scaled to beta_v |mu_j|^2 < c so the EM map contracts by at most c "
+                   "at every state (its Jacobian beta_v Cov_w(mu) is symmetric positive "
+                   "semidefinite); 0: off (training can make the fixed point a saddle)")
            .AppliesWhen(ReadBy("probabilistic"))
            .Bool("normalize_input", &O::normalize_input,
                  "Energy attention: layer norm of the block's input before its projections "

@@ -124,6 +124,13 @@ struct EnergyBlockOptions {
   // (kappa above about 2 does, and the model stops routing by position;
   // docs/energy-layers.md). 0 is one-step softmax attention.
   double value_precision = 2.0;
+  // probabilistic: the EM map's contraction bound c (ProbabilisticAttention
+  // Options::contraction): the values are scaled to beta_v |mu_j|^2 < c, so
+  // the map's Jacobian beta_v Cov_w(mu) has every eigenvalue in [0, c) and
+  // the fixed point attracts, the fixed-point adjoint converges and the
+  // symmetric positive definite I - J admits CG. 0: off (the value term can
+  // then outgrow the mixture's spread and the fixed point becomes a saddle).
+  double value_contraction = 0.9;
   // Layer norm of the block's input before its projections (parameters
   // "norm.gain", "norm.bias"): keeps every block at its operating point
   // whatever the scale of the embedding or of the state.

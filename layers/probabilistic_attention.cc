@@ -380,6 +380,11 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(const Var& x,
   bool per_key_beta = inputs.value_precision.defined();
   Var alpha = per_key_alpha ? inputs.key_precision : reshape(query_precision(), Shape{1, heads, 1});
   Var beta = per_key_beta ? inputs.value_precision : reshape(value_precision(), Shape{1, heads, 1});
+  if (o.contraction > 0.0 && !per_key_beta && o.value_precision > 0.0) {
+    // mu_j / sqrt(1 + beta |mu_j|^2 / c): beta |mu_j|^2 < c (see the option).
+    const Var scaled = mul_scalar(mul(AsRows(beta), SquaredNorm(mu)), 1.0 / o.contraction);
+    mu = div(mu, sqrt(add_scalar(scaled, 1.0)));
+  }
   CheckPrecision(op, "key precision", alpha, batch, heads, num_keys, false);
   CheckPrecision(op, "value precision", beta, batch, heads, num_keys, true);
   Var base_log_prior = inputs.log_prior;
@@ -584,6 +589,9 @@ const OptionFields<ProbabilisticAttentionOptions>& ProbabilisticAttentionOptions
            .Double("value_precision", &O::value_precision, 0.0, kInf,
                    "Initial uniform value precision beta (0: standard attention)")
            .Bool("learn_precisions", &O::learn_precisions, "Learn the precisions alpha and beta")
+           .Double("contraction", &O::contraction, OptionBounds::Open(0.0, 1.0).OrZero(),
+                   "Scale the values to beta |mu_j|^2 < c so the EM map contracts by at most c "
+                   "(0: off)")
            .Bool("magnitude_prior", &O::magnitude_prior,
                  "pi_ij proportional to exp(alpha_j/2 |xi_j|^2 + beta_j/2 |mu_j|^2) (eq 17)")
            .Bool("log_normalizer", &O::log_normalizer,

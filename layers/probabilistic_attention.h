@@ -180,6 +180,16 @@ struct ProbabilisticAttentionOptions {
   // 0: beta is learned in log space, which cannot reach 0).
   double value_precision = 0.0;
   bool learn_precisions = true;
+  // Contraction c > 0 (uniform value precision): each value mu_j is scaled
+  // to mu_j / sqrt(1 + beta |mu_j|^2 / c) before inference, so that
+  // beta |mu_j|^2 < c. The EM map v <- sum_j w_j mu_j has the Jacobian
+  // beta Cov_w(mu), symmetric positive semidefinite, whose largest
+  // eigenvalue is at most its trace, beta sum_j w_j |mu_j - m|^2 <
+  // beta max_j |mu_j|^2 < c: with c < 1 the map contracts at every state,
+  // whatever beta and the values learn. Without it the value term can
+  // outgrow the mixture's spread (beta Cov_w(mu) above 1: the fixed point
+  // is a saddle of the energy, and no damping makes it attract). 0: off.
+  double contraction = 0.0;
   // pi_ij ∝ exp(alpha_j/2 |xi_j|^2 + beta_j/2 |mu_j|^2) (eq 17).
   bool magnitude_prior = true;
   // Keep (d/2) log alpha_j + (dv/2) log beta_j in the logits when

@@ -29,6 +29,21 @@ std::vector<double> RowNorms(const Tensor& rows) {
   return norms;
 }
 
+// Per-row dot products of two [B, n] tensors, in float64.
+std::vector<double> RowDots(const Tensor& a, const Tensor& b) {
+  const int64_t batch = a.dim(0);
+  const int64_t n = a.numel() / batch;
+  const std::vector<double> x = a.ToVector();
+  const std::vector<double> y = b.ToVector();
+  std::vector<double> dots(batch, 0.0);
+  for (int64_t r = 0; r < batch; ++r) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += x[r * n + i] * y[r * n + i];
+    dots[r] = sum;
+  }
+  return dots;
+}
+
 }  // namespace
 
 Var JacobianFrobeniusPenalty(const Var& f_z, const Var& z, int num_probes, Rng& rng) {
@@ -75,6 +90,7 @@ SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
 
   SpectralRadiusResult result;
   result.radius.assign(batch, 0.0);
+  result.eigenvalue.assign(batch, 0.0);
   result.iterations.assign(batch, 0);
   result.converged.assign(batch, 0);
   Rng rng(options.seed);
@@ -91,6 +107,7 @@ SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
     Tensor next = jt_v[0].defined() ? jt_v[0].value().Reshape(Shape{batch, n}).Clone()
                                     : Tensor::Zeros(Shape{batch, n}, z.dtype());
     const std::vector<double> norms = RowNorms(next);
+    const std::vector<double> quotients = RowDots(v, next);
     // Every row of v is the direction of its sample's latest estimate
     // (converged rows keep theirs).
     result.directions = v.Clone();
@@ -99,6 +116,7 @@ SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
       if (result.converged[b]) continue;
       const double previous = result.radius[b];
       result.radius[b] = norms[b];
+      result.eigenvalue[b] = quotients[b];
       result.iterations[b] = it + 1;
       if (it > 0 && std::abs(norms[b] - previous) <= options.tolerance * norms[b]) {
         result.converged[b] = 1;
@@ -115,7 +133,12 @@ SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
     }
     if (all_done) break;
   }
-  for (double r : result.radius) result.max_radius = std::max(result.max_radius, r);
+  for (int64_t b = 0; b < batch; ++b) {
+    if (b == 0 || result.radius[b] > result.max_radius) {
+      result.max_radius = result.radius[b];
+      result.dominant_eigenvalue = result.eigenvalue[b];
+    }
+  }
   return result;
 }
 

@@ -5,7 +5,10 @@
 //   differentiable w.r.t. f's parameters. Adding it to the loss keeps J small,
 //   so the forward and adjoint solves stay contractive and fast.
 // - EstimateSpectralRadius: power iteration on J^T per sample (diagnostic;
-//   the adjoint fixed-point iteration converges iff it is below 1).
+//   the adjoint fixed-point iteration converges iff it is below 1), keeping
+//   the sign of the dominant eigenvalue: near -rho the step overshoots
+//   (damping or a smaller step contracts it again), near +rho the map
+//   expands along that direction (for an energy update, a saddle of E).
 // - SpectralRadiusPenalty: a hinge on that estimate, differentiable w.r.t.
 //   f's parameters, to keep the radius below a target during training.
 // - FixedPointCorrectionLoss: the task loss applied to intermediate forward
@@ -54,6 +57,11 @@ struct SpectralRadiusResult {
   // the largest |eigenvalue| of J_b when that eigenvalue is unique in modulus
   // (for a complex pair or non-normal J it is an estimate).
   std::vector<double> radius;
+  // Per sample: the Rayleigh quotient v_b . (J_b^T v_b) of the same step,
+  // the dominant eigenvalue with its sign once v_b has converged to its
+  // eigenvector (then |eigenvalue| = radius). For a complex pair, or before
+  // convergence, |eigenvalue| < radius.
+  std::vector<double> eigenvalue;
   // Per sample (rows of [B, n]): the unit vector v_b the last estimate was
   // taken along, radius[b] = ||J_b^T v_b||; SpectralRadiusPenalty's
   // directions.
@@ -61,6 +69,10 @@ struct SpectralRadiusResult {
   std::vector<int> iterations;
   std::vector<char> converged;  // met the tolerance
   double max_radius = 0.0;
+  // The eigenvalue of the sample with the largest radius: its sign tells an
+  // overshooting step (near -max_radius) from an expanding direction or
+  // saddle (near +max_radius).
+  double dominant_eigenvalue = 0.0;
 };
 
 // Power iteration on J^T at z ([B, ...]); not differentiable (diagnostic).

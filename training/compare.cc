@@ -25,6 +25,7 @@
 #include "training/metrics.h"
 #include "training/run_directory.h"
 #include "training/svg_plot.h"
+#include "training/trainer_options.h"
 
 namespace stillpoint {
 namespace {
@@ -89,6 +90,25 @@ bool AnyStoppedEarly(const CompareReport& report) {
     if (v.train.stopped_early) return true;
   }
   return false;
+}
+
+std::vector<std::string> VariantConfigOverrides(const Config& base, const std::string& variant) {
+  std::vector<std::string> overrides = VariantOverrides(variant);
+  Config probe = base;
+  for (const std::string& o : overrides) probe.Set(o);
+  const std::string kind = probe.GetString("model.kind");
+  if (kind == "implicit" || kind == "energy") return overrides;
+  // A model without a fixed point of its own takes no regulariser: the
+  // comparison's model.regularization.* keys apply to the variants that
+  // solve one (the trainer refuses them for the others).
+  const RegularizationOptions given = RegularizationOptions::FromConfig(probe);
+  const RegularizationOptions defaults;
+  for (const auto& field : RegularizationOptions::Fields().fields()) {
+    if (field.in_config && field.Text(given) != field.Text(defaults)) {
+      overrides.push_back("model.regularization." + field.name + "=" + field.Text(defaults));
+    }
+  }
+  return overrides;
 }
 
 std::vector<std::string> CompareVariants(const Config& config) {
@@ -164,7 +184,7 @@ void ValidateCompareVariants(const Config& config, const std::string& config_pat
   // variant spends its training time.
   for (const std::string& v : variants) {
     Config variant = config;
-    for (const std::string& o : VariantOverrides(v)) variant.Set(o);
+    for (const std::string& o : VariantConfigOverrides(config, v)) variant.Set(o);
     try {
       CheckMemoryFits(variant, /*training=*/true);
       BuildExperiment(variant, config_path);
@@ -204,7 +224,7 @@ CompareReport RunComparison(const Config& base,
          ++seed_index) {
       VariantResult v;
       v.name = name;
-      v.overrides = VariantOverrides(name);
+      v.overrides = VariantConfigOverrides(base, name);
       v.run_dir = (std::filesystem::path(root) / name).string();
       v.seed = base.GetInt("seed");
       if (!seeds.empty()) {

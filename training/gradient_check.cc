@@ -26,7 +26,8 @@ std::string GradientCheck::Line() const {
             " steps)";
   }
   if (!std::isnan(spectral_radius)) {
-    std::snprintf(buffer, sizeof(buffer), "; spectral radius of J_f %.3g", spectral_radius);
+    std::snprintf(buffer, sizeof(buffer), "; spectral radius of J_f %.3g (eigenvalue %.3g)",
+                  spectral_radius, spectral_eigenvalue);
     line += buffer;
   }
   return line;
@@ -140,7 +141,9 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch, int64_t us
   model.SetDepthOverride(0);
   if (model.options().kind == ModelKind::kImplicit || model.options().kind == ModelKind::kEnergy) {
     // Power iteration on J_f^T at the fixed point of the model's solve.
-    check.spectral_radius = model.FixedPointSpectralRadius(EmbedBatch(model, batch)).max_radius;
+    const SpectralRadiusResult estimate = model.FixedPointSpectralRadius(EmbedBatch(model, batch));
+    check.spectral_radius = estimate.max_radius;
+    check.spectral_eigenvalue = estimate.dominant_eigenvalue;
   }
   const BackwardOptions reference_options = ReferenceBackwardOptions(model.options().dtype);
   check.reference_tolerance = reference_options.tolerance;

@@ -61,11 +61,16 @@ struct GradientCheck {
   // converges only below 1. Models of kind implicit (the cell) and energy
   // (the block's update); NaN otherwise.
   double spectral_radius = std::numeric_limits<double>::quiet_NaN();
+  // The signed dominant eigenvalue behind that radius (the Rayleigh quotient
+  // of its sample, SpectralRadiusResult::dominant_eigenvalue): near
+  // -spectral_radius the map overshoots (damping contracts it), near
+  // +spectral_radius it expands (a saddle of an energy). NaN with the radius.
+  double spectral_eigenvalue = std::numeric_limits<double>::quiet_NaN();
 
   bool has_reference() const { return ran && no_reference.empty(); }
 
-  // "gradient check: cos 0.99998, rel err 6.1e-03 against ift/gmres to 1e-06
-  // (reached 3.2e-08); spectral radius of J_f 0.93", or "gradient check: no
+  // "gradient check: cos 0.99998, rel err 6.1e-03 against ift/gmres to 1e-05
+  // (reached 3.2e-08); spectral radius of J_f 0.93 (eigenvalue -0.93)", or "gradient check: no
   // reference (...)".
   std::string Line() const;
 };

@@ -64,10 +64,13 @@ HealthOptions HealthOptions::FromConfig(const Config& config) {
   return ReadOptionKeys(config, "health.", Fields());
 }
 
-void EquilibriumMonitor::AddSpectralRadius(SolveFamily family, double radius) {
+void EquilibriumMonitor::AddSpectralRadius(SolveFamily family, double radius, double eigenvalue) {
   if (std::isnan(radius)) return;
   double& max = spectral_radius_max[static_cast<int>(family)];
-  if (std::isnan(max) || radius > max || std::isinf(radius)) max = radius;
+  if (std::isnan(max) || radius > max || std::isinf(radius)) {
+    max = radius;
+    dominant_eigenvalue[static_cast<int>(family)] = eigenvalue;
+  }
 }
 
 void EquilibriumMonitor::AddGradientCheck(double cosine, const std::string& no_reference) {
@@ -99,11 +102,19 @@ Equilibrium AssessEquilibrium(bool has_implicit_layer, const RunSolveCounts& cou
     const double radius = monitor.spectral_radius_max[static_cast<int>(f)];
     const ImplicitTally& solves = counts.solves[f];
     if (solves.forward.empty() && solves.backward.empty() && std::isnan(radius)) continue;
-    e.layers.push_back({f, radius, solves});
+    const double eigenvalue = monitor.dominant_eigenvalue[static_cast<int>(f)];
+    e.layers.push_back({f, radius, eigenvalue, solves});
     const std::string name = ToString(f);
     if (!(std::isnan(radius) || radius < options.max_spectral_radius)) {
-      reasons.push_back(name + " spectral radius " + Number(radius) + " >= " +
-                        Number(options.max_spectral_radius));
+      std::string reason = name + " spectral radius " + Number(radius) + " >= " +
+                           Number(options.max_spectral_radius);
+      if (!std::isnan(eigenvalue)) {
+        // Which side the dominant eigenvalue is on says what would help.
+        reason += " (eigenvalue " + Number(eigenvalue) +
+                  (eigenvalue < 0 ? ": an overshooting step, damping contracts it)"
+                                  : ": an expanding direction)");
+      }
+      reasons.push_back(reason);
     }
     for (const auto& [what, tally] :
          {std::pair<const char*, const SolveTally*>{"forward", &solves.forward},
@@ -147,6 +158,7 @@ std::string Equilibrium::Json() const {
     const EquilibriumLayer& l = layers[i];
     out << (i ? ", " : "") << JsonString(ToString(l.family))
         << ": {\"spectral_radius_max\": " << JsonNumber(l.spectral_radius_max)
+        << ", \"dominant_eigenvalue\": " << JsonNumber(l.dominant_eigenvalue)
         << ", \"forward_converged_fraction\": " << JsonNumber(l.solves.forward.ConvergedFraction())
         << ", \"backward_converged_fraction\": "
         << JsonNumber(l.solves.backward.ConvergedFraction())

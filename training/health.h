@@ -50,6 +50,10 @@ struct EquilibriumMonitor {
   static constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
   // Per family (SolveFamily order); NaN: never estimated.
   std::array<double, 3> spectral_radius_max = {kNaN, kNaN, kNaN};
+  // The signed dominant eigenvalue of the evaluation with the largest
+  // radius (near -radius: an overshooting step; near +radius: expansion,
+  // a saddle of an energy); NaN when not estimated.
+  std::array<double, 3> dominant_eigenvalue = {kNaN, kNaN, kNaN};
   // Over the checks with a converged reference; NaN: none.
   double gradient_cosine_min = kNaN;
   int64_t gradient_checks = 0;
@@ -58,7 +62,8 @@ struct EquilibriumMonitor {
   int64_t checks_without_reference = 0;
   std::string no_reference_reason;
 
-  void AddSpectralRadius(SolveFamily family, double radius);
+  void AddSpectralRadius(SolveFamily family, double radius,
+                         double eigenvalue = std::numeric_limits<double>::quiet_NaN());
   // A check's cosine (NaN when it had no reference, with `reason`).
   void AddGradientCheck(double cosine, const std::string& no_reference);
 };
@@ -66,6 +71,7 @@ struct EquilibriumMonitor {
 struct EquilibriumLayer {
   SolveFamily family = SolveFamily::kModel;
   double spectral_radius_max = std::numeric_limits<double>::quiet_NaN();
+  double dominant_eigenvalue = std::numeric_limits<double>::quiet_NaN();
   ImplicitTally solves;  // over the run's training steps
 };
 

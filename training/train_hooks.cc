@@ -227,7 +227,8 @@ void LogHook::Evaluate(TrainLoopState& state, std::map<std::string, double>& row
     summary.gradient_check = CheckGradient(model, context_.gradient_check_batch, used_depth);
     summary.gradient_check_step = state.step;
     EquilibriumMonitor& monitor = summary.equilibrium_monitor;
-    monitor.AddSpectralRadius(SolveFamily::kModel, summary.gradient_check.spectral_radius);
+    monitor.AddSpectralRadius(SolveFamily::kModel, summary.gradient_check.spectral_radius,
+                              summary.gradient_check.spectral_eigenvalue);
     if (used_depth == 0) {
       monitor.AddGradientCheck(summary.gradient_check.cosine, summary.gradient_check.no_reference);
     }
@@ -235,6 +236,7 @@ void LogHook::Evaluate(TrainLoopState& state, std::map<std::string, double>& row
     row["grad_rel_err"] = summary.gradient_check.relative_error;
     if (!std::isnan(summary.gradient_check.spectral_radius)) {
       row["spectral_radius"] = summary.gradient_check.spectral_radius;
+      row["spectral_eigenvalue"] = summary.gradient_check.spectral_eigenvalue;
     }
     progress_.Message("step " + std::to_string(state.step) + ": " +
                       summary.gradient_check.Line());

@@ -43,7 +43,7 @@ const std::vector<std::string> kColumns = {
     "fwd_iters_mean", "fwd_iters_max", "fwd_residual", "fwd_unconverged", "bwd_iters_mean",
     "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
     "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean",
-    "grad_cos",       "grad_rel_err", "spectral_radius", "elapsed_s"};
+    "grad_cos",       "grad_rel_err", "spectral_radius", "spectral_eigenvalue", "elapsed_s"};
 
 bool AllFinite(const NamedVars& parameters) {
   for (const auto& [name, p] : parameters) {
@@ -100,14 +100,19 @@ std::string RunDirectory(const Config& config, const std::string& config_path) {
 }
 
 void CheckTrainingConfig(const Config& c) {
-  // The regularisers are taken at the model's own fixed point.
+  // The regularisers are taken at the model's own fixed point: a key of
+  // model.regularization.* set away from its default for a model without one
+  // (or, for the correction loss, without a solved cell) would change
+  // nothing, so it is refused by name rather than ignored.
   const std::string kind = c.GetString("model.kind");
-  for (const char* key : {"model.regularization.jacobian_weight",
-                          "model.regularization.spectral_radius_weight",
-                          "model.regularization.correction_weight"}) {
-    const bool needs_cell = std::string(key) == "model.regularization.correction_weight";
+  const RegularizationOptions given = RegularizationOptions::FromConfig(c);
+  const RegularizationOptions defaults;
+  for (const auto& field : RegularizationOptions::Fields().fields()) {
+    if (!field.in_config || field.Text(given) == field.Text(defaults)) continue;
+    const std::string key = "model.regularization." + field.name;
+    const bool needs_cell = field.name.rfind("correction_", 0) == 0;
     const bool fits = kind == "implicit" || (!needs_cell && kind == "energy");
-    if (c.GetDouble(key) > 0 && !fits) {
+    if (!fits) {
       throw ConfigError(c.Origin(key) + ": " + key + " needs model.kind implicit" +
                         (needs_cell ? std::string(" (the correction loss is taken on the "
                                                   "implicit solve's iterates)")
@@ -300,12 +305,15 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   // The regularisers of model.regularization.*, each an extra loss at the
   // model's fixed point after pretraining; the Jacobian and spectral-radius
   // terms at a random fraction of the steps.
+  // The Jacobian weight's ramp: the fraction of jacobian_weight at the
+  // step being taken (set by extra_loss_at before the step runs).
+  double jacobian_ramp = 1.0;
   const ExtraLoss jacobian_penalty = [&](SequenceModel& replica, const Batch& rows, Rng& draws,
                                          double scale) {
     return mul_scalar(
         replica.FixedPointJacobianPenalty(EmbedBatch(replica, rows),
                                           static_cast<int>(regularization.jacobian_probes), draws),
-        regularization.jacobian_weight * scale);
+        regularization.jacobian_weight * jacobian_ramp * scale);
   };
   SpectralRadiusOptions spectral_estimate;
   spectral_estimate.max_iterations = static_cast<int>(regularization.spectral_radius_iterations);
@@ -338,6 +346,10 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     // without it keeps the random stream it had before the term existed.
     if (regularization.jacobian_weight > 0 &&
         rng.Uniform() < regularization.jacobian_frequency) {
+      const int64_t ramp = regularization.jacobian_ramp_steps;
+      jacobian_ramp = ramp == 0 ? 1.0
+                                : std::min(1.0, static_cast<double>(at - trainer.pretrain_steps + 1) /
+                                                    static_cast<double>(ramp));
       terms.push_back(&jacobian_penalty);
     }
     if (regularization.spectral_radius_weight > 0 &&

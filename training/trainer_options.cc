@@ -106,6 +106,9 @@ const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
            .Int("jacobian_probes", &O::jacobian_probes, 1, 64, "Probe vectors per estimate")
            .Double("jacobian_frequency", &O::jacobian_frequency, 0.0, 1.0,
                    "Probability of adding the Jacobian term at a step")
+           .Int("jacobian_ramp_steps", &O::jacobian_ramp_steps, 0, kBig,
+                "Steps after pretraining over which the Jacobian weight rises linearly from 0 "
+                "to jacobian_weight (0: the full weight from the first step)")
            .Double("spectral_radius_weight", &O::spectral_radius_weight, 0.0, kInf,
                    "Weight of the spectral-radius penalty, the mean over samples of max(0, rho - "
                    "target)^2 with rho the power-iteration estimate of the spectral radius of "

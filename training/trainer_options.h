@@ -63,6 +63,7 @@ struct RegularizationOptions {
   double jacobian_weight = 0.0;
   int64_t jacobian_probes = 1;
   double jacobian_frequency = 1.0;
+  int64_t jacobian_ramp_steps = 0;
   double spectral_radius_weight = 0.0;
   double spectral_radius_target = 0.8;
   int64_t spectral_radius_iterations = 10;

@@ -234,17 +234,25 @@ TEST(EnergyAttentionTest, ProbabilisticAtZeroValuePrecisionIsTheCellsSoftmaxAtte
 }
 
 // The diagnostics see a collapse: a value precision far above the default
-// (value term of scale about 8 instead of about 0.7) snaps the fixed point
-// onto single keys where the first iterate was spread; the default
-// operating point does not.
+// (value term of scale about 8 instead of about 0.7), without the block's
+// value contraction, snaps the fixed point onto single keys where the first
+// iterate was spread; the default operating point does not, and neither does
+// that precision with the contraction (its EM map cannot expand, so the
+// fixed point stays near the first iterate).
 TEST(EnergyAttentionTest, DiagnosticsFlagACollapseAndNotTheDefault) {
-  for (double value_precision : {2.0, 24.0}) {
-    SCOPED_TRACE(value_precision);
+  struct Case {
+    double value_precision, value_contraction;
+    bool collapses;
+  };
+  for (const Case c : {Case{2.0, 0.9, false}, Case{24.0, 0.9, false}, Case{24.0, 0.0, true}}) {
+    const double value_precision = c.value_precision;
+    SCOPED_TRACE(::testing::Message() << value_precision << ", contraction " << c.value_contraction);
     EnergyAttentionOptions options;
     options.block.layer = "probabilistic";
     options.block.dim = 32;
     options.block.heads = 2;
     options.block.value_precision = value_precision;
+    options.block.value_contraction = c.value_contraction;
     options.block.dtype = DType::kFloat64;
     // Plain EM steps (Picard) never raise the energy; an accelerated solve
     // may, so the monotonicity check is made on these.
@@ -259,7 +267,7 @@ TEST(EnergyAttentionTest, DiagnosticsFlagACollapseAndNotTheDefault) {
                  << ", entropy " << d.entropy_first << " -> " << d.entropy_fixed_point);
     EXPECT_TRUE(d.energy_monotone);
     EXPECT_GT(d.iterations, 0);
-    if (value_precision > 10.0) {
+    if (c.collapses) {
       EXPECT_GT(d.max_weight_fixed_point, 0.9);
       EXPECT_LT(d.entropy_fixed_point, 0.5 * d.entropy_first);
       EXPECT_TRUE(d.collapsed);

@@ -164,6 +164,38 @@ TEST(ProbabilisticAttentionTest, EmIsMonotoneAndJacobianIsBetaCovariance) {
   EXPECT_LT(spectral, 1.0);
 }
 
+// The contraction option bounds the EM map's Jacobian beta Cov_w(mu) below c
+// at every state, whatever the values and beta learned: with large values
+// and a large value precision the map expands (the fixed point region holds
+// saddles) without it, and its largest eigenvalue stays below c with it.
+TEST(ProbabilisticAttentionTest, ContractionBoundsTheEmJacobianEverywhere) {
+  const auto largest_eigenvalue = [](double contraction) {
+    Rng rng(11);
+    ProbabilisticAttentionOptions o = SmallOptions(4, 1);
+    o.value_precision = 3.0;
+    o.contraction = contraction;
+    ProbabilisticAttention layer(o, rng);
+    const Var x = RandnVar({1, 5, 4}, rng, 2.0);
+    const ProbabilisticProblem problem = layer.Prepare(x, x);
+    double largest = -std::numeric_limits<double>::infinity();
+    for (int trial = 0; trial < 8; ++trial) {
+      // States anywhere near the values, not only the fixed point.
+      const Tensor v = Randn(problem.initial_state.shape(), rng, 2.0);
+      const Eigen::MatrixXd j =
+          DenseJacobian([&](const Var& z) { return layer.Update(z, problem.context); }, v);
+      const Eigen::MatrixXd symmetric = 0.5 * (j + j.transpose());
+      EXPECT_LT((j - symmetric).cwiseAbs().maxCoeff(), 1e-10);  // beta Cov_w(mu)
+      Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eigen(symmetric);
+      EXPECT_GT(eigen.eigenvalues().minCoeff(), -1e-10);  // positive semidefinite
+      largest = std::max(largest, eigen.eigenvalues().maxCoeff());
+    }
+    return largest;
+  };
+  EXPECT_GT(largest_eigenvalue(0.0), 1.0);
+  EXPECT_LT(largest_eigenvalue(0.9), 0.9);
+  EXPECT_LT(largest_eigenvalue(0.5), 0.5);
+}
+
 // T6 for EM: the energy never increases along EM updates, across beta.
 TEST(ProbabilisticAttentionTest, EmNeverIncreasesEnergyAcrossBeta) {
   for (double beta : {0.25, 1.0, 4.0, 16.0}) {

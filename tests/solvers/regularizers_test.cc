@@ -115,6 +115,86 @@ TEST(SpectralRadius, FindsTheDominantEigenvalue) {
   EXPECT_NEAR(result.max_radius, 0.8, 1e-6);
 }
 
+// Sets the affine problem's W (J_b = W) to S diag(eigenvalues) S^-1 with a
+// random S, orthogonal when symmetric.
+void SetKnownSpectrum(ImplicitProblem* p, const std::vector<double>& eigenvalues, bool symmetric,
+                      uint64_t seed) {
+  const int n = static_cast<int>(eigenvalues.size());
+  Rng rng(seed);
+  Eigen::MatrixXd m(n, n);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) m(i, j) = rng.Normal();
+  }
+  const Eigen::VectorXd d = Eigen::Map<const Eigen::VectorXd>(eigenvalues.data(), n);
+  Eigen::MatrixXd w;
+  if (symmetric) {
+    const Eigen::MatrixXd q = Eigen::HouseholderQR<Eigen::MatrixXd>(m).householderQ();
+    w = q * d.asDiagonal() * q.transpose();
+  } else {
+    const Eigen::MatrixXd s = m + 3.0 * Eigen::MatrixXd::Identity(n, n);  // well conditioned
+    w = s * d.asDiagonal() * s.inverse();
+  }
+  Tensor& w_value = p->params[0].mutable_value();
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) w_value.set(i * n + j, w(i, j));
+  }
+}
+
+// The Rayleigh quotient keeps the dominant eigenvalue's sign: an
+// overshooting map (eigenvalue near -1) is told from an expanding one (near
+// +1) of the same radius, for symmetric (energy) and non-symmetric Jacobians.
+TEST(SpectralRadius, KeepsTheSignOfTheDominantEigenvalue) {
+  struct Case {
+    std::vector<double> eigenvalues;
+    bool symmetric;
+    double dominant;
+  };
+  const std::vector<Case> cases = {
+      {{-0.95, 0.5, 0.4, -0.3, 0.1}, true, -0.95},  // overshooting step
+      {{1.2, -0.6, 0.4, 0.3, -0.2}, true, 1.2},     // saddle of an energy
+      {{-1.1, 0.7, 0.5, -0.2, 0.1}, false, -1.1},
+      {{0.9, -0.6, 0.3, 0.2, -0.1}, false, 0.9},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    ImplicitProblem p = AffineProblem(3, 5, 2, false, 30 + c);
+    SetKnownSpectrum(&p, cases[c].eigenvalues, cases[c].symmetric, 40 + c);
+    SpectralRadiusOptions options;
+    options.max_iterations = 300;
+    options.tolerance = 1e-12;
+    const SpectralRadiusResult result = EstimateSpectralRadius(p.cell, p.z0, options);
+    ASSERT_EQ(result.eigenvalue.size(), 3u);
+    for (int b = 0; b < 3; ++b) {
+      EXPECT_NEAR(result.radius[b], std::abs(cases[c].dominant), 1e-6) << c << " " << b;
+      EXPECT_NEAR(result.eigenvalue[b], cases[c].dominant, 1e-6) << c << " " << b;
+    }
+    EXPECT_NEAR(result.dominant_eigenvalue, cases[c].dominant, 1e-6) << c;
+    EXPECT_NEAR(result.max_radius, std::abs(cases[c].dominant), 1e-6) << c;
+  }
+}
+
+// A complex dominant pair has no real eigenvalue to converge to: the
+// quotient then stays below the radius in modulus, which says so.
+TEST(SpectralRadius, ComplexPairGivesAQuotientBelowTheRadius) {
+  ImplicitProblem p = AffineProblem(2, 4, 2, false, 50);
+  // W = 0.9 R(1 rad) (+) diag(0.2, -0.1): eigenvalues 0.9 e^(+-i), 0.2, -0.1.
+  Tensor& w = p.params[0].mutable_value();
+  for (int64_t i = 0; i < w.numel(); ++i) w.set(i, 0.0);
+  w.set(0, 0.9 * std::cos(1.0));
+  w.set(1, -0.9 * std::sin(1.0));
+  w.set(4, 0.9 * std::sin(1.0));
+  w.set(5, 0.9 * std::cos(1.0));
+  w.set(10, 0.2);
+  w.set(15, -0.1);
+  SpectralRadiusOptions options;
+  options.max_iterations = 200;
+  options.tolerance = 1e-13;
+  const SpectralRadiusResult result = EstimateSpectralRadius(p.cell, p.z0, options);
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_NEAR(result.radius[b], 0.9, 1e-6) << b;  // a rotation keeps the norm
+    EXPECT_NEAR(result.eigenvalue[b], 0.9 * std::cos(1.0), 1e-6) << b;
+  }
+}
+
 TEST(SpectralRadius, ContractionIsBelowOne) {
   ImplicitProblem p = TanhProblem(3, 6, 2, 10);
   const SpectralRadiusResult result = EstimateSpectralRadius(p.cell, p.z0);

@@ -192,5 +192,19 @@ TEST_F(CliProcessTest, AMisspeltCommandIsNamed) {
       << Text("stderr");
 }
 
+// A regulariser or stability key on a model without a fixed point of its own
+// changes nothing: refused before any work, naming the key, exit 2.
+TEST_F(CliProcessTest, ARegularizerOnAModelWithoutAFixedPointIsRefused) {
+  EXPECT_EQ(RunToEnd({"train", std::string(STILLPOINT_SOURCE_DIR) + "/examples/configs/quickstart.yaml",
+                      "model.kind=explicit", "model.regularization.jacobian_ramp_steps=50",
+                      "log.dir=" + (dir_ / "refused").string()}),
+            2);
+  EXPECT_NE(Text("stderr").find("model.regularization.jacobian_ramp_steps needs model.kind "
+                                "implicit or energy"),
+            std::string::npos)
+      << Text("stderr");
+  EXPECT_FALSE(fs::exists(dir_ / "refused"));
+}
+
 }  // namespace
 }  // namespace stillpoint

@@ -11,6 +11,7 @@
 #include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/trainer.h"
+#include "training/trainer_options.h"
 #include "tests/scratch_path.h"
 
 namespace stillpoint {
@@ -379,6 +380,64 @@ TEST(ConfigTest, FixedPointPenaltiesNeedAFixedPoint) {
     EXPECT_NO_THROW(CheckTrainingConfig(config("implicit")));
     EXPECT_NO_THROW(CheckTrainingConfig(config("energy")));
   }
+}
+
+// Every key of model.regularization.* set away from its default (a weight,
+// and as much a probe count, frequency, ramp, target or damping) is refused
+// by name for a model without a fixed point of its own, and the correction
+// loss's keys for the energy kind (it has no solved cell); exit 2 through
+// ConfigError. A key left at its default value is accepted everywhere.
+TEST(ConfigTest, EveryRegularizationKeyNeedsAFixedPoint) {
+  const RegularizationOptions defaults;
+  for (const auto& field : RegularizationOptions::Fields().fields()) {
+    if (!field.in_config) continue;
+    const std::string key = "model.regularization." + field.name;
+    // A valid value other than the default.
+    RegularizationOptions other = defaults;
+    const double value = field.get_number(defaults);
+    const double changed = field.kind == OptionKind::kInt ? value + 1
+                           : value >= 1.0                ? value / 2
+                                                          : (value + 1.0) / 2;
+    field.set_number(other, changed);
+    ASSERT_NE(field.Text(other), field.Text(defaults)) << key;
+    const auto config = [&](const std::string& kind, const std::string& text) {
+      return Config::FromYaml(StillpointSchema(),
+                              "model:\n  kind: " + kind + "\n  regularization: {" +
+                                  field.name + ": " + text + "}\n",
+                              "keys.yaml");
+    };
+    const bool correction = field.name.rfind("correction_", 0) == 0;
+    for (const std::string kind : {"explicit", "tied", "energy"}) {
+      if (kind == "energy" && !correction) {
+        EXPECT_NO_THROW(CheckTrainingConfig(config(kind, field.Text(other)))) << key;
+        continue;
+      }
+      const std::string m = ErrorOf([&] { CheckTrainingConfig(config(kind, field.Text(other))); });
+      EXPECT_NE(m.find("keys.yaml:"), std::string::npos) << key << ": " << m;
+      EXPECT_NE(m.find(key + " needs model.kind implicit"), std::string::npos) << m;
+      EXPECT_NE(m.find("not " + kind), std::string::npos) << m;
+      // Its default value changes nothing and is accepted.
+      EXPECT_NO_THROW(CheckTrainingConfig(config(kind, field.Text(defaults)))) << key;
+    }
+    EXPECT_NO_THROW(CheckTrainingConfig(config("implicit", field.Text(other)))) << key;
+  }
+}
+
+// A comparison's regularisers apply to the variants that solve a fixed point;
+// its explicit and tied variants get them set back to their defaults, so
+// the comparison is valid and those variants train without them.
+TEST(ConfigTest, CompareKeepsRegularizersToTheVariantsWithAFixedPoint) {
+  const Config c = Config::FromYaml(
+      StillpointSchema(),
+      "model:\n  regularization: {jacobian_weight: 0.5, jacobian_ramp_steps: 20}\n"
+      "compare: {variants: [explicit, tied, implicit]}\n",
+      "compare.yaml");
+  EXPECT_NO_THROW(ValidateCompareVariants(c));
+  EXPECT_EQ(VariantConfigOverrides(c, "implicit"),
+            (std::vector<std::string>{"model.kind=implicit"}));
+  EXPECT_EQ(VariantConfigOverrides(c, "tied"),
+            (std::vector<std::string>{"model.kind=tied", "model.regularization.jacobian_weight=0",
+                                      "model.regularization.jacobian_ramp_steps=0"}));
 }
 
 // Rules that tie solver keys together are checked with the solvers' own

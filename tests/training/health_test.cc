@@ -43,7 +43,8 @@ class ScaledCell : public Cell {
 void RegisterScaledCells() {
   for (const auto& [name, a] : {std::pair<const char*, double>{"test_scaled_cell_0.5", 0.5},
                                 {"test_scaled_cell_1.5", 1.5},
-                                {"test_scaled_cell_2", 2.0}}) {
+                                {"test_scaled_cell_2", 2.0},
+                                {"test_scaled_cell_-1.5", -1.5}}) {
     if (CellRegistry().Has(name)) continue;
     const double factor = a;
     CellRegistry().Register(name, [factor](const CellOptions&, Rng&) {
@@ -99,6 +100,7 @@ TEST_F(HealthTest, AContractingExactlySolvedModelIsHealthy) {
   ASSERT_TRUE(e.IsMap());
   EXPECT_EQ(e["verdict"].as<std::string>(), "healthy");
   EXPECT_NEAR(e["layers"]["model"]["spectral_radius_max"].as<double>(), 0.5, 1e-9);
+  EXPECT_NEAR(e["layers"]["model"]["dominant_eigenvalue"].as<double>(), 0.5, 1e-9);
   EXPECT_EQ(e["layers"]["model"]["forward_converged_fraction"].as<double>(), 1.0);
   EXPECT_EQ(e["layers"]["model"]["backward_converged_fraction"].as<double>(), 1.0);
   EXPECT_EQ(e["layers"]["model"]["forward"]["solves"].as<int>(), 6);  // one per step
@@ -115,7 +117,9 @@ TEST_F(HealthTest, AnExpandingMapIsUnhealthyUnlessTheThresholdAllowsIt) {
       Run("expanding", With(kExactLinear, {"model.cell=test_scaled_cell_1.5",
                                            "model.solver.forward.type=anderson"}));
   EXPECT_EQ(s.equilibrium.verdict.rfind("unhealthy: ", 0), 0u) << s.equilibrium.verdict;
-  EXPECT_NE(s.equilibrium.verdict.find("model spectral radius 1.5 >= 1"), std::string::npos)
+  EXPECT_NE(s.equilibrium.verdict.find("model spectral radius 1.5 >= 1 (eigenvalue 1.5: an "
+                                       "expanding direction)"),
+            std::string::npos)
       << s.equilibrium.verdict;
   EXPECT_EQ(Json("expanding")["equilibrium"]["verdict"].as<std::string>(), s.equilibrium.verdict);
 
@@ -124,6 +128,21 @@ TEST_F(HealthTest, AnExpandingMapIsUnhealthyUnlessTheThresholdAllowsIt) {
                                          "model.solver.forward.type=anderson",
                                          "health.max_spectral_radius=2"}));
   EXPECT_EQ(allowed.equilibrium.verdict, "healthy");
+}
+
+// The sign of the dominant eigenvalue tells an overshooting map (-1.5:
+// damping would contract it) from an expanding one.
+TEST_F(HealthTest, TheVerdictTellsAnOvershootingMapFromAnExpandingOne) {
+  const TrainSummary s =
+      Run("overshooting", With(kExactLinear, {"model.cell=test_scaled_cell_-1.5",
+                                              "model.solver.forward.type=anderson"}));
+  EXPECT_NE(s.equilibrium.verdict.find("model spectral radius 1.5 >= 1 (eigenvalue -1.5: an "
+                                       "overshooting step"),
+            std::string::npos)
+      << s.equilibrium.verdict;
+  EXPECT_NEAR(Json("overshooting")["equilibrium"]["layers"]["model"]["dominant_eigenvalue"]
+                  .as<double>(),
+              -1.5, 1e-9);
 }
 
 // A starved forward solve is counted in every step, and the verdict says

@@ -666,6 +666,28 @@ TEST_F(TrainerTest, JacobianPenaltyWorksWithShards) {
 }
 
 
+// The Jacobian weight's ramp: at the first step the penalty enters with
+// 1/jacobian_ramp_steps of its weight (the same probes, the same parameters,
+// so the logged loss is the task loss plus a quarter of the full term).
+TEST_F(TrainerTest, TheJacobianWeightRampsUp) {
+  const std::string path = WriteConfig("jacobian_ramp");
+  auto first_loss = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> overrides = {"model.kind=implicit", "train.steps=1",
+                                          "train.log_every=1",
+                                          "log.dir=" + (dir_ / name).string()};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    Experiment e = BuildExperiment(Config::FromFile(StillpointSchema(), path, overrides), path);
+    Train(e);
+    return ReadMetricsCsv((dir_ / name / "metrics.csv").string()).at("loss")[0];
+  };
+  const double plain = first_loss("plain", {});
+  const double full = first_loss("full", {"model.regularization.jacobian_weight=1"});
+  const double ramped = first_loss("ramped", {"model.regularization.jacobian_weight=1",
+                                              "model.regularization.jacobian_ramp_steps=4"});
+  ASSERT_GT(full - plain, 1e-4);
+  EXPECT_NEAR(ramped - plain, (full - plain) / 4, 1e-3 * (full - plain));
+}
+
 // The fixed-point correction loss on a solve that stops on its tolerance
 // well before its budget (the iterates it keeps follow the iterations it
 // ran): every step runs, the logged loss of the first step (same
