@@ -36,6 +36,7 @@
 #include "framework/tensor.h"
 #include "layers/attention.h"
 #include "solvers/implicit.h"
+#include "solvers/solve_tally.h"
 #include "solvers/problem.h"
 
 namespace stillpoint {
@@ -197,9 +198,16 @@ class EnergyLayer : public Module {
   const std::shared_ptr<AdjointWarmStart>& adjoint_warm_start() const {
     return adjoint_warm_start_;
   }
+  // Every fixed-point solve of Solve since construction or the last
+  // TakeSolveTally(), forward and adjoint (solvers/solve_tally.h); fixed
+  // steps are no solve.
+  const ImplicitTally& solve_tally() const { return *solve_tally_; }
+  ImplicitTally TakeSolveTally() const;
 
  private:
   double gradient_step_ = 0.1;
+  // Diagnostic, shared with the adjoint observers of the graphs built.
+  std::shared_ptr<ImplicitTally> solve_tally_ = std::make_shared<ImplicitTally>();
   // Diagnostics written by the const Solve (like a cache, not state).
   std::shared_ptr<EnergySolveReport> last_solve_ = std::make_shared<EnergySolveReport>();
   // Solver state carried from one Solve to the next (runtime state, not

@@ -148,7 +148,20 @@ Var SolveEnergy(const EnergyLayer& layer,
 Var EnergyLayer::Solve(const Var& z0,
                        const EnergyContext& ctx,
                        const EnergySolveOptions& options) const {
-  return SolveEnergy(*this, z0, ctx, options, last_solve_.get(), adjoint_warm_start_);
+  if (options.mode != EnergySolveMode::kFixedPoint) {
+    return SolveEnergy(*this, z0, ctx, options, last_solve_.get(), adjoint_warm_start_);
+  }
+  EnergySolveOptions tallied = options;
+  tallied.implicit = TallyingAdjoints(options.implicit, solve_tally_);
+  Var result = SolveEnergy(*this, z0, ctx, tallied, last_solve_.get(), adjoint_warm_start_);
+  solve_tally_->forward.Add(last_solve_->implicit.forward.sample_termination);
+  return result;
+}
+
+ImplicitTally EnergyLayer::TakeSolveTally() const {
+  ImplicitTally taken = *solve_tally_;
+  *solve_tally_ = ImplicitTally();
+  return taken;
 }
 
 }  // namespace stillpoint

@@ -94,7 +94,9 @@ Var Implicit::Forward(const Var& u, const Tensor& z0) {
     explicit_inputs.push_back(u);
     for (const Var& p : cell_->parameters()) explicit_inputs.push_back(p);
   }
-  last_ = SolveImplicit(cell, z0, options_, energy, explicit_inputs, adjoint_warm_start_);
+  last_ = SolveImplicit(cell, z0, TallyingAdjoints(options_, tally_), energy, explicit_inputs,
+                        adjoint_warm_start_);
+  tally_->forward.Add(last_.forward.sample_termination);
   return last_.z_star;
 }
 
@@ -109,9 +111,17 @@ Var Implicit::Forward(const EnergyContext& ctx, const Var& z0) {
            energy_layer_->Name(), " has ", ctx.batch_size(), " samples but z0 ", z0.shape(),
            " has ", z0.dim(0));
   energy_trace_.clear();
-  last_ = SolveEnergyFixedPoint(*energy_layer_, z0.value(), ctx, options_, adjoint_warm_start_,
+  last_ = SolveEnergyFixedPoint(*energy_layer_, z0.value(), ctx,
+                                TallyingAdjoints(options_, tally_), adjoint_warm_start_,
                                 energy_options_.trace_energy ? &energy_trace_ : nullptr);
+  tally_->forward.Add(last_.forward.sample_termination);
   return last_.z_star;
+}
+
+ImplicitTally Implicit::TakeTally() const {
+  ImplicitTally taken = *tally_;
+  *tally_ = ImplicitTally();
+  return taken;
 }
 
 const OptionFields<EnergyImplicitOptions>& EnergyImplicitOptions::Fields() {

@@ -65,6 +65,7 @@
 #include "layers/cell.h"
 #include "layers/energy_layer.h"
 #include "solvers/implicit.h"
+#include "solvers/solve_tally.h"
 #include "solvers/summary.h"
 
 namespace stillpoint {
@@ -169,6 +170,14 @@ class Implicit : public Module {
   // Everything SolveImplicit returned for the last Forward.
   const ImplicitResult& last_result() const { return last_; }
 
+  // Every solve of this layer since construction or the last TakeTally():
+  // each Forward's solve, and each adjoint solve through a result (for a
+  // layer nested in another's map, one per VJP of the outer adjoint solve),
+  // whatever the summaries above were overwritten with since.
+  const ImplicitTally& tally() const { return *tally_; }
+  // Returns the tally and starts a new one.
+  ImplicitTally TakeTally() const;
+
   // The previous adjoint solution (used with options().backward.warm_start;
   // checkpoints save and restore it). Runtime state of this layer object,
   // not configuration: every Implicit has its own, so two replicas built
@@ -198,6 +207,8 @@ class Implicit : public Module {
   std::shared_ptr<EnergyLayer> energy_layer_;
   ImplicitOptions options_;
   EnergyImplicitOptions energy_options_;
+  // Shared with the adjoint observers of the graphs built (solve_tally.h).
+  std::shared_ptr<ImplicitTally> tally_ = std::make_shared<ImplicitTally>();
   ImplicitResult last_;
   std::vector<std::vector<double>> energy_trace_;
   std::shared_ptr<AdjointWarmStart> adjoint_warm_start_ = std::make_shared<AdjointWarmStart>();

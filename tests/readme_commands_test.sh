@@ -15,7 +15,7 @@ mkdir -p training/cli && ln -s "$source_dir/training/cli/completion" training/cl
 
 "$binary" compare examples/configs/quickstart.yaml train.steps=4 train.eval_every=4 \
   train.checkpoint_every=4 task.train_examples=256 task.test_examples=64 \
-  eval.iterations_sweep=[1,2] compare.probe_batch_size=2 eval.gradient_check_batch_size=2 \
+  eval.iterations_sweep=[1,2] eval.gradient_check_batch_size=2 \
   log.dir=runs/quickstart log.progress=none >quickstart.log
 
 # The commands of the README's bash blocks.

@@ -66,11 +66,12 @@ struct VariantResult {
   std::string run_dir;
   TrainSummary train;
   // Cosine and relative error between the gradient this variant trains with
-  // and the reference gradient (ift, GMRES to a relative adjoint residual of
-  // 1e-10; training/gradient_check.h) of the trained model on a probe batch
-  // (NaN for variants without an implicit layer).
-  double gradient_cosine_vs_ift = 0;
-  double gradient_relative_error_vs_ift = 0;
+  // and the reference gradient (training/gradient_check.h) at the run's last
+  // evaluation: train.gradient_check's, the same figure as summary.json's
+  // (NaN for variants without an implicit layer, and without a converged
+  // reference).
+  double gradient_cosine_vs_ift = std::numeric_limits<double>::quiet_NaN();
+  double gradient_relative_error_vs_ift = std::numeric_limits<double>::quiet_NaN();
   std::vector<std::pair<double, double>> accuracy_vs_depth;   // (iterations or depth, acc)
   std::vector<std::pair<double, double>> accuracy_vs_length;  // (length, acc)
   // The report's heat map: eval.lengths (or eval.sizes) x
@@ -93,6 +94,9 @@ struct VariantResult {
   double max_weight_fixed_point = std::numeric_limits<double>::quiet_NaN();
 };
 
+// Fills the gradient figures of `variant` from its run's gradient check.
+void SetGradientFigures(VariantResult* variant);
+
 // The held-out accuracy whose time to reach compare reports.
 inline constexpr double kTargetAccuracy = 0.98;
 // "Reached its final accuracy": within one percentage point of it.
@@ -100,7 +104,11 @@ inline constexpr double kFinalAccuracyMargin = 0.01;
 
 struct CompareReport {
   std::vector<VariantResult> variants;
-  std::string table;  // the summary table as printed
+  // The full table (report.md and report.html).
+  std::string table;
+  // The console's: variant, seeds, test acc, ms/step, to 98%, grad cos,
+  // stop and equilibrium verdict, fitting 100 columns.
+  std::string console_table;
   // With compare.attention: the attention x kind table (held-out accuracy,
   // ms/step, steps to kTargetAccuracy per cell); empty otherwise.
   std::string grid;
@@ -111,6 +119,10 @@ struct CompareReport {
   // no report was written. 0 otherwise.
   int stop_signal = 0;
 };
+
+// Whether any run of the comparison stopped early (train.on_nonfinite,
+// train.on_unconverged, failed ranks): `stillpoint compare` then exits 1.
+bool AnyStoppedEarly(const CompareReport& report);
 
 // The variants to train: the attention x kind grid (ATTENTION/KIND) when
 // compare.attention is set, else compare.variants.

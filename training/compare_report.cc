@@ -55,14 +55,58 @@ std::pair<double, double> MeanStd(const std::vector<double>& values) {
 }
 
 // "x" for one run, "mean ± std" for several; format turns a value into text.
+// Runs whose value is not finite (NaN: not measured, or a diverged run) are
+// left out of the mean and said so: "97.50% (2 of 3 seeds)".
 template <typename Format>
 std::string PooledCell(const std::vector<double>& values,
                        Format format,
                        const std::string& suffix = "") {
   const auto [mean, std_dev] = MeanStd(values);
   if (!std::isfinite(mean)) return "-";
-  if (values.size() < 2 || !std::isfinite(std_dev)) return format(mean) + suffix;
-  return format(mean) + " ± " + format(std_dev) + suffix;
+  std::size_t finite = 0;
+  for (double v : values) finite += std::isfinite(v);
+  const std::string pooled = finite < 2 || !std::isfinite(std_dev)
+                                 ? format(mean) + suffix
+                                 : format(mean) + " ± " + format(std_dev) + suffix;
+  if (finite == values.size()) return pooled;
+  return pooled + " (" + std::to_string(finite) + " of " + std::to_string(values.size()) +
+         " seeds)";
+}
+
+// A held-out figure of a run, NaN when no evaluation ran (an old
+// summary.json may hold 0 there).
+double Evaluated(const VariantResult& v, double value) {
+  return v.train.final_eval.examples > 0 ? value : kNaN;
+}
+
+// "-", or "stopped" with how many of the group's runs stopped early.
+std::string StopCell(const std::vector<const VariantResult*>& runs) {
+  std::size_t stopped = 0;
+  for (const VariantResult* run : runs) stopped += run->train.stopped_early;
+  if (stopped == 0) return "-";
+  if (runs.size() == 1) return "stopped at step " + std::to_string(runs[0]->train.steps);
+  return "stopped (" + std::to_string(stopped) + " of " + std::to_string(runs.size()) + " seeds)";
+}
+
+// The equilibrium verdicts of a group's runs: the verdict when they agree
+// (VerdictCell's short form if `brief`), else "unhealthy (k of n seeds)".
+std::string VerdictOf(const std::vector<const VariantResult*>& runs, bool brief) {
+  std::size_t unhealthy = 0;
+  std::string first;
+  for (const VariantResult* run : runs) {
+    const Equilibrium& e = run->train.equilibrium;
+    if (!e.applies) return "-";
+    if (!e.healthy()) {
+      ++unhealthy;
+      if (first.empty()) first = e.verdict;
+    }
+  }
+  if (unhealthy == 0) return "healthy";
+  if (runs.size() > 1) {
+    return "unhealthy (" + std::to_string(unhealthy) + " of " + std::to_string(runs.size()) +
+           " seeds)";
+  }
+  return brief ? VerdictCell(first) : first;
 }
 
 // The runs of one variant name (one per seed).
@@ -267,8 +311,9 @@ std::string GridTable(const std::vector<Group>& groups, const ReportHeader& head
           ReachedCell(*cell, &VariantResult::steps_to_target, &VariantResult::seconds_to_target);
       grid << " "
            << PooledCell(
-                  cell->Values(
-                      [](const VariantResult& v) { return 100.0 * v.train.final_eval.accuracy; }),
+                  cell->Values([](const VariantResult& v) {
+                    return Evaluated(v, 100.0 * v.train.final_eval.accuracy);
+                  }),
                   [](double x) { return Fixed(x, 2); }, "%")
            << ", "
            << PooledCell(
@@ -280,6 +325,65 @@ std::string GridTable(const std::vector<Group>& groups, const ReportHeader& head
     grid << "\n";
   }
   return grid.str();
+}
+
+// Cells padded to their column's width (UTF-8 "±" counts as one column).
+std::size_t DisplayWidth(const std::string& text) {
+  std::size_t width = 0;
+  for (unsigned char c : text) width += (c & 0xC0) != 0x80;
+  return width;
+}
+
+// The console's table: one line per variant with what a reader scans first,
+// the verdict among it, in at most kConsoleColumns columns (the full table
+// is report.md's). A variant name too long for its column is cut with "~".
+constexpr std::size_t kConsoleColumns = 100;
+
+std::string ConsoleTable(const std::vector<Group>& groups, bool pooled) {
+  auto fixed = [](int digits) { return [digits](double x) { return Fixed(x, digits); }; };
+  std::vector<std::vector<std::string>> rows = {
+      {"variant", "test acc", "ms/step", "grad cos", "stop", "equilibrium"}};
+  if (pooled) rows[0].insert(rows[0].begin() + 1, "seeds");
+  for (const Group& g : groups) {
+    std::vector<std::string> row = {
+        g.name,
+        PooledCell(g.Values([](const VariantResult& x) {
+          return Evaluated(x, 100.0 * x.train.final_eval.accuracy);
+        }),
+                   fixed(2), "%"),
+        PooledCell(
+            g.Values([](const VariantResult& x) { return 1000.0 * x.train.seconds_per_step; }),
+            fixed(1)),
+        PooledCell(g.Values([](const VariantResult& x) { return x.gradient_cosine_vs_ift; }),
+                   fixed(4)),
+        StopCell(g.runs).substr(0, 7) == "stopped" ? std::string("stopped") : std::string("-"),
+        VerdictOf(g.runs, /*brief=*/true)};
+    if (pooled) row.insert(row.begin() + 1, std::to_string(g.runs.size()));
+    rows.push_back(row);
+  }
+  const std::size_t columns = rows[0].size();
+  std::vector<std::size_t> widths(columns, 0);
+  for (const auto& row : rows) {
+    for (std::size_t c = 0; c < columns; ++c) widths[c] = std::max(widths[c], DisplayWidth(row[c]));
+  }
+  std::size_t others = 2 * (columns - 1);
+  for (std::size_t c = 1; c < columns; ++c) others += widths[c];
+  const std::size_t name_width =
+      others + 8 < kConsoleColumns ? std::min(widths[0], kConsoleColumns - others) : 8;
+  std::ostringstream out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < columns; ++c) {
+      std::string cell = row[c];
+      const std::size_t width = c == 0 ? name_width : widths[c];
+      if (c == 0 && DisplayWidth(cell) > width) cell = cell.substr(0, width - 1) + "~";
+      line += cell + std::string(width - DisplayWidth(cell), ' ');
+      if (c + 1 < columns) line += "  ";
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
+  return out.str();
 }
 
 const char kGridExplanation[] =
@@ -305,10 +409,14 @@ const char kTableExplanation[] =
     "(mean over them, worst residual); *attn max weight* the mean largest attention weight at "
     "the first iterate -> at the fixed point, at the last evaluation, where a jump to above 0.9 "
     "is a collapse; *grad cos vs ref* and *grad rel err vs ref* compare the gradient each "
-    "variant with an implicit layer trains with (its backward mode and adjoint solver) with a "
-    "reference solved to a relative adjoint residual of 1e-10 by GMRES, at the same weights and "
-    "fixed points, on a probe batch after training; the gradient-quality figure shows the same "
-    "at every evaluation during training.";
+    "variant with an implicit layer trains with (its backward mode, adjoint solver and warm "
+    "start) with a reference solved by GMRES to a relative adjoint residual of 1e-10 (float64) or "
+    "1e-5 (float32), at the run's last evaluation (the figure of its summary.json; \"-\" when the "
+    "reference did not converge); the gradient-quality figure shows the same at every "
+    "evaluation; *stop* whether the run stopped early (train.on_nonfinite, "
+    "train.on_unconverged); *equilibrium* the run's verdict (summary.json equilibrium: spectral "
+    "radius, converged solves and gradient cosine against the health.* thresholds), its reasons "
+    "listed below the table.";
 
 const char kPoolingExplanation[] =
     "Variants trained with several seeds (compare.seeds) show mean ± sample standard deviation "
@@ -381,9 +489,10 @@ void WriteComparisonReport(const std::string& root,
            "| peak tensor MiB "
            "| fwd iters | fwd residual | fwd status | bwd iters | bwd residual | bwd status "
            "| attn iters | attn residual | attn bwd iters | attn bwd residual | attn max weight "
-           "| grad cos vs ref | grad rel err vs ref |\n"
+           "| grad cos vs ref | grad rel err vs ref | stop | equilibrium |\n"
         << "|---|" << (pooled ? "---|" : "")
-        << "---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        << "---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+           "---|---|\n";
   auto fixed = [](int digits) { return [digits](double x) { return Fixed(x, digits); }; };
   for (const Group& g : groups) {
     const TrainSummary& t = g.runs[0]->train;
@@ -396,16 +505,18 @@ void WriteComparisonReport(const std::string& root,
           << PooledCell(g.Values([](const VariantResult& x) { return x.train.final_train_loss; }),
                         fixed(4))
           << " | "
-          << PooledCell(g.Values([](const VariantResult& x) { return x.train.final_eval.loss; }),
+          << PooledCell(g.Values([](const VariantResult& x) {
+               return Evaluated(x, x.train.final_eval.loss);
+             }),
                         fixed(4))
           << " | "
           << PooledCell(g.Values([](const VariantResult& x) {
-               return 100.0 * x.train.final_eval.accuracy;
+               return Evaluated(x, 100.0 * x.train.final_eval.accuracy);
              }),
                         fixed(2), "%")
           << " | "
           << PooledCell(g.Values([](const VariantResult& x) {
-               return 100.0 * x.train.final_eval.solved_fraction;
+               return Evaluated(x, 100.0 * x.train.final_eval.solved_fraction);
              }),
                         fixed(2), "%")
           << " | "
@@ -444,9 +555,10 @@ void WriteComparisonReport(const std::string& root,
           << PooledCell(
                  g.Values([](const VariantResult& x) { return x.gradient_relative_error_vs_ift; }),
                  Scientific)
-          << " |\n";
+          << " | " << StopCell(g.runs) << " | " << VerdictOf(g.runs, /*brief=*/false) << " |\n";
   }
   report->table = table.str();
+  report->console_table = ConsoleTable(groups, pooled);
   report->grid = header.grid_attentions.empty() ? "" : GridTable(groups, header);
 
   // ---- plots
@@ -517,6 +629,28 @@ void WriteComparisonReport(const std::string& root,
   }
   md << report->table << "\n" << kTableExplanation << "\n\n";
   html << MarkdownTableToHtml(report->table) << ProseToHtml(kTableExplanation);
+  {
+    // Why a run stopped and why it is unhealthy, in full.
+    std::string notes;
+    for (const VariantResult& v : report->variants) {
+      const std::string who = "- " + v.name + " (seed " + std::to_string(v.seed) + "): ";
+      if (v.train.stopped_early) notes += who + "stopped early: " + v.train.stop_reason + "\n";
+      if (v.train.equilibrium.applies && !v.train.equilibrium.healthy()) {
+        notes += who + v.train.equilibrium.verdict + "\n";
+      }
+    }
+    if (!notes.empty()) {
+      md << "Stops and equilibrium verdicts:\n\n" << notes << "\n";
+      html << ProseToHtml("Stops and equilibrium verdicts:") << "<ul>\n";
+      std::istringstream lines(notes);
+      std::string line;
+      while (std::getline(lines, line)) {
+        const std::string item = ProseToHtml(line.substr(2));
+        html << "<li>" << item.substr(3, item.size() - 8) << "</li>\n";
+      }
+      html << "</ul>\n";
+    }
+  }
   if (pooled) {
     md << kPoolingExplanation << "\n\n";
     html << ProseToHtml(kPoolingExplanation);
@@ -595,8 +729,7 @@ VariantResult LoadVariantResult(const std::string& run_dir, const std::string& f
   v.name = fallback_name;
   v.run_dir = run_dir;
   v.train = ReadTrainSummary(run_dir);
-  v.gradient_cosine_vs_ift = kNaN;
-  v.gradient_relative_error_vs_ift = kNaN;
+  SetGradientFigures(&v);
   const std::string path = (std::filesystem::path(run_dir) / "variant.json").string();
   if (!std::filesystem::exists(path)) return v;
   try {
@@ -605,11 +738,7 @@ VariantResult LoadVariantResult(const std::string& run_dir, const std::string& f
     if (root["name"]) v.name = root["name"].as<std::string>();
     if (root["seed"]) v.seed = root["seed"].as<int64_t>();
     for (const auto& o : root["overrides"]) v.overrides.push_back(o.as<std::string>());
-    auto number = [&](const char* key) {
-      return root[key] && !root[key].IsNull() ? root[key].as<double>() : kNaN;
-    };
-    v.gradient_cosine_vs_ift = number("gradient_cosine_vs_ift");
-    v.gradient_relative_error_vs_ift = number("gradient_relative_error_vs_ift");
+    // The gradient figures are the run's own (summary.json), not variant.json's.
     auto pairs = [&](const char* key, std::vector<std::pair<double, double>>* out) {
       for (const auto& p : root[key]) {
         out->emplace_back(p[0].IsNull() ? kNaN : p[0].as<double>(),
@@ -626,6 +755,7 @@ VariantResult LoadVariantResult(const std::string& run_dir, const std::string& f
   } catch (const YAML::Exception& error) {
     throw ConfigError(path + ": malformed (" + error.msg + ")");
   }
+  SetGradientFigures(&v);
   return v;
 }
 

@@ -236,6 +236,17 @@ ConfigSchema& ConfigSchema::Add(ConfigKey key) {
   return *this;
 }
 
+ConfigSchema& ConfigSchema::DefaultFollows(const std::string& path, const std::string& other,
+                                           const std::map<std::string, std::string>& default_by) {
+  SP_CHECK(Find(other) != nullptr, "ConfigSchema: DefaultFollows: no key '", other, "'");
+  auto it = std::find_if(keys_.begin(), keys_.end(),
+                         [&](const ConfigKey& key) { return key.path == path; });
+  SP_CHECK(it != keys_.end(), "ConfigSchema: DefaultFollows: no key '", path, "'");
+  it->default_follows = other;
+  it->default_by = default_by;
+  return *this;
+}
+
 ConfigSchema& ConfigSchema::Bool(const std::string& path, bool default_value,
                                  const std::string& doc) {
   return Add(MakeKey(path, ConfigType::kBool, default_value ? "true" : "false", doc));
@@ -393,7 +404,11 @@ std::string ConfigSchema::ToMarkdown() const {
       }
     }
     out << "| `" << key.path << "` | " << TypeName(key.type) << " | "
-        << (key.required ? "(required)" : "`" + key.default_value + "`") << " | " << allowed
+        << (key.required ? "(required)" : "`" + key.default_value + "`");
+    for (const auto& [value, text] : key.default_by) {
+      out << " (" << key.default_follows << " " << value << ": `" << text << "`)";
+    }
+    out << " | " << allowed
         << " | " << key.doc << " |\n";
   }
   return out.str();
@@ -404,6 +419,23 @@ std::string ConfigSchema::ToMarkdown() const {
 class ConfigBuilder {
  public:
   ConfigBuilder(Config* config, const std::string& source) : config_(config), source_(source) {}
+
+  // The keys still at their default whose default follows another key's
+  // value (ConfigKey::default_follows) take the default for that value.
+  void ResolveFollowingDefaults() {
+    for (const ConfigKey& key : config_->schema_->keys()) {
+      if (key.default_follows.empty()) continue;
+      const auto it = config_->values_.find(key.path);
+      if (it == config_->values_.end() || it->second.origin != "default") continue;
+      const auto other = config_->values_.find(key.default_follows);
+      std::string text = key.default_value;
+      if (other != config_->values_.end() && !other->second.items.empty()) {
+        const auto chosen = key.default_by.find(other->second.items[0]);
+        if (chosen != key.default_by.end()) text = chosen->second;
+      }
+      SetValue(key, YAML::Node(text), "default");
+    }
+  }
 
   // Validates node as the value of key; stores it with its origin.
   void SetValue(const ConfigKey& key, const YAML::Node& node, const std::string& where) {
@@ -555,6 +587,7 @@ Config Config::FromYaml(const ConfigSchema& schema, const std::string& yaml_text
     builder.Walk(root, "");
   }
   for (const std::string& text : overrides) builder.ApplyOverride(text);
+  builder.ResolveFollowingDefaults();
   for (const ConfigKey& key : schema.keys()) {
     if (key.required && !config.values_.count(key.path)) {
       throw ConfigError(source + ": missing required key '" + key.path + "' (" + key.doc + ")");
@@ -589,6 +622,7 @@ Config Config::FromFile(const ConfigSchema& schema, const std::string& path,
 void Config::Set(const std::string& override_text) {
   ConfigBuilder builder(this, source_);
   builder.ApplyOverride(override_text);
+  builder.ResolveFollowingDefaults();
 }
 
 const Config::Value& Config::Lookup(const std::string& path, ConfigType expected) const {

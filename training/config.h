@@ -44,6 +44,12 @@ struct ConfigKey {
   bool min_open = false, max_open = false;  // exclusive ends (inclusive by default)
   bool zero_allowed = false;   // 0 is valid besides the range ("0: off")
   bool required = false;       // no default: the file must set it
+  // A default that depends on another key's value (e.g. a solver tolerance
+  // on dtype): default_by[value of default_follows] when it lists that
+  // value, else default_value. Applied while the key is at its default,
+  // also after Config::Set changes the other key.
+  std::string default_follows;
+  std::map<std::string, std::string> default_by;
 };
 
 // The name of `names` closest to text by edit distance, when it is close
@@ -79,6 +85,11 @@ class ConfigSchema {
   // A key made elsewhere (e.g. merged from the tasks' keys); a path given
   // twice is a logic error.
   ConfigSchema& Add(ConfigKey key);
+
+  // Makes the default of `path` follow the value of `other` (see
+  // ConfigKey::default_follows); both must be declared already.
+  ConfigSchema& DefaultFollows(const std::string& path, const std::string& other,
+                               const std::map<std::string, std::string>& default_by);
 
   const std::vector<ConfigKey>& keys() const { return keys_; }
   const ConfigKey* Find(const std::string& path) const;

@@ -7,6 +7,7 @@
 #include "layers/energy_block.h"
 #include "layers/registry.h"
 #include "training/dataset_registry.h"
+#include "training/health.h"
 #include "training/option_schema.h"
 #include "training/trainer_options.h"
 
@@ -25,6 +26,15 @@ bool SolverKeyApplies(const std::string& prefix, const std::string& key) {
   if (prefix != "model.attention_solver.") return true;
   return key != "backward.warm_start" && key != "forward.divergence_factor";
 }
+
+// The float64 defaults of the solver tolerances, and the budgets that let
+// a contracting solve reach them (see BuildSchema).
+const std::pair<const char*, const char*> kFloat64Tolerances[] = {
+    {"forward.relative_tolerance", "1e-10"},
+    {"forward.absolute_tolerance", "1e-12"},
+    {"forward.max_iterations", "100"},
+    {"backward.tolerance", "1e-10"},
+    {"backward.max_iterations", "100"}};
 
 // The keys of an implicit solve under prefix ("model.solver." or
 // "model.attention_solver."), with the defaults of `defaults`.
@@ -92,6 +102,15 @@ ConfigSchema BuildSchema() {
 
   AddSolverKeys(s, "model.solver.", ImplicitOptions{});
   AddSolverKeys(s, "model.attention_solver.", DefaultAttentionSolverOptions());
+  // The tolerances follow the dtype: the declared defaults are sized for
+  // float32; a float64 model's solves default to float64-sized ones (and
+  // budgets to reach them), so its gradients are exact to what a float64
+  // gradient check resolves.
+  for (const std::string prefix : {"model.solver.", "model.attention_solver."}) {
+    for (const auto& [key, float64] : kFloat64Tolerances) {
+      s.DefaultFollows(prefix + key, "dtype", {{"float64", float64}});
+    }
+  }
   {
     const auto& warm = FindField(CellOptions::Fields(), "attention_solver.warm_start");
     s.Bool("model.attention_solver.warm_start", CellOptions{}.attention_warm_start, warm.doc);
@@ -115,6 +134,9 @@ ConfigSchema BuildSchema() {
   // ---- log
   AddOptionKeys(s, "log.", LogOptions::Fields());
 
+  // ---- health (the equilibrium verdict of summary.json)
+  AddOptionKeys(s, "health.", HealthOptions::Fields());
+
   // ---- compare
   s.StringList("compare.variants", {"explicit", "tied", "implicit"}, {},
                "Variants trained by `stillpoint compare`: explicit, tied, implicit, "
@@ -131,11 +153,7 @@ ConfigSchema BuildSchema() {
       .DoubleList("compare.seeds", {},
                   "Train each variant once per seed (whole numbers, each replacing `seed`) and "
                   "report mean ± standard deviation over them; empty: once, with `seed`",
-                  0, static_cast<double>(kBig))
-      .Int("compare.probe_batch_size", 32,
-           "Probe batch of the gradient check after training: every variant with an implicit "
-           "layer, its gradient against the reference (ift, GMRES to 1e-10)",
-           1, 1 << 20);
+                  0, static_cast<double>(kBig));
   return s;
 }
 

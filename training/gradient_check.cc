@@ -11,12 +11,20 @@ namespace stillpoint {
 
 std::string GradientCheck::Line() const {
   if (!ran) return "gradient check: no implicit layer";
-  char buffer[256];
-  std::snprintf(buffer, sizeof(buffer),
-                "gradient check: cos %.6f, rel err %.2e against ift/gmres to 1e-10 (reached "
-                "%.1e, %s)",
-                cosine, relative_error, reference_residual, reference_status.c_str());
-  std::string line = buffer;
+  char buffer[320];
+  std::string line;
+  if (!no_reference.empty()) {
+    line = "gradient check: no reference (" + no_reference + ")";
+  } else {
+    std::snprintf(buffer, sizeof(buffer),
+                  "gradient check: cos %.6f, rel err %.2e against ift/gmres to %.0e (reached %.1e)",
+                  cosine, relative_error, reference_tolerance, reference_residual);
+    line = buffer;
+  }
+  if (used_depth > 0) {
+    line += "; used: the unrolled gradient of pretraining (" + std::to_string(used_depth) +
+            " steps)";
+  }
   if (!std::isnan(spectral_radius)) {
     std::snprintf(buffer, sizeof(buffer), "; spectral radius of J_f %.3g (eigenvalue %.3g)",
                   spectral_radius, spectral_eigenvalue);
@@ -25,11 +33,13 @@ std::string GradientCheck::Line() const {
   return line;
 }
 
-BackwardOptions ReferenceBackwardOptions() {
+double ReferenceTolerance(DType dtype) { return dtype == DType::kFloat64 ? 1e-10 : 1e-5; }
+
+BackwardOptions ReferenceBackwardOptions(DType dtype) {
   BackwardOptions options;
   options.mode = BackwardMode::kIft;
   options.solver = AdjointSolverType::kGmres;
-  options.tolerance = 1e-10;
+  options.tolerance = ReferenceTolerance(dtype);
   options.max_iterations = 100;
   options.gmres_restart = 50;
   return options;
@@ -62,7 +72,38 @@ bool HasImplicitLayer(const SequenceModel& model) {
          !model.HopfieldReadouts().empty();
 }
 
-GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
+namespace {
+
+// The warm starts of training's adjoint solves, for the used gradient: each
+// start cut to the probe's rows (a start of another shape would not be used,
+// as in training after a change of batch size), and restored afterwards, so
+// the probe's own solutions never reach training.
+class WarmStartsForProbe {
+ public:
+  WarmStartsForProbe(const std::vector<std::shared_ptr<AdjointWarmStart>>& starts, int64_t rows)
+      : starts_(starts) {
+    for (const auto& start : starts_) {
+      saved_.push_back(start->solution);
+      const Tensor& s = start->solution;
+      if (s.defined() && s.rank() == 2 && s.dim(0) > rows) {
+        start->solution = s.SliceRows(0, rows).Clone();
+      } else if (s.defined()) {
+        start->solution = s.Clone();
+      }
+    }
+  }
+  ~WarmStartsForProbe() {
+    for (std::size_t i = 0; i < starts_.size(); ++i) starts_[i]->solution = saved_[i];
+  }
+
+ private:
+  std::vector<std::shared_ptr<AdjointWarmStart>> starts_;
+  std::vector<Tensor> saved_;
+};
+
+}  // namespace
+
+GradientCheck CheckGradient(SequenceModel& model, const Batch& batch, int64_t used_depth) {
   GradientCheck check;
   // Every implicit layer: the model's own (implicit and energy kinds) and
   // the energy attentions inside its cells (model.attention), so that the
@@ -74,8 +115,11 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   }
   // The Hopfield pooling and lookup solve through their own layers.
   std::vector<ImplicitOptions*> readouts;
+  std::vector<std::shared_ptr<AdjointWarmStart>> warm_starts;
+  for (Implicit* layer : layers) warm_starts.push_back(layer->adjoint_warm_start());
   for (const auto& [name, hopfield] : model.HopfieldReadouts()) {
     readouts.push_back(&hopfield->mutable_solve_options().implicit);
+    warm_starts.push_back(hopfield->adjoint_warm_start());
   }
   if (layers.empty() && readouts.empty()) return check;
   const bool was_training = model.is_training();
@@ -84,21 +128,27 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   for (Implicit* layer : layers) saved.push_back(layer->options());
   for (ImplicitOptions* options : readouts) saved_readouts.push_back(*options);
   model.Eval();
-  model.SetDepthOverride(0);
-  for (Implicit* layer : layers) layer->mutable_options().backward.warm_start = false;
-  for (ImplicitOptions* options : readouts) options->backward.warm_start = false;
-  const std::vector<double> used = ParameterGradient(model, batch);
+  check.used_depth = used_depth;
+  model.SetDepthOverride(used_depth);
+  std::vector<double> used;
+  {
+    const WarmStartsForProbe probe_starts(warm_starts, batch.batch_size);
+    used = ParameterGradient(model, batch);
+  }
   if (!layers.empty() && layers[0]->backward_summary()) {
     check.used_brief = layers[0]->backward_summary()->BriefReport();
   }
+  model.SetDepthOverride(0);
   if (model.options().kind == ModelKind::kImplicit || model.options().kind == ModelKind::kEnergy) {
-    // Power iteration on J_f^T at the fixed point of the forward just run.
+    // Power iteration on J_f^T at the fixed point of the model's solve.
     const SpectralRadiusResult estimate = model.FixedPointSpectralRadius(EmbedBatch(model, batch));
     check.spectral_radius = estimate.max_radius;
     check.spectral_eigenvalue = estimate.dominant_eigenvalue;
   }
-  for (Implicit* layer : layers) layer->mutable_options().backward = ReferenceBackwardOptions();
-  for (ImplicitOptions* options : readouts) options->backward = ReferenceBackwardOptions();
+  const BackwardOptions reference_options = ReferenceBackwardOptions(model.options().dtype);
+  check.reference_tolerance = reference_options.tolerance;
+  for (Implicit* layer : layers) layer->mutable_options().backward = reference_options;
+  for (ImplicitOptions* options : readouts) options->backward = reference_options;
   const std::vector<double> reference = ParameterGradient(model, batch);
   // The reference's worst residual and status over the layers.
   std::vector<std::shared_ptr<const AdjointSummary>> summaries;
@@ -119,6 +169,16 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
   for (std::size_t i = 0; i < readouts.size(); ++i) *readouts[i] = saved_readouts[i];
   model.SetDepthOverride(depth);
   model.Train(was_training);
+  check.ran = true;
+  if (worst != TerminationType::kConverged) {
+    char buffer[160];
+    std::snprintf(buffer, sizeof(buffer),
+                  "the reference adjoint (ift/gmres) stopped at %.1e above its tolerance %.0e, %s",
+                  check.reference_residual, check.reference_tolerance,
+                  check.reference_status.c_str());
+    check.no_reference = buffer;
+    return check;
+  }
 
   double dot = 0, used_sq = 0, reference_sq = 0, diff_sq = 0;
   for (std::size_t i = 0; i < used.size(); ++i) {
@@ -127,7 +187,6 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch) {
     reference_sq += reference[i] * reference[i];
     diff_sq += (used[i] - reference[i]) * (used[i] - reference[i]);
   }
-  check.ran = true;
   if (used_sq > 0 && reference_sq > 0) check.cosine = dot / std::sqrt(used_sq * reference_sq);
   if (reference_sq > 0) check.relative_error = std::sqrt(diff_sq / reference_sq);
   return check;

@@ -4,15 +4,24 @@
 // (solvers/adjoint.h) exactly. The model's configured backward pass may not:
 // an inexact mode (jfb, phantom, unrolled), a fixed budget, or an adjoint
 // solve that stopped above its tolerance. CheckGradient measures it on one
-// batch: the gradient of the batch loss w.r.t. every parameter with the
-// configured backward options ("used"), and with a reference backward pass,
-// ift with GMRES to a relative adjoint residual of 1e-10 ("reference"), at
-// the same weights and the same forward solve. Every implicit layer takes the
-// reference options: the model's own and the energy attentions inside its
-// cells (model.attention), so the reference is exact for nested solves as
-// well. The model runs in eval mode
-// (no dropout draws, so training's random streams are untouched) and
-// without the adjoint warm start, both restored afterwards.
+// batch: the gradient of the batch loss w.r.t. every parameter as training
+// computes it ("used": the configured backward options, the adjoint warm
+// start from training's last solution, and during pretraining the unrolled
+// depth), and with a reference backward pass, ift with GMRES to a relative
+// adjoint residual of ReferenceTolerance(dtype) ("reference"), at the same
+// weights. Every implicit layer takes the reference options: the model's own,
+// the energy attentions inside its cells (model.attention) and the Hopfield
+// readouts, so the reference is exact for nested solves as well. A reference
+// that does not meet its tolerance gives no cosine: the check says "no
+// reference" and why. The model runs in eval mode (no dropout draws, so
+// training's random streams are untouched); its warm starts and depth are
+// restored afterwards.
+//
+// This is the one gradient check of a run: the trainer runs it at every
+// evaluation (eval.gradient_check_batch_size), and its figures are the same
+// in the metrics (grad_cos, grad_rel_err), the progress output, summary.json
+// (gradient_check, and the smallest cosine in equilibrium) and compare's
+// report.
 #pragma once
 
 #include <limits>
@@ -28,14 +37,22 @@ namespace stillpoint {
 struct GradientCheck {
   bool ran = false;  // false for a model without any implicit layer
   // cos(used, reference) and ||used - reference|| / ||reference|| over the
-  // flattened parameter gradients (NaN when a gradient is zero).
+  // flattened parameter gradients (NaN when a gradient is zero, and when
+  // there is no reference).
   double cosine = std::numeric_limits<double>::quiet_NaN();
   double relative_error = std::numeric_limits<double>::quiet_NaN();
-  // The reference adjoint solves: the worst relative residual and status
-  // over the implicit layers. In float32 the VJPs limit it to about 1e-6;
-  // the status says whether 1e-10 was reached.
+  // The reference adjoint solves: the tolerance they had to meet, the worst
+  // relative residual and status over the implicit layers.
+  double reference_tolerance = std::numeric_limits<double>::quiet_NaN();
   double reference_residual = std::numeric_limits<double>::quiet_NaN();
   std::string reference_status;
+  // Non-empty when the reference did not converge: why ("the reference
+  // adjoint stopped at 3.2e-06 > 1e-06 (MAX_ITERATIONS)"); cosine and
+  // relative_error are then NaN.
+  std::string no_reference;
+  // The depth override the used gradient was taken at (the unrolled steps of
+  // pretraining; 0: the implicit solve).
+  int64_t used_depth = 0;
   // The used backward pass's brief report (the model's own implicit layer,
   // else the first energy attention).
   std::string used_brief;
@@ -50,17 +67,24 @@ struct GradientCheck {
   // +spectral_radius it expands (a saddle of an energy). NaN with the radius.
   double spectral_eigenvalue = std::numeric_limits<double>::quiet_NaN();
 
-  // "gradient check: cos 0.99998, rel err 6.1e-03 against ift/gmres to 1e-10
-  // (reached 3.2e-08, MAX_ITERATIONS); spectral radius of J_f 0.93
-  // (eigenvalue -0.93)".
+  bool has_reference() const { return ran && no_reference.empty(); }
+
+  // "gradient check: cos 0.99998, rel err 6.1e-03 against ift/gmres to 1e-05
+  // (reached 3.2e-08); spectral radius of J_f 0.93 (eigenvalue -0.93)", or "gradient check: no
+  // reference (...)".
   std::string Line() const;
 };
 
-// The reference backward options: ift, GMRES(50), tolerance 1e-10, at most
-// 100 iterations per solve. In float32 the residual stops falling near 1e-6
-// well before that; the bound keeps nested solves (an energy attention inside
-// the cell, whose reference solve runs inside every outer VJP) affordable.
-BackwardOptions ReferenceBackwardOptions();
+// The relative adjoint residual the reference must reach: 1e-10 in float64;
+// 1e-5 in float32, whose VJPs (rounded to float32) limit the residual to
+// about 1e-6 / (1 - rho).
+double ReferenceTolerance(DType dtype);
+
+// The reference backward options: ift, GMRES(50), ReferenceTolerance(dtype),
+// at most 100 iterations per solve (the bound keeps nested solves, an
+// energy attention inside the cell whose reference solve runs inside every
+// outer VJP, affordable).
+BackwardOptions ReferenceBackwardOptions(DType dtype = DType::kFloat64);
 
 // Flattened gradient of the batch loss w.r.t. every parameter (zeros where a
 // parameter gets none); the parameters' gradients are zero afterwards.
@@ -71,7 +95,10 @@ std::vector<double> ParameterGradient(SequenceModel& model, const Batch& batch);
 // cells, or a Hopfield pooling or lookup.
 bool HasImplicitLayer(const SequenceModel& model);
 
-GradientCheck CheckGradient(SequenceModel& model, const Batch& batch);
+// used_depth > 0: the used gradient is that of the model at this depth
+// override (pretraining's unrolled steps); the reference is the implicit
+// gradient whatever it is.
+GradientCheck CheckGradient(SequenceModel& model, const Batch& batch, int64_t used_depth = 0);
 
 // The fixed probe batch of the checks: the first `size` examples of a
 // shuffle of `dataset` with a seed of its own, the same in every run.

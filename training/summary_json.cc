@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <limits>
+#include <sstream>
 
 #include "training/config.h"
 #include "training/metrics.h"
@@ -37,7 +38,142 @@ SolverStats StatsFromJson(const YAML::Node& node) {
   return stats;
 }
 
+// {"CONVERGED": 30, "MAX_ITERATIONS": 2}
+std::string StatusJson(const SolverStats& stats) {
+  std::string out = "{";
+  for (const auto& [status, count] : stats.status_counts) {
+    if (out.size() > 1) out += ", ";
+    out += JsonString(status) + ": " + std::to_string(count);
+  }
+  return out + "}";
+}
+
+// true / false, or null when there was no tolerance or no measured residual.
+std::string ToleranceMetJson(const SolverStats& stats) {
+  if (stats.tolerance <= 0 || !stats.HasResidual()) return "null";
+  return stats.ToleranceMissed() ? "false" : "true";
+}
+
+// Why a run has no held-out figures.
+std::string NoEvaluationReason(const TrainSummary& s) {
+  if (s.stopped_early || s.stop_signal != 0) {
+    return "the run stopped before its first evaluation: " + s.stop_reason;
+  }
+  return "no evaluation ran";
+}
+
+// {"forward": {...}, "backward": {...}} of one family's tallies.
+std::string FamilyJson(const ImplicitTally& t) {
+  auto tally = [](const SolveTally& x) {
+    std::string out = "{\"solves\": " + std::to_string(x.solves) +
+                      ", \"unconverged_solves\": " + std::to_string(x.unconverged_solves) +
+                      ", \"failed_solves\": " + std::to_string(x.failed_solves) +
+                      ", \"samples\": " + std::to_string(x.samples) +
+                      ", \"converged_samples\": " + std::to_string(x.converged_samples) +
+                      ", \"inexact_samples\": " + std::to_string(x.inexact_samples) +
+                      ", \"status\": {";
+    bool first = true;
+    for (const auto& [status, count] : x.status_counts) {
+      out += (first ? "" : ", ") + JsonString(status) + ": " + std::to_string(count);
+      first = false;
+    }
+    return out + "}}";
+  };
+  return "{\"forward\": " + tally(t.forward) + ", \"backward\": " + tally(t.backward) + "}";
+}
+
+// {"model": {...}, "attention": {...}, "hopfield": {...}}: the whole run's
+// tallies of every family.
+std::string RunSolveCountsJson(const RunSolveCounts& counts) {
+  std::string out = "{";
+  for (SolveFamily f : kSolveFamilies) {
+    out += std::string(f == SolveFamily::kModel ? "" : ", ") + JsonString(ToString(f)) + ": " +
+           FamilyJson(counts.solves[f]);
+  }
+  return out + "}";
+}
+
 }  // namespace
+
+std::string SummaryJson(const TrainSummary& s) {
+  const bool evaluated = s.final_eval.examples > 0;
+  const RunSolveCounts& counts = s.solve_counts;
+  std::ostringstream out;
+  out << "{\n  \"steps\": " << s.steps << ",\n  \"skipped_steps\": " << s.skipped_steps
+      << ",\n  \"stopped_early\": " << (s.stopped_early ? "true" : "false")
+      << ",\n  \"stop_reason\": " << JsonString(s.stop_reason)
+      << ",\n  \"parameters\": " << s.num_parameters
+      << ",\n  \"checkpoints_written\": " << s.checkpoints_written
+      << ",\n  \"final_train_loss\": " << JsonNumber(s.final_train_loss)
+      << ",\n  \"final_train_accuracy\": " << JsonNumber(s.final_train_accuracy)
+      << ",\n  \"test_loss\": " << (evaluated ? JsonNumber(s.final_eval.loss) : "null")
+      << ",\n  \"test_accuracy\": " << (evaluated ? JsonNumber(s.final_eval.accuracy) : "null")
+      << ",\n  \"test_solved_fraction\": "
+      << (evaluated ? JsonNumber(s.final_eval.solved_fraction) : "null")
+      << ",\n  \"test_examples\": " << s.final_eval.examples
+      << ",\n  \"test_not_evaluated\": "
+      << (evaluated ? "null" : JsonString(NoEvaluationReason(s)))
+      << ",\n  \"test_forward_iterations_mean\": "
+      << (evaluated ? JsonNumber(s.final_eval.forward.iterations_mean) : "null")
+      << ",\n  \"path_independence_cosine\": "
+      << (evaluated ? JsonNumber(s.final_eval.path_independence.cosine) : "null")
+      << ",\n  \"path_independence_agreement\": "
+      << (evaluated ? JsonNumber(s.final_eval.path_independence.agreement) : "null")
+      << ",\n  \"seconds_per_step\": " << JsonNumber(s.seconds_per_step)
+      << ",\n  \"peak_rss_mb\": " << JsonNumber(s.peak_rss_mb)
+      << ",\n  \"pool_peak_mb\": " << JsonNumber(s.pool_peak_mb)
+      << ",\n  \"forward_iterations_mean\": " << JsonNumber(s.forward.iterations_mean)
+      << ",\n  \"forward_residual_max\": " << JsonNumber(s.forward.residual_max)
+      << ",\n  \"backward_iterations_mean\": " << JsonNumber(s.backward.iterations_mean)
+      << ",\n  \"backward_residual_max\": " << JsonNumber(s.backward.residual_max)
+      << ",\n  \"attention_iterations_mean\": " << JsonNumber(s.attention_forward.iterations_mean)
+      << ",\n  \"attention_residual_max\": " << JsonNumber(s.attention_forward.residual_max)
+      << ",\n  \"attention_backward_iterations_mean\": "
+      << JsonNumber(s.attention_backward.iterations_mean)
+      << ",\n  \"attention_backward_residual_max\": "
+      << JsonNumber(s.attention_backward.residual_max)
+      << ",\n  \"forward_tolerance\": " << JsonNumber(s.forward.tolerance)
+      << ",\n  \"forward_tolerance_met\": " << ToleranceMetJson(s.forward)
+      << ",\n  \"forward_status\": " << StatusJson(s.forward)
+      << ",\n  \"backward_tolerance\": " << JsonNumber(s.backward.tolerance)
+      << ",\n  \"backward_tolerance_met\": " << ToleranceMetJson(s.backward)
+      << ",\n  \"backward_status\": " << StatusJson(s.backward)
+      << ",\n  \"forward_unconverged_steps\": " << counts.forward_unconverged(SolveFamily::kModel)
+      << ",\n  \"backward_unconverged_steps\": "
+      << counts.backward_unconverged(SolveFamily::kModel)
+      << ",\n  \"attention_forward_unconverged_steps\": "
+      << counts.forward_unconverged(SolveFamily::kAttention)
+      << ",\n  \"attention_backward_unconverged_steps\": "
+      << counts.backward_unconverged(SolveFamily::kAttention)
+      << ",\n  \"hopfield_forward_unconverged_steps\": "
+      << counts.forward_unconverged(SolveFamily::kHopfield)
+      << ",\n  \"hopfield_backward_unconverged_steps\": "
+      << counts.backward_unconverged(SolveFamily::kHopfield)
+      << ",\n  \"solve_counts\": " << RunSolveCountsJson(counts)
+      << ",\n  \"solvers\": {\"forward\": " << SolverStatsJson(s.forward)
+      << ", \"backward\": " << SolverStatsJson(s.backward)
+      << ", \"attention_forward\": " << SolverStatsJson(s.attention_forward)
+      << ", \"attention_backward\": " << SolverStatsJson(s.attention_backward) << "}"
+      << ",\n  \"provenance\": " << ProvenanceJson(s.provenance)
+      << ",\n  \"gradient_check\": ";
+  if (s.gradient_check.ran) {
+    const GradientCheck& g = s.gradient_check;
+    out << "{\"step\": " << s.gradient_check_step << ", \"cosine\": " << JsonNumber(g.cosine)
+        << ", \"relative_error\": " << JsonNumber(g.relative_error) << ", \"no_reference\": "
+        << (g.no_reference.empty() ? "null" : JsonString(g.no_reference))
+        << ", \"used_depth\": " << g.used_depth
+        << ", \"reference\": \"ift/gmres\", \"reference_tolerance\": "
+        << JsonNumber(g.reference_tolerance)
+        << ", \"reference_residual\": " << JsonNumber(g.reference_residual)
+        << ", \"reference_status\": " << JsonString(g.reference_status)
+        << ", \"spectral_radius\": " << JsonNumber(g.spectral_radius) << "}";
+  } else {
+    out << "null";
+  }
+  out << ",\n  \"equilibrium\": " << s.equilibrium.Json() << "\n}\n";
+  return out.str();
+}
+
 
 std::string SolverStatsJson(const SolverStats& stats) {
   std::string out = "{\"iterations_mean\": " + JsonNumber(stats.iterations_mean) +
@@ -72,6 +208,10 @@ TrainSummary ReadTrainSummary(const std::string& run_dir) {
     s.run_dir = run_dir;
     s.steps = static_cast<int64_t>(Number(root, "steps", 0));
     s.skipped_steps = static_cast<int64_t>(Number(root, "skipped_steps", 0));
+    s.stopped_early = root["stopped_early"] && root["stopped_early"].as<bool>();
+    if (root["stop_reason"] && !root["stop_reason"].IsNull()) {
+      s.stop_reason = root["stop_reason"].as<std::string>();
+    }
     s.num_parameters = static_cast<int64_t>(Number(root, "parameters", 0));
     s.final_train_loss = Number(root, "final_train_loss");
     s.final_train_accuracy = Number(root, "final_train_accuracy");
@@ -100,6 +240,15 @@ TrainSummary ReadTrainSummary(const std::string& run_dir) {
       s.gradient_check.cosine = Number(check, "cosine");
       s.gradient_check.relative_error = Number(check, "relative_error");
       s.gradient_check_step = static_cast<int64_t>(Number(check, "step", 0));
+      if (check["no_reference"] && !check["no_reference"].IsNull()) {
+        s.gradient_check.no_reference = check["no_reference"].as<std::string>();
+      }
+    }
+    const YAML::Node equilibrium = root["equilibrium"];
+    if (equilibrium && equilibrium.IsMap()) {
+      s.equilibrium.applies = true;
+      s.equilibrium.verdict = equilibrium["verdict"].as<std::string>("");
+      s.equilibrium.gradient_cosine_min = Number(equilibrium, "gradient_cosine_min");
     }
   } catch (const YAML::Exception& error) {
     throw ConfigError(path + ": unexpected value (" + error.msg + ")");

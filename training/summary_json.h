@@ -15,6 +15,12 @@ namespace stillpoint {
 //  "status": {"CONVERGED": 32}} (residual_max null when not measured).
 std::string SolverStatsJson(const SolverStats& stats);
 
+// RUN_DIR/summary.json: the run's figures, solver statistics and counts,
+// gradient check and equilibrium verdict (docs/training.md lists the
+// fields). Figures that were not measured are null, with the reason where
+// one is needed (test_not_evaluated).
+std::string SummaryJson(const TrainSummary& summary);
+
 // Reads RUN_DIR/summary.json back into the fields the comparison report
 // shows (steps, losses, accuracies, timings, memory, solver statistics,
 // gradient check). ConfigError naming the file when it is missing or

@@ -19,15 +19,24 @@ namespace {
 // on at every eval (one extra traced solve per attention).
 constexpr int64_t kDiagnosticExamples = 32;
 
-// What train.on_unconverged reports about a step's adjoint solve.
-std::string UnconvergedReport(int64_t step, const SolverStats& backward) {
-  const int64_t samples = backward.converged + backward.not_converged + backward.inexact;
+// What train.on_unconverged reports about a step's adjoint solves: the
+// model's own in detail, and the unconverged samples of every family.
+std::string UnconvergedReport(int64_t step, const StepResult& result) {
+  const SolverStats& backward = result.backward;
   std::ostringstream out;
-  out << "step " << step << ": the adjoint (backward) solve left " << backward.not_converged
-      << "/" << samples << " samples (" << std::fixed << std::setprecision(0)
-      << 100.0 * static_cast<double>(backward.not_converged) / static_cast<double>(samples)
-      << "%) above its tolerance: max rel residual " << ResidualCell(backward) << " ["
-      << StatusCell(backward) << "]; " << backward.brief;
+  out << "step " << step << ": ";
+  if (backward.not_converged > 0) {
+    const int64_t samples = backward.converged + backward.not_converged + backward.inexact;
+    out << "the adjoint (backward) solve left " << backward.not_converged << "/" << samples
+        << " samples (" << std::fixed << std::setprecision(0)
+        << 100.0 * static_cast<double>(backward.not_converged) / static_cast<double>(samples)
+        << "%) above its tolerance: max rel residual " << ResidualCell(backward) << " ["
+        << StatusCell(backward) << "]; " << backward.brief;
+  } else {
+    out << "adjoint solves left samples above their tolerance";
+  }
+  const std::string misses = result.solves.AdjointMisses();
+  if (!misses.empty()) out << "; unconverged adjoint samples this step: " << misses;
   return out.str();
 }
 
@@ -76,8 +85,7 @@ bool UnconvergedHook::StepEnded(TrainLoopState& state) {
   const StepResult& result = state.result;
   if (!result.unconverged()) return true;
   TrainSummary& summary = *state.summary;
-  ++summary.unconverged_backward_steps;
-  last_ = UnconvergedReport(state.step, result.backward);
+  last_ = UnconvergedReport(state.step, result);
   if (options_.on_unconverged == "stop") {
     progress_.Message(last_ + "; stopping before the update (train.on_unconverged: stop)");
     state.stop = true;
@@ -104,6 +112,13 @@ void UnconvergedHook::ReportSinceLast() {
                     "latest: " +
                     last_);
   since_report_ = 0;
+}
+
+// ---------------------------------------------------------------- SolveCountHook
+
+bool SolveCountHook::StepEnded(TrainLoopState& state) {
+  state.summary->solve_counts.AddStep(state.result.solves);
+  return true;
 }
 
 // ---------------------------------------------------------------- SummaryHook
@@ -207,8 +222,20 @@ void LogHook::Evaluate(TrainLoopState& state, std::map<std::string, double>& row
   summary.final_eval = eval;
   progress_.Eval(state.step, eval.loss, eval.accuracy);
   if (context_.gradient_check_batch.batch_size > 0) {
-    summary.gradient_check = CheckGradient(model, context_.gradient_check_batch);
+    // During pretraining the step trained with the unrolled gradient: the
+    // check measures that one, and the verdict judges only the implicit
+    // steps' gradients.
+    const int64_t used_depth = implicit_ && state.step <= context_.trainer.pretrain_steps
+                                   ? model.options().unroll_steps
+                                   : 0;
+    summary.gradient_check = CheckGradient(model, context_.gradient_check_batch, used_depth);
     summary.gradient_check_step = state.step;
+    EquilibriumMonitor& monitor = summary.equilibrium_monitor;
+    monitor.AddSpectralRadius(SolveFamily::kModel, summary.gradient_check.spectral_radius,
+                              summary.gradient_check.spectral_eigenvalue);
+    if (used_depth == 0) {
+      monitor.AddGradientCheck(summary.gradient_check.cosine, summary.gradient_check.no_reference);
+    }
     row["grad_cos"] = summary.gradient_check.cosine;
     row["grad_rel_err"] = summary.gradient_check.relative_error;
     if (!std::isnan(summary.gradient_check.spectral_radius)) {

@@ -2,8 +2,10 @@
 // train_step.h), as callbacks: the loop in Train runs a step, then each
 // hook in order, until a hook asks it to stop.
 //
+//   SolveCountHook   every solve of the step into the run's counts
 //   NonFiniteHook    a failed step: report it, count it, skip or stop
-//   UnconvergedHook  an adjoint solve above its tolerance: warn or stop
+//   UnconvergedHook  an adjoint solve (of any implicit layer) above its
+//                    tolerance: warn or stop
 //   SummaryHook      the step's time, solver statistics and training loss
 //                    into the run's summary
 //   LogHook          the metrics row of every log_every-th step, with the
@@ -52,6 +54,12 @@ class TrainHook {
   // After each step. Returning false skips the later hooks for this step
   // (a failed step is not logged as a trained one).
   virtual bool StepEnded(TrainLoopState& state) = 0;
+};
+
+// The step's solves, failed steps' too, into TrainSummary::solve_counts.
+class SolveCountHook : public TrainHook {
+ public:
+  bool StepEnded(TrainLoopState& state) override;
 };
 
 // train.on_nonfinite and train.max_skipped_steps.

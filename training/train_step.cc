@@ -71,8 +71,16 @@ std::vector<SequenceModel*> TrainStep::models() const {
 
 StepResult TrainStep::Run(const Batch& batch, const ExtraLoss& extra_loss, Rng* rng) {
   SP_CHECK(extra_loss == nullptr || rng != nullptr, "TrainStep: an extra loss needs a generator");
+  // The counts since the last step (evaluations, gradient checks) are not
+  // this step's.
+  for (SequenceModel* model : models()) TakeSolveCounts(*model);
   StepResult result =
       data_parallel_ ? RunShards(batch, extra_loss, rng) : RunPlain(batch, extra_loss, rng);
+  for (SequenceModel* model : models()) result.solves.Merge(TakeSolveCounts(*model));
+  // Under ranks every rank must apply the same steps: the ranks agree on
+  // failures through the exchange, which does not carry this one, so there
+  // it is counted (the run's summary) but does not hold the step back.
+  if (result.failure.empty() && !exchange_) result.failure = result.solves.ForwardFailure();
   Apply(result);
   return result;
 }

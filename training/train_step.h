@@ -17,11 +17,13 @@
 // summed across ranks during the backward pass. One shard in one process is
 // a plain forward and backward pass on the model itself.
 //
-// A step whose loss or gradient is not finite is not applied: the
+// A step whose loss or gradient is not finite, or one of whose forward
+// solves ended NON_FINITE, DIVERGED or FAILURE (the layer then hands on the
+// solver's best iterate, not a fixed point), is not applied: the
 // parameters and the optimizer's state are unchanged, the gradients are
-// cleared and StepResult::failure says what was not finite. A step whose
-// adjoint solve left samples above their tolerance is held back (not
-// applied) when TrainStepOptions::hold_unconverged is set
+// cleared and StepResult::failure says what failed. A step whose
+// adjoint solve (of any implicit layer) left samples above their tolerance
+// is held back (not applied) when TrainStepOptions::hold_unconverged is set
 // (train.on_unconverged: stop).
 #pragma once
 
@@ -37,6 +39,7 @@
 #include "training/distributed_training.h"
 #include "training/experiment.h"
 #include "training/optimizer.h"
+#include "training/solve_counts.h"
 
 namespace stillpoint {
 
@@ -74,14 +77,20 @@ struct StepResult {
   // The norm of the summed gradient before clipping (0 when it was not
   // formed: a failed step).
   double grad_norm = 0;
-  // The solves of the model's implicit layer, over every shard (and rank).
+  // The last solves of the model's implicit layer, over every shard (and
+  // rank).
   SolverStats forward;
   SolverStats backward;
-  // "non-finite loss", "non-finite gradient", "non-finite loss on rank 1";
-  // empty when the step's values were finite.
+  // Every solve of every implicit layer in this step, over this process's
+  // shards (training/solve_counts.h).
+  SolveCounts solves;
+  // "non-finite loss", "non-finite gradient", "non-finite loss on rank 1",
+  // "the model forward solve ended DIVERGED 2 (...)"; empty when the
+  // step's values were finite and every forward solve returned a state.
   std::string failure;
-  // Whether the adjoint solve left samples above their tolerance.
-  bool unconverged() const { return backward.not_converged > 0; }
+  // Whether an adjoint solve of any implicit layer left samples above their
+  // tolerance.
+  bool unconverged() const { return backward.not_converged > 0 || solves.AdjointUnconverged(); }
   // Whether the optimizer applied the step.
   bool updated = false;
 };

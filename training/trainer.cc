@@ -54,93 +54,26 @@ bool AllFinite(const NamedVars& parameters) {
   return true;
 }
 
-// {"CONVERGED": 30, "MAX_ITERATIONS": 2}
-std::string StatusJson(const SolverStats& stats) {
-  std::string out = "{";
-  for (const auto& [status, count] : stats.status_counts) {
-    if (out.size() > 1) out += ", ";
-    out += JsonString(status) + ": " + std::to_string(count);
-  }
-  return out + "}";
-}
-
-// true / false, or null when there was no tolerance or no measured residual.
-std::string ToleranceMetJson(const SolverStats& stats) {
-  if (stats.tolerance <= 0 || !stats.HasResidual()) return "null";
-  return stats.ToleranceMissed() ? "false" : "true";
-}
-
-std::string SummaryJson(const TrainSummary& s) {
-  std::ostringstream out;
-  out << "{\n  \"steps\": " << s.steps << ",\n  \"skipped_steps\": " << s.skipped_steps
-      << ",\n  \"stopped_early\": " << (s.stopped_early ? "true" : "false")
-      << ",\n  \"stop_reason\": " << JsonString(s.stop_reason)
-      << ",\n  \"parameters\": " << s.num_parameters
-      << ",\n  \"checkpoints_written\": " << s.checkpoints_written
-      << ",\n  \"final_train_loss\": " << JsonNumber(s.final_train_loss)
-      << ",\n  \"final_train_accuracy\": " << JsonNumber(s.final_train_accuracy)
-      << ",\n  \"test_loss\": " << JsonNumber(s.final_eval.loss)
-      << ",\n  \"test_accuracy\": " << JsonNumber(s.final_eval.accuracy)
-      << ",\n  \"test_solved_fraction\": " << JsonNumber(s.final_eval.solved_fraction)
-      << ",\n  \"test_examples\": " << s.final_eval.examples
-      << ",\n  \"test_forward_iterations_mean\": " << JsonNumber(s.final_eval.forward.iterations_mean)
-      << ",\n  \"path_independence_cosine\": " << JsonNumber(s.final_eval.path_independence.cosine)
-      << ",\n  \"path_independence_agreement\": "
-      << JsonNumber(s.final_eval.path_independence.agreement)
-      << ",\n  \"seconds_per_step\": " << JsonNumber(s.seconds_per_step)
-      << ",\n  \"peak_rss_mb\": " << JsonNumber(s.peak_rss_mb)
-      << ",\n  \"pool_peak_mb\": " << JsonNumber(s.pool_peak_mb)
-      << ",\n  \"forward_iterations_mean\": " << JsonNumber(s.forward.iterations_mean)
-      << ",\n  \"forward_residual_max\": " << JsonNumber(s.forward.residual_max)
-      << ",\n  \"backward_iterations_mean\": " << JsonNumber(s.backward.iterations_mean)
-      << ",\n  \"backward_residual_max\": " << JsonNumber(s.backward.residual_max)
-      << ",\n  \"attention_iterations_mean\": " << JsonNumber(s.attention_forward.iterations_mean)
-      << ",\n  \"attention_residual_max\": " << JsonNumber(s.attention_forward.residual_max)
-      << ",\n  \"attention_backward_iterations_mean\": "
-      << JsonNumber(s.attention_backward.iterations_mean)
-      << ",\n  \"attention_backward_residual_max\": "
-      << JsonNumber(s.attention_backward.residual_max)
-      << ",\n  \"forward_tolerance\": " << JsonNumber(s.forward.tolerance)
-      << ",\n  \"forward_tolerance_met\": " << ToleranceMetJson(s.forward)
-      << ",\n  \"forward_status\": " << StatusJson(s.forward)
-      << ",\n  \"backward_tolerance\": " << JsonNumber(s.backward.tolerance)
-      << ",\n  \"backward_tolerance_met\": " << ToleranceMetJson(s.backward)
-      << ",\n  \"backward_status\": " << StatusJson(s.backward)
-      << ",\n  \"backward_unconverged_steps\": " << s.unconverged_backward_steps
-      << ",\n  \"solvers\": {\"forward\": " << SolverStatsJson(s.forward)
-      << ", \"backward\": " << SolverStatsJson(s.backward)
-      << ", \"attention_forward\": " << SolverStatsJson(s.attention_forward)
-      << ", \"attention_backward\": " << SolverStatsJson(s.attention_backward) << "}"
-      << ",\n  \"provenance\": " << ProvenanceJson(s.provenance)
-      << ",\n  \"gradient_check\": ";
-  if (s.gradient_check.ran) {
-    const GradientCheck& g = s.gradient_check;
-    out << "{\"step\": " << s.gradient_check_step << ", \"cosine\": " << JsonNumber(g.cosine)
-        << ", \"relative_error\": " << JsonNumber(g.relative_error)
-        << ", \"reference\": \"ift/gmres, tolerance 1e-10\", \"reference_residual\": "
-        << JsonNumber(g.reference_residual)
-        << ", \"reference_status\": " << JsonString(g.reference_status)
-        << ", \"spectral_radius\": " << JsonNumber(g.spectral_radius) << "}";
-  } else {
-    out << "null";
-  }
-  out << "\n}\n";
-  return out.str();
-}
-
 }  // namespace
 
 std::string TrainSummary::BriefReport() const {
   std::ostringstream out;
   out << std::fixed << std::setprecision(4) << "steps " << steps << ", train loss "
-      << final_train_loss << ", test loss " << final_eval.loss << ", test accuracy "
-      << std::setprecision(2) << 100.0 * final_eval.accuracy << "%, " << std::setprecision(1)
-      << 1000.0 * seconds_per_step << " ms/step, peak RSS " << peak_rss_mb << " MiB";
+      << final_train_loss;
+  if (final_eval.examples > 0) {
+    out << ", test loss " << final_eval.loss << ", test accuracy " << std::setprecision(2)
+        << 100.0 * final_eval.accuracy << "%";
+  } else {
+    out << ", no evaluation ran";
+  }
+  out << ", " << std::setprecision(1) << 1000.0 * seconds_per_step << " ms/step, peak RSS "
+      << peak_rss_mb << " MiB";
   if (forward.iterations_max > 0) {
     out << ", forward iterations " << forward.iterations_mean << " (max "
         << forward.iterations_max << ")";
   }
   if (skipped_steps > 0) out << ", " << skipped_steps << " skipped steps";
+  if (equilibrium.applies) out << ", equilibrium " << VerdictCell(equilibrium.verdict);
   if (stopped_early) out << " [stopped: " << stop_reason << "]";
   if (stop_signal != 0) out << " [" << stop_reason << "]";
   return out.str();
@@ -411,6 +344,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
       HasImplicitLayer(model) ? eval_options.gradient_check_batch_size : 0;
 
   Progress progress(options.progress, log_options.progress, trainer.steps, step);
+  SolveCountHook solve_count_hook;
   NonFiniteHook nonfinite_hook(trainer, progress, metrics);
   UnconvergedHook unconverged_hook(trainer, progress);
   SummaryHook summary_hook(model);
@@ -431,8 +365,8 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   log_context.learning_rate = [&] { return optimizer->learning_rate(); };
   LogHook log_hook(std::move(log_context), progress, metrics, &unconverged_hook);
   CheckpointHook checkpoint_hook(trainer.checkpoint_every, save_checkpoint);
-  const std::vector<TrainHook*> hooks = {&nonfinite_hook, &unconverged_hook, &summary_hook,
-                                         &log_hook, &checkpoint_hook};
+  const std::vector<TrainHook*> hooks = {&solve_count_hook, &nonfinite_hook, &unconverged_hook,
+                                         &summary_hook, &log_hook, &checkpoint_hook};
   // The regularisers of model.regularization.*, each an extra loss at the
   // model's fixed point after pretraining; the Jacobian and spectral-radius
   // terms at a random fraction of the steps.
@@ -565,6 +499,10 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (summary.final_eval.examples == 0 && step >= trainer.steps) {
     summary.final_eval = Evaluate(model, *e.test, eval_options.batch_size, e.dtype);
   }
+  summary.equilibrium = AssessEquilibrium(HasImplicitLayer(model), summary.solve_counts,
+                                          summary.equilibrium_monitor,
+                                          HealthOptions::FromConfig(c));
+  if (summary.equilibrium.applies) progress.Message("equilibrium: " + summary.equilibrium.verdict);
   if (!writes) return summary;  // rank 0 writes the run directory
   if (log_options.plots) LogHook::WritePlots(summary.run_dir);
   summary.provenance.end_time = UtcNow();
@@ -580,6 +518,9 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (!summary.backward.brief.empty()) {
     md << "\nLast backward solve: " << summary.backward.brief << "\n\nBackward residual "
        << ResidualCell(summary.backward) << "; samples: " << StatusCell(summary.backward) << "\n";
+  }
+  if (summary.equilibrium.applies) {
+    md << "\nEquilibrium: " << summary.equilibrium.verdict << "\n";
   }
   if (summary.gradient_check.ran) {
     md << "\nAt step " << summary.gradient_check_step << ", " << summary.gradient_check.Line()

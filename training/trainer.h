@@ -31,7 +31,9 @@
 
 #include "training/experiment.h"
 #include "training/gradient_check.h"
+#include "training/health.h"
 #include "training/provenance.h"
+#include "training/solve_counts.h"
 
 namespace stillpoint {
 
@@ -43,6 +45,9 @@ struct TrainSummary {
   std::string stop_reason;
   double final_train_loss = 0;
   double final_train_accuracy = 0;
+  // The last evaluation on the held-out set; final_eval.examples == 0 when
+  // none ran (summary.json then writes test_loss and test_accuracy null
+  // with test_not_evaluated saying why).
   EvalResult final_eval;
   double seconds_per_step = 0;  // median wall time of a training step
   double peak_rss_mb = 0;       // peak resident memory of the process
@@ -53,11 +58,17 @@ struct TrainSummary {
   // (empty without them; experiment.h AttentionForwardStats).
   SolverStats attention_forward;
   SolverStats attention_backward;
-  // Steps whose adjoint (backward) solve left some sample above its
-  // tolerance (train.on_unconverged).
-  int64_t unconverged_backward_steps = 0;
+  // Every solve of every implicit layer over the run's training steps, and
+  // the steps in which each family's forward or adjoint solve left samples
+  // unconverged (training/solve_counts.h).
+  RunSolveCounts solve_counts;
+  // What the evaluations measured for the equilibrium verdict, and the
+  // verdict (training/health.h), set when the run ends.
+  EquilibriumMonitor equilibrium_monitor;
+  Equilibrium equilibrium;
   // The last evaluation's gradient check (eval.gradient_check_batch_size)
-  // and its step.
+  // and its step: the one figure summary.json, the metrics and compare's
+  // report show.
   GradientCheck gradient_check;
   int64_t gradient_check_step = 0;
   int64_t num_parameters = 0;

@@ -40,7 +40,8 @@ const OptionFields<TrainerOptions>& TrainerOptions::Fields() {
            .Int("max_skipped_steps", &O::max_skipped_steps, 1, kBig,
                 "skip: stop after this many consecutive skipped steps")
            .Choice("on_unconverged", &O::on_unconverged, {"ignore", "warn", "stop"},
-                   "An implicit model's adjoint (backward) solve that leaves samples above its "
+                   "An adjoint (backward) solve of any implicit layer (the model's own, an energy "
+                   "attention's inner adjoint, a Hopfield readout's) that leaves samples above its "
                    "tolerance: ignore; warn (print the fraction of samples, the residual, the "
                    "tolerance and the solver the first time, then once per evaluation); stop "
                    "(end the run before the update, exit 1, with the report). INEXACT backward "
@@ -69,9 +70,11 @@ const OptionFields<EvalOptions>& EvalOptions::Fields() {
            ->Int("batch_size", &O::batch_size, 1, 1 << 20, "Examples per evaluation batch")
            .Int("gradient_check_batch_size", &O::gradient_check_batch_size, 0, 1 << 20,
                 "Models with an implicit layer: at every evaluation, the gradient the trainer "
-                "uses is compared with a reference (ift, GMRES to 1e-10) on a fixed probe batch "
-                "of this many training examples (cosine and relative error in the metrics, the "
-                "progress output and summary.json; 0: off)")
+                "uses (its backward modes, warm starts and pretraining) is compared with a "
+                "reference (ift, GMRES to 1e-10 in float64, 1e-5 in float32; no cosine when it "
+                "does not converge) on a fixed probe batch of this many training examples (the "
+                "one gradient check: the metrics, the progress output, summary.json and compare's "
+                "report; 0: off)")
            .Int("max_iterations", &O::max_iterations, 0, kMaxSolverIterations,
                 "Test-time forward solver budget (implicit) or unrolled steps (tied), for inputs "
                 "of every length (`eval --iters`; 0: the budget rule of "

@@ -42,8 +42,16 @@ EnergyAttentionOptions OptionsFromOverrides(const std::string& kind,
 // backward retains it: gradcheck and retain_graph=True run several).
 class AttentionGraph {
  public:
-  AttentionGraph(Var input, Var output, VarList parameters)
-      : input_(std::move(input)), output_(std::move(output)), parameters_(std::move(parameters)) {}
+  // summary: the inner solve's adjoint summary of this forward (filled by
+  // the backward); report: where the core keeps the last backward's line.
+  AttentionGraph(Var input, Var output, VarList parameters,
+                 std::shared_ptr<const AdjointSummary> summary,
+                 std::shared_ptr<std::string> report)
+      : input_(std::move(input)),
+        output_(std::move(output)),
+        parameters_(std::move(parameters)),
+        summary_(std::move(summary)),
+        report_(std::move(report)) {}
 
   // dL/dx and dL/dparameter (None where a parameter is frozen) for dL/dy =
   // grad_output.
@@ -61,6 +69,8 @@ class AttentionGraph {
       py::gil_scoped_release release;
       grads = grad({output_}, inputs, {Var(grad_output.Clone())}, {.retain_graph = true});
     }
+    // The report describes this backward, whatever forwards ran since.
+    if (summary_ && report_) *report_ = summary_->BriefReport();
     py::list parameter_grads;
     for (std::size_t i = 1; i < grads.size(); ++i) {
       if (grads[i].defined()) {
@@ -81,6 +91,8 @@ class AttentionGraph {
   Var input_;
   Var output_;
   VarList parameters_;
+  std::shared_ptr<const AdjointSummary> summary_;
+  std::shared_ptr<std::string> report_;
 };
 
 class AttentionCore {
@@ -138,8 +150,10 @@ class AttentionCore {
       }
       VarList parameters;
       for (const auto& [name, var] : attention_->named_parameters()) parameters.push_back(var);
-      return py::make_tuple(ArrayFromTensor(output.value().Clone()),
-                            AttentionGraph(input, output, parameters));
+      return py::make_tuple(
+          ArrayFromTensor(output.value().Clone()),
+          AttentionGraph(input, output, parameters, attention_->implicit().backward_summary(),
+                         backward_report_));
     }
     Var output;
     {
@@ -153,10 +167,8 @@ class AttentionCore {
   std::string ForwardReport() const {
     return attention_->implicit().forward_summary().BriefReport();
   }
-  std::string BackwardReport() const {
-    const auto summary = attention_->implicit().backward_summary();
-    return summary ? summary->BriefReport() : std::string();
-  }
+  // The last backward's (empty before one ran).
+  std::string BackwardReport() const { return *backward_report_; }
   std::string Name() const { return attention_->Name(); }
   const char* DTypeName() const { return NumpyDTypeName(dtype_); }
 
@@ -164,6 +176,7 @@ class AttentionCore {
   int64_t dim_;
   DType dtype_ = DType::kFloat32;
   std::shared_ptr<EnergyAttention> attention_;
+  std::shared_ptr<std::string> backward_report_ = std::make_shared<std::string>();
 };
 
 }  // namespace

@@ -133,8 +133,13 @@ py::dict VariantDict(const VariantResult& v) {
   d["run_dir"] = v.train.run_dir;
   d["overrides"] = v.overrides;
   d["steps"] = v.train.steps;
-  d["test_accuracy"] = v.train.final_eval.accuracy;
-  d["test_loss"] = v.train.final_eval.loss;
+  // None when no evaluation ran.
+  const bool evaluated = v.train.final_eval.examples > 0;
+  d["test_accuracy"] = evaluated ? py::object(py::float_(v.train.final_eval.accuracy)) : py::none();
+  d["test_loss"] = evaluated ? py::object(py::float_(v.train.final_eval.loss)) : py::none();
+  d["stopped_early"] = v.train.stopped_early;
+  d["equilibrium"] = v.train.equilibrium.applies ? py::object(py::str(v.train.equilibrium.verdict))
+                                                 : py::none();
   d["train_accuracy"] = v.train.final_train_accuracy;
   d["train_loss"] = v.train.final_train_loss;
   d["seconds_per_step"] = v.train.seconds_per_step;

@@ -122,9 +122,11 @@ void Finalize(AdjointOperator* op,
       // VJP's precision does not turn a spent budget into a convergence;
       // the solver's own verdict stands.
       type = TerminationType::kConverged;
-    } else if (type == TerminationType::kConverged) {
+    } else if (type == TerminationType::kConverged && samples->threshold[b] > 0.0) {
       // A recurrence (CG, MINRES) estimated convergence that the true
-      // residual does not confirm (rounding).
+      // residual does not confirm (rounding). At tolerance 0 only an exact
+      // method (dense LU) says CONVERGED, and its word stands: its residual
+      // is rounding, not a missed tolerance.
       type = TerminationType::kMaxIterations;
       ++estimate_disagreed;
     }

@@ -36,6 +36,21 @@ def test_gradcheck_in_float64_against_finite_differences(kind):
     assert torch.autograd.gradcheck(function, (x, *parameters), eps=1e-6, atol=1e-6, rtol=1e-4)
 
 
+def test_gradcheck_in_float64_at_the_defaults():
+    # A float64 module's inner solves default to float64-sized tolerances
+    # (model.attention_solver.* follow dtype), so it passes gradcheck without
+    # any solver setting; and the solver report after a backward describes
+    # that backward, not a later forward's (gradcheck runs many).
+    torch.manual_seed(0)
+    attention = EnergyAttention("probabilistic", 8, 2, dtype=torch.float64)
+    x = torch.randn(2, 3, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: attention(x), (x,), eps=1e-6, atol=1e-5, rtol=1e-4)
+    attention(x).sum().backward()
+    _, backward = attention.solver_report()
+    assert backward.startswith("ift/fixed_point: CONVERGED"), backward
+    assert "0/0 converged" not in backward
+
+
 def test_gradcheck_tells_an_inexact_gradient_from_the_implicit_one():
     # The same check with the Jacobian-free backward (jfb: dL/dz* passed
     # through one step of the map, no adjoint solve) must fail, or the check

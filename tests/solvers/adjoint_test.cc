@@ -332,6 +332,20 @@ TEST(AdjointSolver, DenseReportsSingularSystem) {
       << summary.FullReport();
 }
 
+// The dense solve is exact: at tolerance 0 (no tolerance to meet) its
+// samples are CONVERGED, not MAX_ITERATIONS, and its solution is exact.
+TEST(AdjointSolver, DenseAtToleranceZeroConverges) {
+  LinearAdjoint linear = MakeLinear(3, 5, 0.7, /*symmetric=*/false, 31);
+  const Tensor g = RandomRhs(3, 5, 32);
+  Tensor w;
+  const AdjointSummary summary =
+      SolveAdjoint(Options(AdjointSolverType::kDense, 0.0), linear.Vjp(), g, &w);
+  EXPECT_EQ(summary.termination_type, TerminationType::kConverged) << summary.FullReport();
+  EXPECT_EQ(summary.CountSamples(TerminationType::kConverged), 3) << summary.FullReport();
+  const Tensor exact = linear.Exact(g);
+  for (int64_t i = 0; i < g.numel(); ++i) EXPECT_NEAR(w.at(i), exact.at(i), 1e-12);
+}
+
 TEST(AdjointSolver, MaxIterationsIsReported) {
   LinearAdjoint linear = MakeLinear(2, 20, 0.95, false, 25);
   const Tensor g = RandomRhs(2, 20, 26);

@@ -16,6 +16,7 @@
 #include "tests/scratch_path.h"
 #include "training/checkpoint.h"
 #include "training/cli/cli_commands.h"
+#include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"
@@ -429,8 +430,12 @@ TEST_F(TrainerTest, CompareWritesAReportWithEveryVariant) {
                                  "eval: {iterations_sweep: [1, 4], lengths: [5, 7]}\n");
   args.overrides = {"train.steps=10"};
   std::ostringstream out, err;
-  ASSERT_EQ(RunCompare(args, out, err), 0) << err.str();
-  const std::string table = out.str();
+  CompareReport compared;
+  ASSERT_EQ(RunCompare(args, out, err, &compared), 0) << err.str();
+  // The console prints the short table; the full one is report.md's.
+  EXPECT_NE(out.str().find(compared.console_table), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("implicit_jfb"), std::string::npos) << out.str();
+  const std::string table = compared.table;
   EXPECT_NE(table.find("| explicit |"), std::string::npos) << table;
   EXPECT_NE(table.find("| implicit_jfb |"), std::string::npos) << table;
   // jfb solves no adjoint equation: its residual is n/a (never 0) and its
@@ -458,9 +463,22 @@ TEST_F(TrainerTest, CompareWritesAReportWithEveryVariant) {
   EXPECT_NE(report.find("\n| 2 | ", depth_table), std::string::npos) << report;
   EXPECT_NE(html_text.str().find("<th>sequence length</th>"), std::string::npos);
   // The jfb row has a gradient cosine; explicit has none ("-").
-  const auto row = table.substr(table.find("| implicit_jfb |"));
-  const std::string last_cell = row.substr(row.rfind('|', row.find('\n') - 2) + 1);
-  EXPECT_EQ(last_cell.find(" - "), std::string::npos) << row;
+  auto cells = [](const std::string& line) {
+    std::vector<std::string> out;
+    std::stringstream in(line);
+    std::string cell;
+    std::getline(in, cell, '|');
+    while (std::getline(in, cell, '|')) out.push_back(cell);
+    return out;
+  };
+  const std::vector<std::string> header = cells(table.substr(0, table.find('\n')));
+  const auto column = std::find(header.begin(), header.end(), " grad cos vs ref ");
+  ASSERT_NE(column, header.end()) << table;
+  const std::size_t at = static_cast<std::size_t>(column - header.begin());
+  const std::string jfb_row = table.substr(table.find("| implicit_jfb |"));
+  const std::string explicit_row = table.substr(table.find("| explicit |"));
+  EXPECT_NE(cells(jfb_row.substr(0, jfb_row.find('\n')))[at], " - ") << jfb_row;
+  EXPECT_EQ(cells(explicit_row.substr(0, explicit_row.find('\n')))[at], " - ") << explicit_row;
 
   args.overrides = {"compare.variants=[explicit, implicit_magic]"};
   std::ostringstream err2;

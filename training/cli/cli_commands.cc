@@ -246,7 +246,10 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
               out << "{\"cosine\": " << JsonNumber(check.cosine)
                   << ", \"relative_error\": " << JsonNumber(check.relative_error)
                   << ", \"reference_residual\": " << JsonNumber(check.reference_residual)
+                  << ", \"reference_tolerance\": " << JsonNumber(check.reference_tolerance)
                   << ", \"reference_status\": " << JsonString(check.reference_status)
+                  << ", \"no_reference\": "
+                  << (check.no_reference.empty() ? "null" : JsonString(check.no_reference))
                   << ", \"spectral_radius\": " << JsonNumber(check.spectral_radius)
                   << ", \"used\": " << JsonString(check.used_brief) << "}";
             } else {
@@ -300,8 +303,16 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
               << last.run_dir << "); the comparison stopped there and wrote no report\n";
           return SignalExitCode(report.stop_signal);
         }
-        out << "\n" << report.table << "\nreport: " << report.markdown_path << " and "
-            << report.html_path << "\n";
+        out << "\n" << report.console_table << "\nreport (the full table): "
+            << report.markdown_path << " and " << report.html_path << "\n";
+        if (AnyStoppedEarly(report)) {
+          for (const VariantResult& v : report.variants) {
+            if (!v.train.stopped_early) continue;
+            err << "error: variant " << v.name << " (seed " << v.seed
+                << ") stopped early: " << v.train.stop_reason << "\n";
+          }
+          return kRuntimeFailure;
+        }
         return kOk;
       });
 }
@@ -359,8 +370,8 @@ int RunReport(const ReportArgs& args, std::ostream& out, std::ostream& err) {
       },
       [&] {
         WriteComparisonReport(root, header, &report);
-        out << report.table << "\nreport: " << report.markdown_path << " and "
-            << report.html_path << "\n";
+        out << report.console_table << "\nreport (the full table): " << report.markdown_path
+            << " and " << report.html_path << "\n";
         return kOk;
       });
 }
