@@ -405,12 +405,24 @@ Var SequenceModel::EncodeInjection(const Var& u) {
     }
     case ModelKind::kTied:  // handled above
       break;
-    case ModelKind::kImplicit:
-      return implicit_->Forward(u);
+    case ModelKind::kImplicit: {
+      if (!next_initial_state_.defined()) return implicit_->Forward(u);
+      const Tensor z0 = std::move(next_initial_state_);
+      next_initial_state_ = Tensor();
+      SP_CHECK(z0.shape() == u.shape(), "SequenceModel: the initial state's shape ",
+               z0.shape().ToString(), " differs from the injection's ", u.shape().ToString());
+      return implicit_->Forward(u, z0);
+    }
     case ModelKind::kEnergy:  // handled above
       break;
   }
   return Var();
+}
+
+void SequenceModel::SetNextInitialState(Tensor z0) {
+  SP_CHECK(!z0.defined() || options_.kind == ModelKind::kImplicit,
+           "SetNextInitialState: only an implicit model starts a solve from a given state");
+  next_initial_state_ = std::move(z0);
 }
 
 Var SequenceModel::Head(Var z) const {

@@ -228,7 +228,7 @@ std::unique_ptr<InMemoryDataset> MakeSequenceTask(const SequenceTaskOptions& opt
 
 // ---------------------------------------------------------------- files
 
-std::string ReadFileMaybeGzip(const std::string& path) {
+std::string ReadFileMaybeGzip(const std::string& path, int64_t max_bytes) {
   // gzopen reads plain files unchanged, so one code path serves both.
   gzFile file = gzopen(path.c_str(), "rb");
   SP_CHECK(file != nullptr, "cannot open '", path, "': ", std::strerror(errno));
@@ -251,6 +251,11 @@ std::string ReadFileMaybeGzip(const std::string& path) {
       SP_CHECK(code == Z_OK || code == Z_STREAM_END, "cannot read '", path,
                "': the compressed data ends early (", message, "); the file is truncated");
       return content;
+    }
+    if (static_cast<int64_t>(content.size()) + n > max_bytes) {
+      gzclose(file);
+      SP_CHECK(false, "cannot read '", path, "': its content is longer than ", max_bytes,
+               " bytes");
     }
     content.append(buffer, n);
   }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -160,7 +161,9 @@ struct CsvDatasetOptions {
 std::unique_ptr<InMemoryDataset> LoadCsvDataset(const CsvDatasetOptions& options);
 
 // Reads a whole file, transparently gunzipping a .gz file; throws an Error
-// naming the path when it cannot.
-std::string ReadFileMaybeGzip(const std::string& path);
+// naming the path when it cannot, or when its (decompressed) content is
+// longer than max_bytes.
+std::string ReadFileMaybeGzip(const std::string& path,
+                              int64_t max_bytes = std::numeric_limits<int64_t>::max());
 
 }  // namespace stillpoint

@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "layers/name_registry.h"
 #include "training/config.h"
@@ -37,6 +39,16 @@ struct DatasetSplit {
   int64_t feature_dim = 0;  // > 0: feature inputs
   bool per_token_targets = true;
   int64_t longest = 0;      // the longest sequence of either set
+  // The classes' names by label, for reports (empty: the labels' numbers).
+  std::vector<std::string> class_names;
+  // Language modelling (task.kind text): the held-out loss is also reported
+  // in bits per symbol, and the held-out text had this many symbols outside
+  // the training vocabulary.
+  bool language_model = false;
+  int64_t test_unknown_symbols = 0;
+  // Files the run directory keeps beside config.yaml (name -> content), e.g.
+  // a text task's vocabulary.json.
+  std::map<std::string, std::string> run_files;
 };
 
 // Throws ConfigError for settings the dataset cannot use.

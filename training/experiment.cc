@@ -67,8 +67,15 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
   const int64_t vocab = split.vocab_size, classes = split.num_classes;
   const int64_t feature_dim = split.feature_dim, longest = split.longest;
   const bool per_token = split.per_token_targets;
+  e.class_names = std::move(split.class_names);
+  e.language_model = split.language_model;
+  e.test_unknown_symbols = split.test_unknown_symbols;
+  e.run_files = std::move(split.run_files);
 
   ModelOptions options = ModelOptionsFromConfig(config);
+  // A language model must not see the symbol it predicts: every attention
+  // (softmax, and the energy attentions inside their fixed points) is causal.
+  if (split.language_model) options.cell_options.causal = true;
   if (longest > options.max_length) {
     throw ConfigError(config.Origin("model.max_length") + ": model.max_length (" +
                       std::to_string(options.max_length) + ") is shorter than the sequences (" +

@@ -28,6 +28,11 @@ struct Experiment {
   // step (train.shards; training/data_parallel.h).
   std::function<std::shared_ptr<SequenceModel>(int64_t replica)> make_replica;
   DType dtype = DType::kFloat32;
+  // What the dataset says about itself (DatasetSplit, dataset_registry.h).
+  std::vector<std::string> class_names;
+  bool language_model = false;
+  int64_t test_unknown_symbols = 0;
+  std::map<std::string, std::string> run_files;
 };
 
 // Builds datasets and model from a validated config. length_override > 0

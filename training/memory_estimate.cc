@@ -40,9 +40,13 @@ MemoryEstimate EstimateMemory(const Config& c, bool training) {
   const double hidden = Elements(c, "model.hidden");
   const std::string kind = c.GetString("model.kind");
   const std::string task = c.GetString("task.kind");
-  const double length = task == "digits" ? 16.0 : Elements(c, "task.length");
+  const bool images = task == "digits" || task == "fashion_mnist";
+  const double patch_side = task == "fashion_mnist" ? 28.0 / Elements(c, "task.patch") : 4.0;
+  const double length = images            ? patch_side * patch_side
+                        : task == "text" ? Elements(c, "task.context")
+                                         : Elements(c, "task.length");
   const double vocab =
-      task == "digits" || c.GetInt("task.feature_dim") > 0 ? 0.0 : Elements(c, "task.vocab_size");
+      images || c.GetInt("task.feature_dim") > 0 ? 0.0 : Elements(c, "task.vocab_size");
   // Untied cells (explicit) hold their own weights; tied and implicit share
   // one cell; the energy model's block is at least its feed-forward sublayer.
   const double cells = kind == "explicit" ? Elements(c, "model.num_layers") : 1.0;

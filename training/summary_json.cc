@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <filesystem>
 #include <limits>
 
@@ -77,6 +78,8 @@ TrainSummary ReadTrainSummary(const std::string& run_dir) {
     s.final_train_accuracy = Number(root, "final_train_accuracy");
     s.final_eval.loss = Number(root, "test_loss");
     s.final_eval.accuracy = Number(root, "test_accuracy");
+    s.test_bpc = Number(root, "test_bpc");
+    s.language_model = !std::isnan(s.test_bpc);
     s.final_eval.examples = static_cast<int64_t>(Number(root, "test_examples", 0));
     s.seconds_per_step = Number(root, "seconds_per_step");
     s.peak_rss_mb = Number(root, "peak_rss_mb");

@@ -28,6 +28,7 @@
 #include "training/schedule.h"
 #include "training/signals.h"
 #include "training/summary_json.h"
+#include "training/text_corpus.h"
 #include "training/svg_plot.h"
 #include "training/train_hooks.h"
 #include "training/train_step.h"
@@ -79,6 +80,8 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"final_train_accuracy\": " << JsonNumber(s.final_train_accuracy)
       << ",\n  \"test_loss\": " << JsonNumber(s.final_eval.loss)
       << ",\n  \"test_accuracy\": " << JsonNumber(s.final_eval.accuracy)
+      << ",\n  \"test_bpc\": " << JsonNumber(s.test_bpc)
+      << ",\n  \"test_unknown_characters\": " << s.test_unknown_symbols
       << ",\n  \"test_examples\": " << s.final_eval.examples
       << ",\n  \"test_forward_iterations_mean\": " << JsonNumber(s.final_eval.forward.iterations_mean)
       << ",\n  \"seconds_per_step\": " << JsonNumber(s.seconds_per_step)
@@ -105,6 +108,8 @@ std::string SummaryJson(const TrainSummary& s) {
       << ", \"backward\": " << SolverStatsJson(s.backward)
       << ", \"attention_forward\": " << SolverStatsJson(s.attention_forward)
       << ", \"attention_backward\": " << SolverStatsJson(s.attention_backward) << "}"
+      << ",\n  \"per_class_accuracy\": "
+      << (s.confusion.classes() > 0 ? PerClassAccuracyJson(s.confusion) : "null")
       << ",\n  \"provenance\": " << ProvenanceJson(s.provenance)
       << ",\n  \"gradient_check\": ";
   if (s.gradient_check.ran) {
@@ -127,7 +132,9 @@ std::string SummaryJson(const TrainSummary& s) {
 std::string TrainSummary::BriefReport() const {
   std::ostringstream out;
   out << std::fixed << std::setprecision(4) << "steps " << steps << ", train loss "
-      << final_train_loss << ", test loss " << final_eval.loss << ", test accuracy "
+      << final_train_loss << ", test loss " << final_eval.loss;
+  if (language_model) out << " nats/char (" << test_bpc << " bpc)";
+  out << ", test accuracy "
       << std::setprecision(2) << 100.0 * final_eval.accuracy << "%, " << std::setprecision(1)
       << 1000.0 * seconds_per_step << " ms/step, peak RSS " << peak_rss_mb << " MiB";
   if (forward.iterations_max > 0) {
@@ -270,6 +277,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   }
   std::vector<std::string> columns = kColumns;
   columns.insert(columns.end(), AttentionColumns().begin(), AttentionColumns().end());
+  if (e.language_model) columns.push_back("test_bpc");
   MetricsWriter metrics =
       writes ? MetricsWriter(summary.run_dir, columns, resumed, log_options.formats)
              : MetricsWriter::Discard(columns);
@@ -331,7 +339,12 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     }
   }
   // Written once the checkpoint (if any) has loaded into this model.
-  if (writes) WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
+  if (writes) {
+    WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
+    for (const auto& [name, content] : e.run_files) {
+      WriteTextFile(summary.run_dir + "/" + name, content);
+    }
+  }
   const bool implicit = model.implicit() != nullptr;
   const int64_t check_size =
       HasImplicitLayer(model) ? eval_options.gradient_check_batch_size : 0;
@@ -347,6 +360,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   log_context.model = &model;
   log_context.test = e.test.get();
   log_context.dtype = e.dtype;
+  log_context.language_model = e.language_model;
   if (check_size > 0) {
     log_context.gradient_check_batch = GradientProbeBatch(*e.train, check_size, e.dtype);
   }
@@ -466,8 +480,20 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (summary.final_eval.examples == 0 && step >= trainer.steps) {
     summary.final_eval = Evaluate(model, *e.test, eval_options.batch_size, e.dtype);
   }
+  summary.language_model = e.language_model;
+  summary.test_unknown_symbols = e.test_unknown_symbols;
+  if (e.language_model) summary.test_bpc = BitsPerSymbol(summary.final_eval.loss);
   if (!writes) return summary;  // rank 0 writes the run directory
   if (log_options.plots) LogHook::WritePlots(summary.run_dir);
+  const bool classification = !e.test->info().per_token_targets;
+  if (classification && !ranks && step >= trainer.steps) {
+    summary.confusion = ComputeConfusion(model, *e.test, eval_options.batch_size, e.dtype,
+                                         e.class_names);
+    if (log_options.plots) {
+      WriteTextFile(summary.run_dir + "/confusion.svg",
+                    ConfusionSvg(summary.confusion, "Held-out confusion matrix"));
+    }
+  }
   summary.provenance.end_time = UtcNow();
   WriteTextFile(summary.run_dir + "/summary.json", SummaryJson(summary));
   std::ostringstream md;
@@ -492,6 +518,15 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   }
   if (!summary.attention_backward.brief.empty()) {
     md << "\nEnergy attention, last inner adjoint: " << summary.attention_backward.brief << "\n";
+  }
+  if (summary.language_model) {
+    md << "\nHeld-out text: " << JsonNumber(summary.final_eval.loss) << " nats per character, "
+       << JsonNumber(summary.test_bpc) << " bits per character; "
+       << summary.test_unknown_symbols << " held-out characters outside the vocabulary.\n";
+  }
+  if (summary.confusion.classes() > 0) {
+    md << "\nPer-class held-out accuracy (confusion matrix: confusion.svg):\n\n"
+       << PerClassAccuracyMarkdown(summary.confusion);
   }
   WriteTextFile(summary.run_dir + "/summary.md", md.str());
   return summary;
