@@ -76,6 +76,10 @@ class ConfigSchema {
   ConfigSchema& DoubleList(const std::string& path, const std::vector<double>& default_value,
                            const std::string& doc, double min, double max);
 
+  // A key made elsewhere (e.g. merged from the tasks' keys); a path given
+  // twice is a logic error.
+  ConfigSchema& Add(ConfigKey key);
+
   const std::vector<ConfigKey>& keys() const { return keys_; }
   const ConfigKey* Find(const std::string& path) const;
   // The closest known key path (edit distance on the last segment within the
@@ -85,7 +89,6 @@ class ConfigSchema {
   std::string ToMarkdown() const;
 
  private:
-  ConfigSchema& Add(ConfigKey key);
   std::vector<ConfigKey> keys_;
 };
 

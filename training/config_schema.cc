@@ -6,7 +6,6 @@
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
 #include "layers/registry.h"
-#include "training/dataset.h"
 #include "training/dataset_registry.h"
 #include "training/option_schema.h"
 #include "training/trainer_options.h"
@@ -67,46 +66,8 @@ ConfigSchema BuildSchema() {
                          "reproducible for a given count)", 1, 256)
       .Enum("dtype", "float32", {"float32", "float64"}, "Number type of parameters and states");
 
-  // ---- task
-  s.Enum("task.kind", "reverse", DatasetRegistry().Names(),
-         "The dataset (DatasetRegistry, training/dataset_registry.h): a synthetic sequence task, "
-         "the 8x8 digits images, or a CSV file")
-      .Int("task.length", 16, "Tokens per training sequence (sequence tasks and csv)", 2, 4096)
-      .Int("task.vocab_size", 16, "Symbols of a sequence task (prefix_parity always uses 2)", 2,
-           1 << 20)
-      .Int("task.train_examples", 0,
-           "Training examples: sequences generated (sequence tasks; 0: 4096), or the first N "
-           "training images (fashion_mnist; 0: all 60,000)",
-           OptionBounds::Closed(1, 1 << 24).OrZero())
-      .Int("task.test_examples", 512, "Held-out sequences generated with another seed", 1,
-           1 << 24)
-      .String("task.path", "",
-              "digits: the CSV (default: the shipped examples/data/digits.csv.gz); csv: the "
-              "training file; fashion_mnist: the folder of the four IDX files (default: "
-              "/usr/share/datasets/fashion-mnist, Debian's dataset-fashion-mnist); text: a text "
-              "file, plain or .gz (default: the Jargon File, "
-              "/usr/share/doc/jargon-text/jargon.txt.gz, Debian's jargon-text). Relative paths "
-              "are relative to the config file")
-      .String("task.test_path", "", "csv: the held-out file")
-      .Double("task.test_fraction", 0.2, "digits: fraction held out for testing", 0.01, 0.99)
-      .Int("task.feature_dim", 0, "csv: numbers per token (0: the inputs are token ids)", 0,
-           1 << 20)
-      .Int("task.num_classes", 0, "csv: number of target classes", 0, 1 << 20)
-      .Int("task.patch", 4,
-           "fashion_mnist: pixels per side of a patch token (divides 28: 4 gives 49 tokens of "
-           "16 pixels, 7 gives 16 tokens of 49)",
-           1, 28)
-      .Int("task.context", 64,
-           "text: symbols per training window (the model's sequence length; model.max_length "
-           "must be at least this)",
-           1, 1 << 16)
-      .Double("task.validation_fraction", 0.1,
-              "text: the fraction at the end of the text held out (a contiguous split), "
-              "evaluated whole",
-              OptionBounds::Open(0, 1))
-      .Enum("task.encoding", "utf-8", {"utf-8", "bytes"},
-            "text: symbols are the text's Unicode characters (utf-8; a file that is not UTF-8 "
-            "text is an error) or its bytes");
+  // ---- task: task.kind and the keys of the tasks (training/data/task_list.h)
+  AddTaskKeys(s);
 
   // ---- model: ModelOptions, with the cell's keys and model.energy.*
   // (EnergyBlockOptions); model.init_from (read by BuildExperiment, not by the

@@ -6,11 +6,10 @@
 // either one class per token (sequence tasks; kIgnoreTarget marks positions
 // that carry no loss) or one class per example (classification).
 //
-// Built in: the synthetic sequence tasks (reverse, sort, copy, prefix
-// parity, associative recall; generated from a seed with a length knob, so a
-// model trained at one length can be evaluated at another), the 8x8 digits
-// images as 2x2-patch tokens, and CSV files of token ids or features for a
-// user's own data.
+// Here: the containers and the readers of the 8x8 digits images (as 2x2-patch
+// tokens) and of CSV files of token ids or features. The tasks a config
+// names (task.kind), synthetic or read from files, are under training/data/
+// and listed in training/data/task_list.h.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +37,9 @@ struct DatasetInfo {
   int64_t feature_dim = 0;   // > 0 for feature inputs
   int64_t num_classes = 0;   // size of the output layer
   bool per_token_targets = true;
+  // > 0: each example is a grid, `grid_width` tokens per row, row-major
+  // (length = rows * grid_width), for 2-D positions; 0: a 1-D sequence.
+  int64_t grid_width = 0;
 };
 
 class Dataset {
@@ -102,33 +104,9 @@ class Batcher {
   std::vector<int64_t> order_;
 };
 
-// ------------------------------------------------------ built-in datasets
-
-enum class SequenceTask { kReverse, kSort, kCopy, kPrefixParity, kAssociativeRecall };
-const char* ToString(SequenceTask task);
-bool StringToSequenceTask(const std::string& text, SequenceTask* task);
-
-struct SequenceTaskOptions {
-  SequenceTask task = SequenceTask::kReverse;
-  int64_t length = 16;       // tokens per example
-  int64_t vocab_size = 16;   // symbols (parity uses 2 input symbols regardless)
-  int64_t num_examples = 4096;
-  uint64_t seed = 0;
-
-  bool IsValid(std::string* error) const;
-};
-
-// The tasks (x input tokens, y targets, T = length):
-//   reverse            y_t = x_{T-1-t}
-//   sort               y = x sorted ascending
-//   copy               first half random symbols, second half a blank symbol;
-//                      y_t = x_{t - T/2} on the second half, ignored on the first
-//   prefix_parity      x_t in {0, 1}; y_t = (x_0 + ... + x_t) mod 2
-//   associative_recall T/2 - 1 (key, value) pairs of distinct keys from the
-//                      lower half of the vocabulary and values from the upper
-//                      half, then a query token (one of the keys) and a blank;
-//                      only the last position has a target: the query's value
-std::unique_ptr<InMemoryDataset> MakeSequenceTask(const SequenceTaskOptions& options);
+// ------------------------------------------------------ readers
+//
+// The tasks built on them (task.kind) are under training/data/.
 
 // The 8x8 digits CSV (64 pixels in 0..16 then the label, per line) as 16
 // tokens of 2x2 patches with 4 features each (pixel / 16). Errors name the

@@ -1,141 +1,42 @@
 #include "training/dataset_registry.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <sstream>
+#include <stdexcept>
 
-#include "training/fashion_mnist.h"
-#include "training/text_corpus.h"
-
-#ifndef STILLPOINT_DATA_DIR
-#define STILLPOINT_DATA_DIR "examples/data"
-#endif
+#include "training/data/task_list.h"
 
 namespace stillpoint {
 namespace {
 
-// Training sequences a sequence task generates when task.train_examples is 0.
-constexpr int64_t kDefaultSequenceExamples = 4096;
-
-// One of the synthetic sequence tasks.
-DatasetSplit SequenceTaskSplit(SequenceTask task, const DatasetRequest& request) {
-  const Config& config = *request.config;
-  SequenceTaskOptions options;
-  options.task = task;
-  options.length = config.GetInt("task.length");
-  options.vocab_size = config.GetInt("task.vocab_size");
-  options.num_examples = config.GetInt("task.train_examples");
-  if (options.num_examples == 0) options.num_examples = kDefaultSequenceExamples;
-  options.seed = request.seed * 2 + 1;
-  std::string error;
-  if (!options.IsValid(&error)) throw ConfigError(config.source() + ": task: " + error);
-  DatasetSplit split;
-  split.train = MakeSequenceTask(options);
-  options.num_examples = config.GetInt("task.test_examples");
-  options.seed = request.seed * 2 + 2;
-  if (request.length_override > 0) options.length = request.length_override;
-  if (!options.IsValid(&error)) throw ConfigError(config.source() + ": task: " + error);
-  split.test = MakeSequenceTask(options);
-  split.vocab_size = split.num_classes = split.train->info().num_classes;
-  split.longest = std::max(split.train->info().length, split.test->info().length);
-  return split;
+// The built-in tasks' names, in the list's order.
+const std::vector<std::string>& BuiltInTaskNames() {
+#define SP_TASK_NAME(Name, name) name,
+  static const std::vector<std::string> names = {SP_TASKS(SP_TASK_NAME)};
+#undef SP_TASK_NAME
+  return names;
 }
 
-// The 8x8 digits images as 16 tokens of 4 features.
-DatasetSplit DigitsSplitOf(const DatasetRequest& request) {
-  const Config& config = *request.config;
-  SP_CHECK(request.length_override <= 0, "digits images have a fixed length of 16 tokens");
-  std::string path = ResolvePath(config.GetString("task.path"), request.config_path);
-  if (path.empty()) {
-    const char* dir = std::getenv("STILLPOINT_DATA_DIR");
-    path = std::string(dir && *dir ? dir : STILLPOINT_DATA_DIR) + "/digits.csv.gz";
-  }
-  DigitsSplit digits = LoadDigits(path, config.GetDouble("task.test_fraction"), request.seed);
-  DatasetSplit split;
-  split.train = std::move(digits.train);
-  split.test = std::move(digits.test);
-  split.num_classes = 10;
-  split.feature_dim = 4;
-  split.per_token_targets = false;
-  split.longest = 16;
-  return split;
+// The keys a task declares, in its declaration's order.
+std::vector<ConfigKey> KeysOf(const TaskDefinition& task) {
+  ConfigSchema own;
+  task.declare_keys(own);
+  return own.keys();
 }
 
-// Fashion-MNIST's 28x28 images as patch tokens.
-DatasetSplit FashionMnistSplitOf(const DatasetRequest& request) {
-  const Config& config = *request.config;
-  SP_CHECK(request.length_override <= 0, "fashion_mnist images have a fixed number of tokens");
-  FashionMnistOptions options;
-  const std::string path = ResolvePath(config.GetString("task.path"), request.config_path);
-  if (!path.empty()) options.dir = path;
-  options.patch = config.GetInt("task.patch");
-  options.train_examples = config.GetInt("task.train_examples");
-  if (28 % options.patch != 0) {
-    throw ConfigError(config.Origin("task.patch") + ": task.patch " +
-                      std::to_string(options.patch) +
-                      " does not divide the 28x28 Fashion-MNIST images (use 1, 2, 4, 7, 14 or 28)");
-  }
-  FashionMnistSplit images = LoadFashionMnist(options);
-  DatasetSplit split;
-  split.longest = images.train->info().length;
-  split.feature_dim = images.train->info().feature_dim;
-  split.train = std::move(images.train);
-  split.test = std::move(images.test);
-  split.num_classes = 10;
-  split.per_token_targets = false;
-  split.class_names.assign(FashionMnistClasses().begin(), FashionMnistClasses().end());
-  return split;
+bool SameKey(const ConfigKey& a, const ConfigKey& b) {
+  return a.type == b.type && a.default_value == b.default_value && a.choices == b.choices &&
+         a.has_min == b.has_min && a.has_max == b.has_max && a.min == b.min && a.max == b.max &&
+         a.min_open == b.min_open && a.max_open == b.max_open &&
+         a.zero_allowed == b.zero_allowed && a.required == b.required;
 }
 
-// Character-level language modelling over a text file.
-DatasetSplit TextSplitOf(const DatasetRequest& request) {
-  const Config& config = *request.config;
-  SP_CHECK(request.length_override <= 0,
-           "text windows have the length task.context; set it instead of a held-out length");
-  TextSplitOptions options;
-  options.path = ResolvePath(config.GetString("task.path"), request.config_path);
-  const std::string encoding = config.GetString("task.encoding");
-  SP_CHECK(StringToTextEncoding(encoding, &options.encoding), "task.encoding: unknown '",
-           encoding, "'");
-  options.context = config.GetInt("task.context");
-  options.validation_fraction = config.GetDouble("task.validation_fraction");
-  TextSplit text = LoadTextSplit(options);
-  DatasetSplit split;
-  split.vocab_size = split.num_classes = text.vocabulary.size();
-  split.longest = options.context;
-  split.language_model = true;
-  split.test_unknown_symbols = text.test_unknown;
-  split.run_files[kVocabularyFile] = text.vocabulary.ToJson();
-  split.train = std::move(text.train);
-  split.test = std::move(text.test);
-  return split;
-}
-
-// A training and a held-out CSV file.
-DatasetSplit CsvSplit(const DatasetRequest& request) {
-  const Config& config = *request.config;
-  CsvDatasetOptions options;
-  options.path = ResolvePath(config.GetString("task.path"), request.config_path);
-  options.length = config.GetInt("task.length");
-  options.feature_dim = config.GetInt("task.feature_dim");
-  options.vocab_size = config.GetInt("task.vocab_size");
-  options.num_classes = config.GetInt("task.num_classes");
-  if (options.path.empty() || config.GetString("task.test_path").empty()) {
-    throw ConfigError(config.source() + ": task.kind csv needs task.path and task.test_path");
-  }
-  if (options.num_classes < 1) {
-    throw ConfigError(config.source() + ": task.kind csv needs task.num_classes >= 1");
-  }
-  DatasetSplit split;
-  split.train = LoadCsvDataset(options);
-  options.path = ResolvePath(config.GetString("task.test_path"), request.config_path);
-  split.test = LoadCsvDataset(options);
-  split.vocab_size = options.vocab_size;
-  split.num_classes = options.num_classes;
-  split.feature_dim = options.feature_dim;
-  split.per_token_targets = split.train->info().per_token_targets;
-  split.longest = options.length;
-  return split;
+std::string Join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string text;
+  for (const std::string& item : items) text += (text.empty() ? "" : separator) + item;
+  return text;
 }
 
 }  // namespace
@@ -147,31 +48,124 @@ std::string ResolvePath(const std::string& path, const std::string& config_path)
   return (std::filesystem::path(config_path).parent_path() / path).string();
 }
 
-Registry<DatasetFactory>& DatasetRegistry() {
-  static Registry<DatasetFactory>* registry = [] {
-    auto* r = new Registry<DatasetFactory>("dataset");
-    for (SequenceTask task : {SequenceTask::kReverse, SequenceTask::kSort, SequenceTask::kCopy,
-                              SequenceTask::kPrefixParity, SequenceTask::kAssociativeRecall}) {
-      r->Register(
-          ToString(task),
-          [task](const DatasetRequest& request) { return SequenceTaskSplit(task, request); },
-          "synthetic sequence task (task.length, task.vocab_size, task.train_examples, "
-          "task.test_examples)");
-    }
-    r->Register("digits", DigitsSplitOf,
-                "the 8x8 digits images, 16 tokens of 4 features (task.path, task.test_fraction)");
-    r->Register("fashion_mnist", FashionMnistSplitOf,
-                "Fashion-MNIST's 28x28 images as patch tokens (task.path: the folder of the four "
-                "IDX files, task.patch, task.train_examples)");
-    r->Register("text", TextSplitOf,
-                "character-level language modelling over a text file (task.path, default the "
-                "Jargon File; task.encoding, task.context, task.validation_fraction)");
-    r->Register("csv", CsvSplit,
-                "CSV files of token ids or features (task.path, task.test_path, "
-                "task.feature_dim, task.num_classes)");
+Registry<TaskDefinition>& DatasetRegistry() {
+  static Registry<TaskDefinition>* registry = [] {
+    auto* r = new Registry<TaskDefinition>("task");
+#define SP_REGISTER_TASK(Name, name) \
+  {                                  \
+    TaskDefinition task = Name##Task(); \
+    r->Register(name, task, task.doc); \
+  }
+    SP_TASKS(SP_REGISTER_TASK)
+#undef SP_REGISTER_TASK
     return r;
   }();
   return *registry;
+}
+
+std::vector<std::string> TaskNames() {
+  std::vector<std::string> names = BuiltInTaskNames();
+  for (const std::string& name : DatasetRegistry().Names()) {
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  return names;
+}
+
+void AddTaskKeys(ConfigSchema& schema) {
+  const std::vector<std::string> names = TaskNames();
+  std::vector<std::string> described;
+  for (const std::string& name : names) {
+    described.push_back(name + ": " + DatasetRegistry().Get(name).doc);
+  }
+  schema.Enum("task.kind", names.front(), names,
+              "The task (training/data/task_list.h). " + Join(described, ". "));
+  // Each key once, in the order of first declaration; its docs grouped by
+  // the tasks that give the same text.
+  struct Merged {
+    ConfigKey key;
+    std::vector<std::pair<std::string, std::vector<std::string>>> docs;  // doc, tasks
+    std::string first_task;
+  };
+  std::vector<Merged> merged;
+  for (const std::string& name : names) {
+    for (const ConfigKey& key : KeysOf(DatasetRegistry().Get(name))) {
+      auto it = std::find_if(merged.begin(), merged.end(),
+                             [&](const Merged& m) { return m.key.path == key.path; });
+      if (it == merged.end()) {
+        merged.push_back({key, {}, name});
+        it = merged.end() - 1;
+      } else if (!SameKey(it->key, key)) {
+        throw std::logic_error("task key '" + key.path + "': task '" + name +
+                               "' declares it with another type, default or range than task '" +
+                               it->first_task + "' (one key has one meaning)");
+      }
+      auto doc = std::find_if(it->docs.begin(), it->docs.end(),
+                              [&](const auto& d) { return d.first == key.doc; });
+      if (doc == it->docs.end()) {
+        it->docs.push_back({key.doc, {name}});
+      } else {
+        doc->second.push_back(name);
+      }
+    }
+  }
+  for (Merged& m : merged) {
+    std::vector<std::string> parts;
+    for (const auto& [doc, tasks] : m.docs) {
+      parts.push_back(m.docs.size() == 1 ? doc + " (" + Join(tasks, ", ") + ")"
+                                         : Join(tasks, ", ") + ": " + doc);
+    }
+    m.key.doc = Join(parts, "; ");
+    schema.Add(m.key);
+  }
+}
+
+DatasetSplit MakeTaskSplit(const DatasetRequest& request) {
+  const Config& config = *request.config;
+  const std::string kind = config.GetString("task.kind");
+  const TaskDefinition& task = DatasetRegistry().Get(kind);
+  // A key of another task, set here, would be silently ignored.
+  // (A resolved config.yaml sets every key, so "set" is "not the default".)
+  std::vector<std::string> own;
+  for (const ConfigKey& key : KeysOf(task)) own.push_back(key.path);
+  for (const std::string& name : TaskNames()) {
+    for (const ConfigKey& key : KeysOf(DatasetRegistry().Get(name))) {
+      const std::string& path = key.path;
+      if (std::find(own.begin(), own.end(), path) != own.end()) continue;
+      if (config.ValueText(path) == key.default_value) continue;
+      throw ConfigError(config.Origin(path) + ": " + path + " is not read by task.kind " + kind +
+                      " (its keys: " + (own.empty() ? "none" : Join(own, ", ")) + ")");
+    }
+  }
+  try {
+    return task.make(request);
+  } catch (const ConfigError& error) {
+    throw ConfigError(config.source() + ": task.kind " + kind + ": " + error.what());
+  }
+}
+
+TaskFootprint TaskFootprintOf(const Config& config) {
+  return DatasetRegistry().Get(config.GetString("task.kind")).footprint(config);
+}
+
+void RefuseOverrides(const DatasetRequest& request) {
+  if (request.length_override > 0 || request.size_override > 0) {
+    throw ConfigError("its examples have one length and size; --length and --size do not apply");
+  }
+}
+
+std::unique_ptr<InMemoryDataset> GenerateTaskExamples(const Config& config, int64_t examples,
+                                                      uint64_t seed) {
+  const std::string kind = config.GetString("task.kind");
+  const TaskDefinition& task = DatasetRegistry().Get(kind);
+  if (!task.generate) {
+    throw ConfigError(config.source() + ": task.kind " + kind +
+                      " is read from files, not generated");
+  }
+  try {
+    return task.generate(config, examples, seed);
+  } catch (const ConfigError& error) {
+    throw ConfigError(config.source() + ": task.kind " + kind + ": " + error.what());
+  }
 }
 
 }  // namespace stillpoint

@@ -61,7 +61,7 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
   StringToDType(config.GetString("dtype"), &e.dtype);
   const uint64_t seed = static_cast<uint64_t>(config.GetInt("seed"));
   DatasetRequest request{&config, config_path, length_override, seed};
-  DatasetSplit split = DatasetRegistry().Get(config.GetString("task.kind"))(request);
+  DatasetSplit split = MakeTaskSplit(request);
   e.train = std::move(split.train);
   e.test = std::move(split.test);
   const int64_t vocab = split.vocab_size, classes = split.num_classes;

@@ -4,6 +4,9 @@
 
 #include <cstdio>
 #include <sstream>
+#include <vector>
+
+#include "training/dataset_registry.h"
 
 namespace stillpoint {
 namespace {
@@ -39,14 +42,9 @@ MemoryEstimate EstimateMemory(const Config& c, bool training) {
   const double dim = Elements(c, "model.dim");
   const double hidden = Elements(c, "model.hidden");
   const std::string kind = c.GetString("model.kind");
-  const std::string task = c.GetString("task.kind");
-  const bool images = task == "digits" || task == "fashion_mnist";
-  const double patch_side = task == "fashion_mnist" ? 28.0 / Elements(c, "task.patch") : 4.0;
-  const double length = images            ? patch_side * patch_side
-                        : task == "text" ? Elements(c, "task.context")
-                                         : Elements(c, "task.length");
-  const double vocab =
-      images || c.GetInt("task.feature_dim") > 0 ? 0.0 : Elements(c, "task.vocab_size");
+  const TaskFootprint task = TaskFootprintOf(c);
+  const double length = static_cast<double>(task.length);
+  const double vocab = static_cast<double>(task.vocab_size);
   // Untied cells (explicit) hold their own weights; tied and implicit share
   // one cell; the energy model's block is at least its feed-forward sublayer.
   const double cells = kind == "explicit" ? Elements(c, "model.num_layers") : 1.0;
@@ -93,10 +91,14 @@ void CheckMemoryFits(const Config& c, bool training, double available_bytes) {
   const MemoryEstimate e = EstimateMemory(c, training);
   if (e.total() <= available_bytes) return;
   std::ostringstream keys;
-  for (const char* key :
-       {"model.dim", "model.hidden", "model.kind", "model.num_layers", "model.unroll_steps",
-        "model.max_length", "task.vocab_size", "task.length",
-        training ? "train.batch_size" : "eval.batch_size", "model.solver.forward.type", "dtype"}) {
+  std::vector<std::string> drivers = {"model.dim",        "model.hidden",       "model.kind",
+                                      "model.num_layers", "model.unroll_steps", "model.max_length"};
+  for (const std::string& key : TaskFootprintOf(c).keys) drivers.push_back(key);
+  for (const char* key : {training ? "train.batch_size" : "eval.batch_size",
+                          "model.solver.forward.type", "dtype"}) {
+    drivers.push_back(key);
+  }
+  for (const std::string& key : drivers) {
     keys << (keys.tellp() > 0 ? ", " : "") << key << "=" << c.ValueText(key);
   }
   throw ConfigError(c.source() + ": this " + (training ? "training run" : "evaluation") +

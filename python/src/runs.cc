@@ -15,6 +15,7 @@
 #include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/dataset.h"
+#include "training/dataset_registry.h"
 #include "training/metrics.h"
 #include "training/trainer.h"
 
@@ -261,19 +262,26 @@ void RegisterRuns(py::module_& m) {
       "sequence_task",
       [](const std::string& kind, int64_t length, int64_t vocab_size, int64_t examples,
          uint64_t seed) {
-        SequenceTaskOptions options;
-        if (!StringToSequenceTask(kind, &options.task)) {
-          throw py::value_error("kind: unknown sequence task '" + kind +
-                                "' (known: reverse, sort, copy, prefix_parity, "
-                                "associative_recall)");
+        // The synthetic tasks of the trainer's list (training/data/task_list.h).
+        std::string known;
+        for (const std::string& name : TaskNames()) {
+          if (DatasetRegistry().Get(name).generate) known += (known.empty() ? "" : ", ") + name;
         }
-        options.length = length;
-        options.vocab_size = vocab_size;
-        options.num_examples = examples;
-        options.seed = seed;
-        std::string error;
-        if (!options.IsValid(&error)) throw py::value_error("sequence_task: " + error);
-        const std::unique_ptr<InMemoryDataset> data = MakeSequenceTask(options);
+        if (!DatasetRegistry().Has(kind) || !DatasetRegistry().Get(kind).generate) {
+          throw py::value_error("kind: unknown sequence task '" + kind + "' (known: " + known +
+                                ")");
+        }
+        if (examples < 1) throw py::value_error("sequence_task: examples must be >= 1");
+        std::unique_ptr<InMemoryDataset> data;
+        try {
+          const Config config = Config::FromYaml(
+              StillpointSchema(), "", "sequence_task",
+              {"task.kind=" + kind, "task.length=" + std::to_string(length),
+               "task.vocab_size=" + std::to_string(vocab_size)});
+          data = GenerateTaskExamples(config, examples, seed);
+        } catch (const ConfigError& error) {
+          throw py::value_error(std::string("sequence_task: ") + error.what());
+        }
         py::array_t<int64_t> tokens({examples, length}), targets({examples, length});
         int64_t* x = tokens.mutable_data();
         int64_t* y = targets.mutable_data();

@@ -260,13 +260,19 @@ std::map<std::string, KeyProbe> SolverProbes(const std::string& prefix,
 // The keys that need a setting to act in, or a specific value.
 std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
   auto path = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
-  const std::vector<std::string> csv = {"task.kind=csv",
+  // The base's generated-set sizes at their defaults: tasks read from files
+  // refuse keys they do not read.
+  const std::vector<std::string> from_files = {"task.train_examples=4096",
+                                               "task.test_examples=512"};
+  const std::vector<std::string> csv = {"task.kind=csv", from_files[0], from_files[1],
                                         "task.length=2",
                                         "task.vocab_size=4",
                                         "task.num_classes=4",
                                         "task.path=" + path("train_a.csv"),
                                         "task.test_path=" + path("test.csv")};
-  const std::vector<std::string> digits = {"task.kind=digits", "model.max_length=16"};
+  const std::vector<std::string> digits = {"task.kind=digits", "model.max_length=16",
+                                           from_files[0], from_files[1], "task.length=16",
+                                           "task.vocab_size=16"};
   const std::vector<std::string> nonfinite = {"train.optimizer.lr=1e30", "train.clip_norm=0",
                                               "train.optimizer.type=sgd"};
   const std::vector<std::string> jacobian = {"model.regularization.jacobian_weight=0.5"};

@@ -11,22 +11,23 @@
 #include <vector>
 
 #include "tests/scratch_path.h"
+#include "training/config_schema.h"
+#include "training/dataset_registry.h"
 
 namespace stillpoint {
 namespace {
 
-std::unique_ptr<InMemoryDataset> Task(SequenceTask task, int64_t length, int64_t vocab) {
-  SequenceTaskOptions options;
-  options.task = task;
-  options.length = length;
-  options.vocab_size = vocab;
-  options.num_examples = 50;
-  options.seed = 3;
-  return MakeSequenceTask(options);
+// 50 examples of a synthetic task as a config with these keys draws them.
+std::unique_ptr<InMemoryDataset> Task(const std::string& kind, int64_t length, int64_t vocab) {
+  const Config config = Config::FromYaml(
+      StillpointSchema(), "", "test.yaml",
+      {"task.kind=" + kind, "task.length=" + std::to_string(length),
+       "task.vocab_size=" + std::to_string(vocab)});
+  return GenerateTaskExamples(config, 50, 3);
 }
 
 TEST(SequenceTaskTest, ReverseTargetsAreTheReversedInput) {
-  auto data = Task(SequenceTask::kReverse, 8, 16);
+  auto data = Task("reverse", 8, 16);
   for (int64_t i = 0; i < data->size(); ++i) {
     const Example& ex = data->Get(i);
     for (int t = 0; t < 8; ++t) ASSERT_EQ(ex.targets[t], ex.tokens[7 - t]);
@@ -35,7 +36,7 @@ TEST(SequenceTaskTest, ReverseTargetsAreTheReversedInput) {
 }
 
 TEST(SequenceTaskTest, SortTargetsAreSortedInputs) {
-  auto data = Task(SequenceTask::kSort, 10, 5);
+  auto data = Task("sort", 10, 5);
   for (int64_t i = 0; i < data->size(); ++i) {
     std::vector<int64_t> sorted = data->Get(i).tokens;
     std::sort(sorted.begin(), sorted.end());
@@ -44,7 +45,7 @@ TEST(SequenceTaskTest, SortTargetsAreSortedInputs) {
 }
 
 TEST(SequenceTaskTest, CopyTargetsRepeatTheFirstHalfAndIgnoreIt) {
-  auto data = Task(SequenceTask::kCopy, 8, 6);
+  auto data = Task("copy", 8, 6);
   const Example& ex = data->Get(0);
   for (int t = 0; t < 4; ++t) {
     EXPECT_EQ(ex.targets[t], kIgnoreTarget);
@@ -55,7 +56,7 @@ TEST(SequenceTaskTest, CopyTargetsRepeatTheFirstHalfAndIgnoreIt) {
 }
 
 TEST(SequenceTaskTest, PrefixParityIsTheRunningXor) {
-  auto data = Task(SequenceTask::kPrefixParity, 12, 2);
+  auto data = Task("prefix_parity", 12, 2);
   EXPECT_EQ(data->info().vocab_size, 2);
   for (int64_t i = 0; i < data->size(); ++i) {
     const Example& ex = data->Get(i);
@@ -68,7 +69,7 @@ TEST(SequenceTaskTest, PrefixParityIsTheRunningXor) {
 }
 
 TEST(SequenceTaskTest, AssociativeRecallAsksForTheQueriedValue) {
-  auto data = Task(SequenceTask::kAssociativeRecall, 10, 20);
+  auto data = Task("associative_recall", 10, 20);
   for (int64_t i = 0; i < data->size(); ++i) {
     const Example& ex = data->Get(i);
     const int64_t query = ex.tokens[8];
@@ -82,27 +83,27 @@ TEST(SequenceTaskTest, AssociativeRecallAsksForTheQueriedValue) {
 }
 
 TEST(SequenceTaskTest, SameSeedSameDataAndLengthKnob) {
-  auto a = Task(SequenceTask::kReverse, 8, 16), b = Task(SequenceTask::kReverse, 8, 16);
+  auto a = Task("reverse", 8, 16), b = Task("reverse", 8, 16);
   EXPECT_EQ(a->Get(7).tokens, b->Get(7).tokens);
-  auto longer = Task(SequenceTask::kReverse, 24, 16);
+  auto longer = Task("reverse", 24, 16);
   EXPECT_EQ(longer->info().length, 24);
   EXPECT_EQ(longer->Get(0).tokens.size(), 24u);
 }
 
 TEST(SequenceTaskTest, InvalidOptionsNameTheProblem) {
-  SequenceTaskOptions options;
-  options.task = SequenceTask::kAssociativeRecall;
-  options.length = 7;
   try {
-    MakeSequenceTask(options);
+    Task("associative_recall", 7, 16);
     FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("even length"), std::string::npos) << e.what();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("test.yaml: task.kind associative_recall: needs an even "
+                                         "task.length >= 4"),
+              std::string::npos)
+        << e.what();
   }
 }
 
 TEST(BatcherTest, CoversEveryExampleOncePerEpochAndRestoresItsPosition) {
-  auto data = Task(SequenceTask::kReverse, 4, 8);  // 50 examples
+  auto data = Task("reverse", 4, 8);  // 50 examples
   Batcher batcher(*data, 10, 1, DType::kFloat32);
   std::vector<std::vector<int64_t>> seen;
   for (int k = 0; k < 5; ++k) seen.push_back(batcher.Next().tokens);
@@ -121,7 +122,7 @@ TEST(BatcherTest, CoversEveryExampleOncePerEpochAndRestoresItsPosition) {
 }
 
 TEST(SliceBatchTest, TakesTheExamplesTokensTargetsAndFeaturesOfARange) {
-  auto data = Task(SequenceTask::kReverse, 4, 8);
+  auto data = Task("reverse", 4, 8);
   const Batch batch = MakeBatch(*data, {3, 1, 4, 1, 5}, DType::kFloat64);
   const Batch slice = SliceBatch(batch, 1, 3);
   EXPECT_EQ(slice.batch_size, 2);
