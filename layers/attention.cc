@@ -25,11 +25,19 @@ MultiHeadAttention::MultiHeadAttention(int64_t dim,
                                        int64_t heads,
                                        Rng& rng,
                                        const AttentionOptions& options)
-    : dim_(dim), heads_(heads), causal_(options.causal) {
+    : dim_(dim),
+      heads_(heads),
+      causal_(options.causal ||
+              (options.layout && options.layout->mask == AttentionMaskKind::kCausal)),
+      layout_(options.layout) {
   SP_CHECK(dim > 0 && heads > 0 && dim % heads == 0, "MultiHeadAttention: dim ", dim,
            " must be a positive multiple of heads ", heads);
   std::string error;
   SP_CHECK(options.IsValid(&error), "MultiHeadAttention: ", error);
+  if (layout_) {
+    const std::string problem = layout_->Check(heads, dim / heads);
+    SP_CHECK(problem.empty(), "MultiHeadAttention: ", problem);
+  }
   scale_ = options.scale > 0.0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(dim / heads));
   const LinearOptions linear{.bias = options.bias, .dtype = options.dtype};
   wq_ = RegisterModule("wq", std::make_shared<Linear>(dim, dim, rng, linear));
@@ -41,7 +49,9 @@ MultiHeadAttention::MultiHeadAttention(int64_t dim,
 std::string MultiHeadAttention::Name() const {
   std::ostringstream out;
   out << "MultiHeadAttention(dim " << dim_ << ", heads " << heads_ << ", "
-      << (causal_ ? "causal" : "non-causal") << ", scale " << scale_ << ")";
+      << (causal_ ? "causal" : "non-causal") << ", scale " << scale_;
+  if (layout_) out << ", " << layout_->ToString();
+  out << ")";
   return out.str();
 }
 
@@ -104,17 +114,35 @@ Var MultiHeadAttention::Forward(const Var& x, const Var& context, const Attentio
   const int64_t tq = x.dim(1);
   const int64_t tk = context.dim(1);
 
-  if (!mask.additive.defined() && !mask.key_mask.defined()) {
+  // The layout's mask and ALiBi bias (a plain causal mask is the fused
+  // kernel's own), and its rotary positions on the projections.
+  Tensor layout_bias;
+  Var q_projected = wq_->Forward(x), k_projected = wk_->Forward(context);
+  if (layout_) {
+    if (layout_->NeedsBias()) {
+      SP_CHECK(tq == tk, "MultiHeadAttention: the layout's mask and positions apply to "
+                         "self-attention (Tq = Tk), got Tq ", tq, ", Tk ", tk);
+      layout_bias = AttentionBias(*layout_, heads_, tq, x.dtype());
+    }
+    if (layout_->Rotary()) {
+      SP_CHECK(tq == tk, "MultiHeadAttention: rotary positions apply to self-attention (Tq = Tk), "
+                         "got Tq ", tq, ", Tk ", tk);
+      q_projected = ApplyRotaryMerged(q_projected, *layout_, heads_);
+      k_projected = ApplyRotaryMerged(k_projected, *layout_, heads_);
+    }
+  }
+
+  if (!mask.additive.defined() && !mask.key_mask.defined() && !layout_bias.defined()) {
     // The fused kernel: heads read in place from the projections, the
     // [Tq, Tk] blocks never leave the cache, and no permuted copies.
-    const Var heads_out = multi_head_attention(wq_->Forward(x), wk_->Forward(context),
-                                               wv_->Forward(context), heads_, scale_, causal_);
+    const Var heads_out = multi_head_attention(q_projected, k_projected, wv_->Forward(context),
+                                               heads_, scale_, causal_);
     return wo_->Forward(heads_out);
   }
 
   // Scaling Q (Tq x dh per head) is cheaper than scaling the Tq x Tk scores.
-  const Var q = SplitHeads(mul_scalar(wq_->Forward(x), scale_));
-  const Var k = SplitHeads(wk_->Forward(context));
+  const Var q = SplitHeads(mul_scalar(q_projected, scale_));
+  const Var k = SplitHeads(k_projected);
   const Var v = SplitHeads(wv_->Forward(context));
   Var scores = matmul(q, k, false, true);  // [B, H, Tq, Tk]
 
@@ -123,6 +151,7 @@ Var MultiHeadAttention::Forward(const Var& x, const Var& context, const Attentio
         mask.additive.dtype() == scores.dtype() ? mask.additive : mask.additive.To(scores.dtype());
     scores = add(scores, constant(additive));
   }
+  if (layout_bias.defined()) scores = add(scores, constant(layout_bias));
   const double hidden = -std::numeric_limits<double>::infinity();
   if (causal_) scores = masked_fill(scores, CausalMask(tq, tk, scores.dtype()), hidden);
   if (mask.key_mask.defined()) {

@@ -15,7 +15,9 @@
 //   - AttentionMask::key_mask [B, Tk] or [Tk], nonzero = that key is hidden
 //     from every query (padding);
 //   - AttentionMask::additive, broadcastable to [B, heads, Tq, Tk], added to
-//     the scaled scores (relative-position biases, or -inf entries).
+//     the scaled scores (relative-position biases, or -inf entries);
+//   - options.layout (positions.h), self-attention only: its mask (causal,
+//     local) and ALiBi bias, and rotary positions on Q and K.
 // Hidden keys get weight exactly 0. Every query must keep at least one key;
 // a query whose keys are all hidden gets NaN (softmax of all -inf).
 //
@@ -34,6 +36,7 @@
 #include "framework/random.h"
 #include "framework/tensor.h"
 #include "layers/linear.h"
+#include "layers/positions.h"
 
 namespace stillpoint {
 
@@ -45,6 +48,9 @@ struct AttentionOptions {
   // Biases on the four projections.
   bool bias = true;
   DType dtype = DType::kFloat32;
+  // Positions and mask (positions.h); null: none. Shared with the model,
+  // which sets its grid width at run time. Not a field.
+  std::shared_ptr<const AttentionLayout> layout = nullptr;
 
   // The fields, declared once (framework/option_fields.h); not config keys.
   static const OptionFields<AttentionOptions>& Fields();
@@ -101,6 +107,7 @@ class MultiHeadAttention : public Module {
   int64_t dim_;
   int64_t heads_;
   bool causal_;
+  std::shared_ptr<const AttentionLayout> layout_;
   double scale_;
   std::shared_ptr<Linear> wq_, wk_, wv_, wo_;
 };

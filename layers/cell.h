@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "framework/option_fields.h"
 #include "framework/tensor.h"
 #include "layers/energy_block.h"
+#include "layers/positions.h"
 #include "solvers/implicit.h"
 
 namespace stillpoint {
@@ -43,6 +45,10 @@ struct CellOptions {
   double ln_eps = 1e-5;
   // Autoregressive attention masking.
   bool causal = false;
+  // The model's positions and attention mask (positions.h) for the cell's
+  // attention, softmax or energy; null: none. Not a field (the model's
+  // model.positions, model.attention_mask and model.attention_window).
+  std::shared_ptr<const AttentionLayout> layout = nullptr;
   // Dropout probability inside the cell (0 = none). Inside an implicit layer
   // the masks are frozen per solve (see dropout.h).
   double dropout = 0.0;

@@ -28,7 +28,8 @@ DEQCell::DEQCell(const CellOptions& options, Rng& rng) : options_(options) {
            "' in extra (the cell has none)");
   SP_CHECK(options.hidden > 0, "DEQCell: hidden must be positive, got ", options.hidden);
   if (options.attention == "softmax") {
-    const AttentionOptions attention{.causal = options.causal, .dtype = options.dtype};
+    const AttentionOptions attention{
+        .causal = options.causal, .dtype = options.dtype, .layout = options.layout};
     attention_ = std::make_shared<MultiHeadAttention>(options.dim, options.heads, rng, attention);
     RegisterModule("wq", attention_->wq());
     RegisterModule("wk", attention_->wk());
@@ -41,6 +42,7 @@ DEQCell::DEQCell(const CellOptions& options, Rng& rng) : options_(options) {
     attention.block.dim = options.dim;
     attention.block.heads = options.heads;
     attention.block.causal = options.causal;
+    attention.block.layout = options.layout;
     attention.block.dtype = options.dtype;
     if (options.attention_solver) attention.solver = *options.attention_solver;
     attention.warm_start = options.attention_warm_start;

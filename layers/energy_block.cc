@@ -77,7 +77,18 @@ template <typename Layer>
 class CatalogueBlock : public EnergyBlock {
  public:
   CatalogueBlock(const char* name, const EnergyBlockOptions& o, std::shared_ptr<Layer> layer)
-      : name_(name), dim_(o.dim), typed_(layer), layer_(std::move(layer)) {
+      : name_(name),
+        dim_(o.dim),
+        heads_(o.heads),
+        causal_(o.causal),
+        dtype_(o.dtype),
+        layout_(o.layout),
+        typed_(layer),
+        layer_(std::move(layer)) {
+    if (layout_) {
+      const std::string problem = layout_->Check(o.heads, o.dim / o.heads);
+      SP_CHECK(problem.empty(), name, ": ", problem);
+    }
     RegisterModule("layer", layer_);
     if (o.normalize_input) {
       norm_ = RegisterModule("norm", std::make_shared<LayerNorm>(
@@ -93,9 +104,26 @@ class CatalogueBlock : public EnergyBlock {
     CheckInjection(name_, u, dim_);
     return norm_ ? norm_->Forward(u) : u;
   }
+  // The layout's mask and ALiBi bias over the self-attention of `length`
+  // tokens (positions.h); empty without a layout.
+  AttentionMask Mask(int64_t length) const {
+    AttentionMask mask;
+    if (layout_) mask.additive = AttentionBias(*layout_, heads_, length, dtype_);
+    return mask;
+  }
+  // Heads [B, H, T, dh] turned by the layout's rotary positions (else as
+  // they are).
+  Var Rotate(const Var& heads) const {
+    return layout_ ? ApplyRotary(heads, *layout_, 2) : heads;
+  }
+  bool Rotary() const { return layout_ && layout_->Rotary(); }
 
   const char* name_;
   int64_t dim_;
+  int64_t heads_;
+  bool causal_;
+  DType dtype_;
+  std::shared_ptr<const AttentionLayout> layout_;
   std::shared_ptr<Layer> typed_;
 
  private:
@@ -119,7 +147,14 @@ class HopfieldBlock : public CatalogueBlock<HopfieldAttention> {
 
   EnergyBlockProblem Prepare(const Var& u) const override {
     const Var x = Input(u);
-    HopfieldProblem hopfield = typed_->Prepare(x, x, x);
+    HopfieldProblem hopfield = typed_->Prepare(x, x, x, Mask(x.dim(1)));
+    if (Rotary()) {
+      // Keys and queries (the start and the field) turned by position; the
+      // values are not.
+      hopfield.context.Set("keys", Rotate(hopfield.context.Get("keys")));
+      hopfield.initial_state = Rotate(hopfield.initial_state);
+      if (hopfield.context.Has("field")) hopfield.context.Set("field", hopfield.initial_state);
+    }
     EnergyBlockProblem problem{hopfield.context, hopfield.initial_state, u, {}};
     problem.extras.Set("values", hopfield.values);
     return problem;
@@ -157,12 +192,12 @@ class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
 
   EnergyBlockProblem Prepare(const Var& u) const override {
     const Var x = Input(u);
-    ProbabilisticProblem p = typed_->Prepare(x, x);
+    ProbabilisticProblem p = typed_->Prepare(x, x, Inputs(x.dim(1)));
     return EnergyBlockProblem{p.context, p.initial_state, u, {}};
   }
   EnergyBlockProblem PrepareForWarmStart(const Var& u) const override {
     const Var x = Input(u);
-    ProbabilisticProblem p = typed_->Prepare(x, x, {}, /*with_initial_state=*/false);
+    ProbabilisticProblem p = typed_->Prepare(x, x, Inputs(x.dim(1)), /*with_initial_state=*/false);
     return EnergyBlockProblem{p.context, Var(), u, {}};
   }
   Var Output(const Var& v, const EnergyBlockProblem& problem) const override {
@@ -173,6 +208,14 @@ class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
   }
   Var AttentionWeights(const Var& v, const EnergyBlockProblem& problem) const override {
     return typed_->Responsibilities(v, problem.context);
+  }
+
+ private:
+  ProbabilisticAttentionInputs Inputs(int64_t length) const {
+    ProbabilisticAttentionInputs inputs;
+    inputs.mask = Mask(length);
+    inputs.positions = layout_.get();
+    return inputs;
   }
 };
 
@@ -191,8 +234,6 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
                                                   .query_field = true,
                                                   .dtype = o.dtype},
                            rng)) {
-    SP_CHECK(!o.causal, "ExpFamBlock: the expfam energy has no attention mask (causal is not "
-                        "supported)");
     wo_ = RegisterModule("wo", std::make_shared<Linear>(o.dim, o.dim, rng,
                                                         LinearOptions{.dtype = o.dtype}));
   }
@@ -201,6 +242,17 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
     const Var x = Input(u);
     const bool discrete = typed_->options().measure == ExpFamMeasure::kDiscrete;
     EnergyContext context = typed_->Prepare(discrete ? x : Var(), x);
+    if (discrete) {
+      // The gaussian and mixture measures attend over no tokens: a token's
+      // fixed point depends on that token alone, so there is nothing to mask
+      // or to place.
+      const int64_t length = x.dim(1);
+      AddAttentionMask(Mask(length), causal_, x.dim(0), heads_, length, length, dtype_, &context);
+      if (Rotary()) {
+        context.Set("patterns", Rotate(context.Get("patterns")));
+        context.Set("field", ApplyRotaryMerged(context.Get("field"), *layout_, heads_));
+      }
+    }
     const Var field = context.Get("field");
     return EnergyBlockProblem{std::move(context), field, u, {}};
   }
@@ -248,6 +300,12 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
                                                                std::sqrt(static_cast<double>(
                                                                    o.dim / o.heads));
                              options.causal = o.causal;
+                             options.layout = o.layout;
+                             // Masks can leave a token only itself to attend
+                             // to (the first token under causal), so the self
+                             // term stays in the energy with them.
+                             options.exclude_self =
+                                 !o.causal && (!o.layout || o.layout->mask == AttentionMaskKind::kNone);
                              options.key_grad = o.key_grad;
                              options.dynamics = o.dynamics;
                              options.step = o.step;
@@ -259,6 +317,14 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
                            }(),
                            rng)),
         readout_(o.readout) {
+    // The key-side force of the attention energy pulls each token toward
+    // the queries that see it, later ones under a causal mask: only the
+    // query-side update keeps a token's state independent of later tokens.
+    const bool causal =
+        o.causal || (o.layout && o.layout->mask == AttentionMaskKind::kCausal);
+    SP_CHECK(!causal || o.key_grad == KeyGrad::kStop,
+             "EnergyTransformerEnergyBlock: a causal mask needs key_grad stop (the full "
+             "key-side force moves earlier tokens with later queries)");
     if (readout_ == EnergyTransformerReadout::kAttention) {
       const LinearOptions linear{.dtype = o.dtype};
       wv_ = RegisterModule("wv", std::make_shared<Linear>(o.dim, o.dim, rng, linear));
@@ -268,7 +334,7 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
 
   EnergyBlockProblem Prepare(const Var& u) const override {
     const Var x = Input(u);
-    EnergyContext context = typed_->Prepare(x);
+    EnergyContext context = typed_->Prepare(x, Mask(x.dim(1)));
     context.Set("input", x);  // the external current
     EnergyBlockProblem problem{context, x, u, {}};
     problem.extras.Set("start", x);

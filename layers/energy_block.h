@@ -84,6 +84,7 @@
 #include "layers/energy_transformer.h"
 #include "layers/expfam_attention.h"
 #include "layers/name_registry.h"
+#include "layers/positions.h"
 #include "layers/probabilistic_attention.h"
 
 namespace stillpoint {
@@ -164,6 +165,13 @@ struct EnergyBlockOptions {
   bool learn_precisions = true;
   // Autoregressive masking of the attention (every block).
   bool causal = false;
+  // The model's positions and attention mask (positions.h), or null; shared
+  // with the model, which sets its grid width at run time. Each block
+  // applies the mask and the ALiBi bias to its attention logits and turns its
+  // queries and keys by rotary positions (energy_transformer inside its
+  // energy). expfam with the gaussian or mixture measure attends over no
+  // tokens: masks and positions do not apply to it. Not a field.
+  std::shared_ptr<const AttentionLayout> layout = nullptr;
   DType dtype = DType::kFloat32;
 
   // model.energy.* (framework/option_fields.h); dim, heads, causal, dtype,

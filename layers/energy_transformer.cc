@@ -121,26 +121,36 @@ Var EnergyTransformerBlock::Scores(const Var& q, const Var& k, const EnergyConte
   return ApplyAttentionMask(scores, ctx);
 }
 
+Var EnergyTransformerBlock::Project(const Var& g, const Var& weight) const {
+  const Var split = SplitHeads(matmul(g, weight));
+  return options_.layout ? ApplyRotary(split, *options_.layout, 2) : split;
+}
+
+Var EnergyTransformerBlock::UnrotateMerge(const Var& x) const {
+  return MergeHeads(options_.layout ? ApplyRotary(x, *options_.layout, 2, /*inverse=*/true) : x);
+}
+
 Var EnergyTransformerBlock::AttentionEnergy(const Var& g, const EnergyContext& ctx) const {
-  Var q = SplitHeads(matmul(g, wq_));
-  Var k = SplitHeads(matmul(g, wk_));
+  Var q = Project(g, wq_);
+  Var k = Project(g, wk_);
   Var per_query = div(logsumexp(Scores(q, k, ctx)), reshape(beta_, Shape{1, options_.heads, 1}));
   return neg(sum(sum(per_query, -1), -1));
 }
 
 Var EnergyTransformerBlock::AttentionWeights(const Var& x, const EnergyContext& ctx) const {
   const Var g = Normalize(x);
-  return softmax(Scores(SplitHeads(matmul(g, wq_)), SplitHeads(matmul(g, wk_)), ctx));
+  return softmax(Scores(Project(g, wq_), Project(g, wk_), ctx));
 }
 
 Var EnergyTransformerBlock::AttentionEnergyGrad(const Var& g, const EnergyContext& ctx) const {
-  Var q = SplitHeads(matmul(g, wq_));
-  Var k = SplitHeads(matmul(g, wk_));
+  Var q = Project(g, wq_);
+  Var k = Project(g, wk_);
   Var p = softmax(Scores(q, k, ctx));  // [B, H, query, key]
-  // The beta of the scores cancels against the 1/beta of the energy.
-  Var query_side = matmul(MergeHeads(matmul(p, k)), wq_, false, true);
+  // The beta of the scores cancels against the 1/beta of the energy; rotary
+  // positions turn the query- and key-side forces back (R^T) before W^T.
+  Var query_side = matmul(UnrotateMerge(matmul(p, k)), wq_, false, true);
   if (options_.key_grad == KeyGrad::kStop) return neg(query_side);
-  Var key_side = matmul(MergeHeads(matmul(p, q, /*transpose_a=*/true)), wk_, false, true);
+  Var key_side = matmul(UnrotateMerge(matmul(p, q, /*transpose_a=*/true)), wk_, false, true);
   return neg(add(query_side, key_side));
 }
 

@@ -53,6 +53,7 @@
 #include "framework/random.h"
 #include "layers/attention.h"
 #include "layers/energy_layer.h"
+#include "layers/positions.h"
 
 namespace stillpoint {
 
@@ -89,6 +90,10 @@ struct EnergyTransformerOptions {
   // reference code).
   bool exclude_self = true;
   bool causal = false;
+  // Positions and mask (positions.h) of the model, or null: its rotary
+  // positions turn the queries and keys inside the energy (and its analytic
+  // gradient); its mask and ALiBi bias come with Prepare's mask. Not a field.
+  std::shared_ptr<const AttentionLayout> layout = nullptr;
   KeyGrad key_grad = KeyGrad::kFull;
   EnergyTransformerDynamics dynamics = EnergyTransformerDynamics::kNonLeaky;
   // Euler step alpha (> 0).
@@ -129,6 +134,10 @@ class EnergyTransformerBlock : public EnergyLayer {
   Var MemoryEnergy(const Var& g) const;
   // dE_ATT/dg (both terms, or the query-side term with key_grad = stop).
   Var AttentionEnergyGrad(const Var& g, const EnergyContext& ctx) const;
+  // g W [B, N, dim] -> heads [B, H, N, dh], rotated by the layout's rotary
+  // positions; UnrotateMerge applies the transposed rotation and merges.
+  Var Project(const Var& g, const Var& weight) const;
+  Var UnrotateMerge(const Var& x) const;
   Var MemoryEnergyGrad(const Var& g) const;
   // The attention weights P_h at tokens x: [B, H, N, N].
   Var AttentionWeights(const Var& x, const EnergyContext& ctx) const;

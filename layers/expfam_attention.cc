@@ -179,7 +179,8 @@ Var ExpFamAttention::LogPartition(const Var& eta, const EnergyContext& ctx) cons
   switch (options_.measure) {
     case ExpFamMeasure::kDiscrete: {
       const Var& x = ctx.Get("patterns");
-      Var scores = mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1}));
+      Var scores = ApplyAttentionMask(
+          mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1})), ctx);
       return div(logsumexp(scores), reshape(beta_, Shape{1, heads, 1}));
     }
     case ExpFamMeasure::kGaussian: {
@@ -203,7 +204,8 @@ Var ExpFamAttention::LogPartitionGrad(const Var& eta, const EnergyContext& ctx) 
   switch (options_.measure) {
     case ExpFamMeasure::kDiscrete: {
       const Var& x = ctx.Get("patterns");
-      Var scores = mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1}));
+      Var scores = ApplyAttentionMask(
+          mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1})), ctx);
       return MergeHeads(matmul(softmax(scores), x));
     }
     case ExpFamMeasure::kGaussian:
@@ -225,7 +227,7 @@ Var ExpFamAttention::Weights(const Var& eta, const EnergyContext& ctx) const {
   const Var& x = ctx.Get("patterns");
   Var scores =
       mul(matmul(SplitHeads(eta), x, false, true), reshape(beta_, Shape{1, options_.heads, 1, 1}));
-  return softmax(scores);
+  return softmax(ApplyAttentionMask(scores, ctx));
 }
 
 Var ExpFamAttention::Energy(const Var& eta, const EnergyContext& ctx) const {

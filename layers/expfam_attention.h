@@ -25,7 +25,10 @@
 // Shapes: the state and the input are [B, N, dim]; heads split dim into
 // heads x dh and each head has its own measure. Stored patterns (discrete
 // measure) are [B, S, dim], projected by W_K unless project_patterns is
-// false; the energy context then holds "patterns" [B, H, S, dh].
+// false; the energy context then holds "patterns" [B, H, S, dh], and may
+// hold an attention "mask" (AddAttentionMask, energy_layer.h) over the
+// scores [B, H, N, S]: a hidden pattern drops out of the discrete measure
+// of that query (its log-partition sums over the visible patterns only).
 //
 // Query field (query_field, CCCP update only): the projected queries
 // q = x W_Q [B, N, dim] act on the tokens as an external field,

@@ -37,6 +37,69 @@ HopfieldOptions ReadoutHopfieldOptions(const ModelOptions& o) {
 
 }  // namespace
 
+const char* ToString(SolverInit init) {
+  switch (init) {
+    case SolverInit::kZeros:
+      return "zeros";
+    case SolverInit::kRandom:
+      return "random";
+    case SolverInit::kMixed:
+      return "mixed";
+  }
+  return "unknown";
+}
+
+PathIndependence ScorePathIndependence(const Tensor& z_a, const Tensor& z_b,
+                                       const Tensor& logits_a, const Tensor& logits_b) {
+  SP_CHECK(z_a.shape() == z_b.shape() && z_a.rank() >= 1, "ScorePathIndependence: states ",
+           z_a.shape(), " and ", z_b.shape(), " must have one shape [B, ...]");
+  SP_CHECK(logits_a.shape() == logits_b.shape() && logits_a.rank() >= 1,
+           "ScorePathIndependence: logits ", logits_a.shape(), " and ", logits_b.shape(),
+           " must have one shape [..., C]");
+  PathIndependence score;
+  const int64_t samples = z_a.dim(0);
+  if (samples == 0) return score;
+  const int64_t per_sample = z_a.numel() / samples;
+  const std::vector<double> a = z_a.ToVector(), b = z_b.ToVector();
+  double cosine_sum = 0.0;
+  for (int64_t s = 0; s < samples; ++s) {
+    double dot = 0.0, norm_a = 0.0, norm_b = 0.0;
+    for (int64_t i = s * per_sample; i < (s + 1) * per_sample; ++i) {
+      dot += a[i] * b[i];
+      norm_a += a[i] * a[i];
+      norm_b += b[i] * b[i];
+    }
+    if (norm_a == 0.0 || norm_b == 0.0) {
+      cosine_sum += (norm_a == 0.0 && norm_b == 0.0) ? 1.0 : 0.0;
+    } else {
+      cosine_sum += dot / std::sqrt(norm_a * norm_b);
+    }
+  }
+  score.cosine = cosine_sum / static_cast<double>(samples);
+  const int64_t classes = logits_a.dim(-1);
+  const int64_t rows = classes > 0 ? logits_a.numel() / classes : 0;
+  if (rows == 0) return score;
+  const std::vector<double> la = logits_a.ToVector(), lb = logits_b.ToVector();
+  int64_t agree = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto row_a = la.begin() + r * classes, row_b = lb.begin() + r * classes;
+    agree += (std::max_element(row_a, row_a + classes) - row_a) ==
+             (std::max_element(row_b, row_b + classes) - row_b);
+  }
+  score.agreement = static_cast<double>(agree) / static_cast<double>(rows);
+  return score;
+}
+
+const char* ToString(InputInjection injection) {
+  switch (injection) {
+    case InputInjection::kEveryStep:
+      return "every_step";
+    case InputInjection::kFirstStep:
+      return "first_step";
+  }
+  return "unknown";
+}
+
 const char* ToString(ModelKind kind) {
   switch (kind) {
     case ModelKind::kExplicit:
@@ -90,8 +153,32 @@ const OptionFields<ModelOptions>& ModelOptions::Fields() {
                 .Int("dim", &O::dim, 1, 1 << 16, "Model width d")
                 .Include("", &O::cell_options, cell, {"heads", "hidden"})
                 .Int("max_length", &O::max_length, 1, 1 << 20,
-                     "Longest sequence the positional table covers (>= every training and "
-                     "evaluation length)")
+                     "positions learned: longest sequence the positional table covers (>= every "
+                     "training and evaluation length; a longer one is an error)")
+                .Enum("positions", &O::positions, AllPositionSchemes(), stillpoint::ToString,
+                      "How the model knows where a token is (every attention, softmax or "
+                      "energy): " + PositionSchemesDoc())
+                .Enum("attention_mask", &O::attention_mask, AllAttentionMaskKinds(),
+                      stillpoint::ToString,
+                      "Which keys each query sees, in every attention (softmax or energy; inside "
+                      "an energy's fixed point too): " + AttentionMasksDoc())
+                .Int("attention_window", &O::attention_window, 0, 1 << 20,
+                     "attention_mask causal: 0 (every earlier key) or W (the last W keys and the "
+                     "query's own); local: the distance W >= 1; none: must be 0")
+                .Enum("solver.init", &O::solver_init,
+                      {SolverInit::kZeros, SolverInit::kRandom, SolverInit::kMixed},
+                      stillpoint::ToString,
+                      "implicit and energy: where each training solve starts: zeros (the energy "
+                      "block's start), random (plus N(0, 1) per entry), mixed (N(0, 1) with half "
+                      "its entries zeroed, TorchDEQ's mixed init); trains path independence. "
+                      "Evaluation starts from zeros")
+                .Enum("input_injection", &O::input_injection,
+                      {InputInjection::kEveryStep, InputInjection::kFirstStep},
+                      stillpoint::ToString,
+                      "Where the embedded input u enters: every_step (every cell application "
+                      "gets f(z; u), the DEQ's injection and Bansal et al.'s recall; z0 = 0; "
+                      "every kind) or first_step (z0 = u and the cells get none, a plain "
+                      "transformer stack; explicit and tied only)")
                 .Int("num_layers", &O::num_layers, 1, 1024, "explicit: number of untied cells")
                 .Int("unroll_steps", &O::unroll_steps, 1, 4096,
                      "tied: applications of the one cell; implicit/energy: steps of the tied "
@@ -139,6 +226,13 @@ const OptionFields<ModelOptions>& ModelOptions::Fields() {
 
 bool ModelOptions::IsValid(std::string* error) const {
   std::string problem = Fields().Check(*this);
+  if (problem.empty() && cell_options.heads > 0 && dim % cell_options.heads == 0) {
+    AttentionLayout layout;
+    layout.positions = positions;
+    layout.mask = attention_mask;
+    layout.window = attention_window;
+    problem = layout.Check(cell_options.heads, dim / cell_options.heads);
+  }
   if (problem.empty() && (kind == ModelKind::kImplicit || kind == ModelKind::kEnergy) &&
       !implicit.IsValid(&problem)) {
     problem = "implicit: " + problem;
@@ -155,7 +249,7 @@ SequenceModel::SequenceModel(const ModelOptions& options)
                     /*pool=*/false) {}
 
 SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, bool pool)
-    : options_(options), pool_(pool) {
+    : options_(options), pool_(pool), init_rng_(options.seed ^ 0x5eed1417u) {
   // Every field of the model's own, once (a config's were checked when read:
   // training/config_schema.cc).
   std::string error;
@@ -168,12 +262,18 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
     token_embedding_ =
         std::make_shared<TokenEmbedding>(options.vocab_size, options.dim, rng, embedding);
   }
-  position_embedding_ =
-      std::make_shared<PositionalEmbedding>(options.max_length, options.dim, rng, embedding);
+  if (options.positions == PositionScheme::kLearned) {
+    position_embedding_ =
+        std::make_shared<PositionalEmbedding>(options.max_length, options.dim, rng, embedding);
+  }
+  layout_ = std::make_shared<AttentionLayout>();
+  layout_->positions = options.positions;
+  layout_->mask = options.attention_mask;
+  layout_->window = options.attention_window;
   // Registered as own parameters (not as child modules) so that they are
   // named tok_emb and pos_emb, as in the reference implementation.
   if (token_embedding_) RegisterParameter("tok_emb", token_embedding_->weight());
-  RegisterParameter("pos_emb", position_embedding_->weight());
+  if (position_embedding_) RegisterParameter("pos_emb", position_embedding_->weight());
   if (options.feature_dim > 0) {
     feature_embedding_ = RegisterModule(
         "feat_emb", std::make_shared<Linear>(options.feature_dim, options.dim, rng,
@@ -188,6 +288,7 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
   CellOptions cell_options = options.cell_options;
   cell_options.dim = options.dim;
   cell_options.dtype = options.dtype;
+  cell_options.layout = layout_;
   switch (options.kind) {
     case ModelKind::kExplicit: {
       auto list = RegisterModule("cells", std::make_shared<ModuleList>());
@@ -212,6 +313,7 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
       block.dim = options.dim;
       block.dtype = options.dtype;
       block.causal = options.cell_options.causal;
+      block.layout = layout_;
       energy_block_ = RegisterModule("block", CreateEnergyBlock(block, rng));
       ffn_norm_ = RegisterModule(
           "ffn_ln", std::make_shared<LayerNorm>(
@@ -271,10 +373,7 @@ Var SequenceModel::Embed(const std::vector<int64_t>& ids, const Shape& ids_shape
            "SequenceModel: this model reads feature vectors (feature_dim ", options_.feature_dim,
            "); use ForwardFeatures");
   SP_CHECK(ids_shape.rank() == 2, "SequenceModel: token ids must be [B, T], got ", ids_shape);
-  SP_CHECK(ids_shape[1] <= options_.max_length, "SequenceModel: sequence length ", ids_shape[1],
-           " exceeds max_length ", options_.max_length);
-  return add(token_embedding_->Forward(ids, ids_shape),
-             position_embedding_->Positions(ids_shape[1]));
+  return WithPositions(token_embedding_->Forward(ids, ids_shape));
 }
 
 Var SequenceModel::EmbedFeatures(const Var& features) const {
@@ -283,10 +382,22 @@ Var SequenceModel::EmbedFeatures(const Var& features) const {
   SP_CHECK(features.rank() == 3 && features.dim(2) == options_.feature_dim,
            "SequenceModel: features must be [B, T, ", options_.feature_dim, "], got ",
            features.shape());
-  SP_CHECK(features.dim(1) <= options_.max_length, "SequenceModel: sequence length ",
-           features.dim(1), " exceeds max_length ", options_.max_length);
-  return add(feature_embedding_->Forward(features),
-             position_embedding_->Positions(features.dim(1)));
+  return WithPositions(feature_embedding_->Forward(features));
+}
+
+Var SequenceModel::WithPositions(const Var& embedded) const {
+  if (!position_embedding_) return embedded;  // the attentions place the tokens
+  const int64_t length = embedded.dim(1);
+  SP_CHECK(length <= options_.max_length, "SequenceModel: sequence length ", length,
+           " exceeds model.max_length ", options_.max_length,
+           " (the learned positions' table; model.positions none, alibi or rotary have no "
+           "limit)");
+  return add(embedded, position_embedding_->Positions(length));
+}
+
+void SequenceModel::SetGridWidth(int64_t grid_width) {
+  SP_CHECK(grid_width >= 0, "SequenceModel: grid width must be >= 0, got ", grid_width);
+  layout_->grid_width = grid_width;
 }
 
 void SequenceModel::SetDepthOverride(int64_t steps) {
@@ -378,13 +489,22 @@ std::vector<std::pair<std::string, AttentionDiagnostics>> SequenceModel::Diagnos
 Var SequenceModel::EncodeInjection(const Var& u) {
   if (options_.kind == ModelKind::kEnergy) {
     const EnergyBlockProblem problem = energy_block_->Prepare(u);
+    Var start = problem.initial_state;
+    if (is_training() && options_.solver_init != SolverInit::kZeros && depth_override_ == 0) {
+      start = add(start, constant(RandomStart(start.shape(), options_.solver_init, init_rng_)));
+    }
     const Var state = depth_override_ > 0
                           ? UnrollUpdates(*energy_block_->layer(), problem.initial_state,
                                           problem.context, static_cast<int>(depth_override_))
-                          : implicit_->Forward(problem.context, problem.initial_state);
+                          : implicit_->Forward(problem.context, start);
     const Var h = energy_block_->Readout(state, problem);
     return add(h, ffn_->Forward(ffn_norm_->Forward(h)));
   }
+  // input_injection first_step (explicit, tied): z0 = u, cells get zeros.
+  const bool first_step = options_.input_injection == InputInjection::kFirstStep &&
+                          (options_.kind == ModelKind::kExplicit ||
+                           options_.kind == ModelKind::kTied);
+  const Var no_injection = first_step ? zeros_like(u) : Var();
   const bool unroll = options_.kind == ModelKind::kTied ||
                       (options_.kind == ModelKind::kImplicit && depth_override_ > 0);
   if (unroll) {
@@ -392,12 +512,22 @@ Var SequenceModel::EncodeInjection(const Var& u) {
     ReleaseDropoutMasks(*cells_[0]);
     FreezeDropoutMasks(*cells_[0]);
     const int64_t steps = depth_override_ > 0 ? depth_override_ : options_.unroll_steps;
+    if (first_step) {
+      Var z = u;
+      for (int64_t k = 0; k < steps; ++k) z = cells_[0]->Forward(z, no_injection, {});
+      return z;
+    }
     Var z = cells_[0]->ForwardAtZero(u, {});
     for (int64_t k = 1; k < steps; ++k) z = cells_[0]->Forward(z, u, {});
     return z;
   }
   switch (options_.kind) {
     case ModelKind::kExplicit: {
+      if (first_step) {
+        Var z = u;
+        for (const auto& cell : cells_) z = cell->Forward(z, no_injection, {});
+        return z;
+      }
       // z0 = 0: the first cell starts from the zero state.
       Var z = cells_[0]->ForwardAtZero(u, {});
       for (std::size_t k = 1; k < cells_.size(); ++k) z = cells_[k]->Forward(z, u, {});
@@ -405,14 +535,18 @@ Var SequenceModel::EncodeInjection(const Var& u) {
     }
     case ModelKind::kTied:  // handled above
       break;
-    case ModelKind::kImplicit: {
-      if (!next_initial_state_.defined()) return implicit_->Forward(u);
-      const Tensor z0 = std::move(next_initial_state_);
-      next_initial_state_ = Tensor();
-      SP_CHECK(z0.shape() == u.shape(), "SequenceModel: the initial state's shape ",
-               z0.shape().ToString(), " differs from the injection's ", u.shape().ToString());
-      return implicit_->Forward(u, z0);
-    }
+    case ModelKind::kImplicit:
+      if (next_initial_state_.defined()) {
+        const Tensor z0 = std::move(next_initial_state_);
+        next_initial_state_ = Tensor();
+        SP_CHECK(z0.shape() == u.shape(), "SequenceModel: the initial state's shape ",
+                 z0.shape().ToString(), " differs from the injection's ", u.shape().ToString());
+        return implicit_->Forward(u, z0);
+      }
+      if (is_training() && options_.solver_init != SolverInit::kZeros) {
+        return implicit_->Forward(u, RandomStart(u.shape(), options_.solver_init, init_rng_));
+      }
+      return implicit_->Forward(u);
     case ModelKind::kEnergy:  // handled above
       break;
   }
@@ -423,6 +557,66 @@ void SequenceModel::SetNextInitialState(Tensor z0) {
   SP_CHECK(!z0.defined() || options_.kind == ModelKind::kImplicit,
            "SetNextInitialState: only an implicit model starts a solve from a given state");
   next_initial_state_ = std::move(z0);
+}
+
+Tensor SequenceModel::RandomStart(const Shape& shape, SolverInit init, Rng& rng) const {
+  Tensor start = RandomNormal(shape, 0.0, 1.0, options_.dtype, rng);
+  if (init == SolverInit::kMixed) {
+    for (int64_t i = 0; i < start.numel(); ++i) {
+      if (rng.Uniform() < 0.5) start.set(i, 0.0);
+    }
+  }
+  return start;
+}
+
+PathIndependence SequenceModel::ComparePaths(const Var& u, Rng& rng) {
+  SP_CHECK(implicit_ != nullptr, "SequenceModel: the path-independence score needs a model that "
+                                 "solves (implicit or energy), not ",
+           stillpoint::ToString(options_.kind));
+  NoGrad no_grad;
+  if (options_.kind == ModelKind::kEnergy) {
+    const EnergyBlockProblem problem = energy_block_->Prepare(u);
+    const Tensor noise = RandomStart(problem.initial_state.shape(), SolverInit::kRandom, rng);
+    const Var from_start = implicit_->Forward(problem.context, problem.initial_state);
+    const Var from_random =
+        implicit_->Forward(problem.context, add(problem.initial_state, constant(noise)));
+    auto logits = [&](const Var& state) {
+      const Var h = energy_block_->Readout(state, problem);
+      return Head(add(h, ffn_->Forward(ffn_norm_->Forward(h)))).value();
+    };
+    return ScorePathIndependence(from_start.value(), from_random.value(), logits(from_start),
+                                 logits(from_random));
+  }
+  const Var from_zeros = implicit_->Forward(u);
+  const Var from_random =
+      implicit_->Forward(u, RandomStart(u.shape(), SolverInit::kRandom, rng));
+  return ScorePathIndependence(from_zeros.value(), from_random.value(), Head(from_zeros).value(),
+                               Head(from_random).value());
+}
+
+Var SequenceModel::ProgressiveLogits(const Var& u, int64_t n, int64_t k) {
+  SP_CHECK((options_.kind == ModelKind::kTied || options_.kind == ModelKind::kImplicit) &&
+               !cells_.empty(),
+           "SequenceModel: the progressive loss needs a tied or implicit model, not ",
+           stillpoint::ToString(options_.kind));
+  SP_CHECK(n >= 0 && k >= 1, "SequenceModel: progressive loss steps n >= 0 and k >= 1, got n ", n,
+           ", k ", k);
+  const Cell& cell = *cells_[0];
+  // input_injection first_step (tied): the unroll starts at u and the cell
+  // gets no injection, as in EncodeInjection.
+  const bool first_step = options_.kind == ModelKind::kTied &&
+                          options_.input_injection == InputInjection::kFirstStep;
+  const Var injection = first_step ? zeros_like(u) : u;
+  Var z = first_step ? u : constant(Tensor::Zeros(u.shape(), u.dtype()));
+  if (n > 0) {
+    NoGrad no_grad;
+    const Var fixed_injection = constant(injection.value());
+    Var detached = constant(z.value());
+    for (int64_t step = 0; step < n; ++step) detached = cell.Forward(detached, fixed_injection, {});
+    z = constant(detached.value());
+  }
+  for (int64_t step = 0; step < k; ++step) z = cell.Forward(z, injection, {});
+  return Head(z);
 }
 
 Var SequenceModel::Head(Var z) const {

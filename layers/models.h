@@ -3,7 +3,11 @@
 // (bench/SPEC.md W1):
 //
 //   u = E[x] + P[t]                          injection, [B, T, d]
+//                                            (P: positions learned only;
+//                                            the other schemes of
+//                                            positions.h act in attention)
 //   explicit: z_0 = 0, z_l = f_l(z_{l-1}; u) for l = 1..L, L untied cells
+//             (input_injection first_step: z_0 = u, z_l = f_l(z_{l-1}; 0))
 //   tied:     z_0 = 0, z_k = f(z_{k-1}; u) for k steps of ONE cell, trained by
 //             backprop through the k steps
 //   implicit: z* = f(z*; u) solved from z_0 = 0 by Implicit (implicit.h),
@@ -26,7 +30,7 @@
 // [B, T] with T <= max_length and values in [0, vocab_size).
 //
 // Parameter names (those of the reference implementation):
-//   tok_emb [V, d], pos_emb [max_length, d], lnf.gain, lnf.bias [d],
+//   tok_emb [V, d], pos_emb [max_length, d] (positions learned), lnf.gain, lnf.bias [d],
 //   out.weight [d, V or C], out.bias [V or C], then
 //   cell.* (tied, implicit) or cells.<l>.* (explicit), in this order;
 //   energy: block.* (the energy layer as block.layer.*), ffn_ln.gain,
@@ -40,6 +44,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,10 +63,45 @@
 #include "layers/layer_norm.h"
 #include "layers/linear.h"
 #include "layers/mlp.h"
+#include "layers/positions.h"
 #include "solvers/implicit.h"
 #include "solvers/regularizers.h"
 
 namespace stillpoint {
+
+// Where the forward solve of an implicit or energy model starts while the
+// model trains (model.solver.init). Evaluation always starts from zeros (or
+// the energy block's start).
+enum class SolverInit {
+  kZeros,   // "zeros": z0 = 0 (energy: the block's start)
+  kRandom,  // "random": z0 ~ N(0, 1) per entry (energy: the start plus it)
+  kMixed    // "mixed": N(0, 1) with each entry zeroed with probability 1/2
+            // (TorchDEQ's mixed initialisation)
+};
+const char* ToString(SolverInit init);
+
+// The agreement of the fixed points one input reaches from two starts (Anil
+// et al.'s asymptotic alignment): cosine is the mean over samples of
+// cos(z*_a, z*_b) (each sample's whole state; 1 when both are zero, 0 when
+// only one is), agreement the fraction of predictions (argmax over the last
+// axis of the logits, every row) that match. NaN when nothing was compared.
+struct PathIndependence {
+  double cosine = std::numeric_limits<double>::quiet_NaN();
+  double agreement = std::numeric_limits<double>::quiet_NaN();
+};
+// z_a, z_b [B, ...] (same shape), logits_a, logits_b [..., C] (same shape).
+PathIndependence ScorePathIndependence(const Tensor& z_a, const Tensor& z_b,
+                                       const Tensor& logits_a, const Tensor& logits_b);
+
+// Where the injection u enters (model.input_injection).
+enum class InputInjection {
+  kEveryStep,  // "every_step": every cell application gets u (the DEQ's
+               // f(z; u), Bansal et al.'s recall); z0 = 0. Every kind.
+  kFirstStep   // "first_step": z0 = u and the cells get no injection (a
+               // plain transformer stack); explicit and tied only (an
+               // implicit model's fixed point would forget its input).
+};
+const char* ToString(InputInjection injection);
 
 enum class ModelKind {
   kExplicit,  // "explicit": num_layers untied cells
@@ -80,8 +120,15 @@ struct ModelOptions {
   // patches), embedded by a learned linear map "feat_emb" instead of the
   // token table (ForwardFeatures); 0: token ids (Forward).
   int64_t feature_dim = 0;
-  // Longest sequence (rows of the positional table).
+  // Longest sequence (rows of the positional table; positions learned only).
   int64_t max_length = 32;
+  // How attention sees token order (positions.h): the position scheme
+  // (learned: the table above, added to the injection; none, alibi, rotary
+  // and their 2-D variants: no table, any length), the attention mask and
+  // its window. Every attention of the model, softmax or energy, uses them.
+  PositionScheme positions = PositionScheme::kLearned;
+  AttentionMaskKind attention_mask = AttentionMaskKind::kNone;
+  int64_t attention_window = 0;
   // Model width d. Overrides cell_options.dim.
   int64_t dim = 64;
   // Output classes: SequenceClassifier's C (> 0); for SequenceModel the
@@ -98,6 +145,12 @@ struct ModelOptions {
   int64_t unroll_steps = 6;
   // kImplicit and kEnergy: forward solver and backward mode.
   ImplicitOptions implicit;
+  // kImplicit and kEnergy: the start of every training solve
+  // (model.solver.init), drawn from a stream seeded by seed.
+  SolverInit solver_init = SolverInit::kZeros;
+  // explicit and tied: where u enters (implicit and energy models need it
+  // at every step).
+  InputInjection input_injection = InputInjection::kEveryStep;
   // kEnergy: the energy block (dim, dtype and causal are set from this
   // struct's dim, dtype and cell_options.causal).
   EnergyBlockOptions energy;
@@ -182,7 +235,26 @@ class SequenceModel : public Model {
   // the number of unrolled steps (test-time depth). Explicit models ignore
   // it.
   void SetDepthOverride(int64_t steps);
+
+  // The columns of the grid the input tokens form (DatasetInfo::grid_width;
+  // 0: a sequence), for the 2-D position schemes and the local mask
+  // (positions.h). Set before a Forward on grid data; every attention of the
+  // model reads it.
+  void SetGridWidth(int64_t grid_width);
+  const AttentionLayout& layout() const { return *layout_; }
   int64_t depth_override() const { return depth_override_; }
+
+  // The path-independence score (ScorePathIndependence) of the model's
+  // solve for injection u: the fixed points (and predictions) reached from
+  // zeros and from z0 ~ N(0, 1) drawn from rng (energy kind: the block's
+  // start and that start plus the noise), off the tape. Implicit and energy
+  // kinds; throws for others.
+  PathIndependence ComparePaths(const Var& u, Rng& rng);
+
+  // The logits after n steps of the cell from z0 = 0 run off the tape, then
+  // k steps with gradients (Bansal et al.'s progressive loss: the first n
+  // are detached). Tied and implicit kinds; throws for others.
+  Var ProgressiveLogits(const Var& u, int64_t n, int64_t k);
 
   // The map z -> f(z; u) whose fixed point the model's own solve finds, for
   // regularisers and diagnostics at that point (solvers/implicit.h CellFn:
@@ -247,16 +319,28 @@ class SequenceModel : public Model {
  private:
   // The final states for injection u: [B, T, d].
   Var EncodeInjection(const Var& u);
+  // embedded [B, T, d] + P[:T] with learned positions (T <= max_length),
+  // else embedded.
+  Var WithPositions(const Var& embedded) const;
   Var Head(Var z) const;
+
+  // The start of a training solve of shape `like` (options.solver_init);
+  // undefined for zeros.
+  Tensor RandomStart(const Shape& shape, SolverInit init, Rng& rng) const;
 
   ModelOptions options_;
   bool pool_;
+  // The starts of training solves (model.solver.init). Runtime state.
+  Rng init_rng_;
   int64_t depth_override_ = 0;
   Tensor next_initial_state_;  // SetNextInitialState
   std::shared_ptr<Linear> feature_embedding_;  // feature_dim > 0 only
   // The tables are registered as this model's own "tok_emb" and "pos_emb".
   std::shared_ptr<TokenEmbedding> token_embedding_;
-  std::shared_ptr<PositionalEmbedding> position_embedding_;
+  std::shared_ptr<PositionalEmbedding> position_embedding_;  // positions learned only
+  // Shared with every attention of the model (options.positions,
+  // attention_mask, attention_window; the grid width set at run time).
+  std::shared_ptr<AttentionLayout> layout_;
   std::shared_ptr<LayerNorm> lnf_;
   std::shared_ptr<Linear> out_;
   std::vector<std::shared_ptr<Cell>> cells_;

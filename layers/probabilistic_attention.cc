@@ -375,6 +375,12 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(const Var& x,
   Var q = SplitHeads(wq_->Forward(x), o.head_dim);         // [B, H, N, d]
   Var xi = SplitHeads(wk_->Forward(context), o.head_dim);  // [B, H, S, d]
   Var mu = SplitHeads(wv_->Forward(context), o.value_head_dim);
+  if (inputs.positions != nullptr && inputs.positions->Rotary()) {
+    SP_CHECK(num_queries == num_keys, op, ": rotary positions need self-attention (N = S), got N ",
+             num_queries, ", S ", num_keys);
+    q = ApplyRotary(q, *inputs.positions, 2);
+    xi = ApplyRotary(xi, *inputs.positions, 2);
+  }
 
   bool per_key_alpha = inputs.key_precision.defined();
   bool per_key_beta = inputs.value_precision.defined();

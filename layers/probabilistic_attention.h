@@ -52,6 +52,7 @@
 #include "framework/random.h"
 #include "layers/attention.h"
 #include "layers/energy_layer.h"
+#include "layers/positions.h"
 #include "layers/linear.h"
 
 namespace stillpoint {
@@ -212,6 +213,9 @@ struct ProbabilisticAttentionInputs {
   // log pi°_ij, broadcastable to [B, H, N, S] (undefined: uniform).
   Var log_prior;
   AttentionMask mask;
+  // Rotary positions (positions.h) on the queries and keys, or null. The
+  // magnitude prior is unchanged (a rotation keeps the norms).
+  const AttentionLayout* positions = nullptr;
   // Clamped-value belief propagation (self-attention, N = S): clamp_mask
   // [B, N] nonzero where unit i's value is known, clamped_values
   // [B, N, H * dv] those values in the per-head value space.

@@ -289,6 +289,45 @@ void CheckReadoutKeysAreRead(const Config& c, const ModelOptions& m) {
   }
 }
 
+// model.positions, model.attention_mask and model.attention_window against
+// each other and the head width, each error naming its key.
+void CheckLayoutKeys(const Config& c, const ModelOptions& m) {
+  const int64_t head_dim = m.dim / m.cell_options.heads;
+  auto fail = [&](const std::string& key, const std::string& why) {
+    throw ConfigError(c.Origin(key) + ": " + key + ": " + why);
+  };
+  const int64_t window = m.attention_window;
+  if (m.attention_mask == AttentionMaskKind::kLocal && window < 1) {
+    fail("model.attention_window", "attention_mask local needs a window >= 1, got " +
+                                       std::to_string(window));
+  }
+  if (m.attention_mask == AttentionMaskKind::kNone && window != 0) {
+    fail("model.attention_window", std::to_string(window) +
+                                       " is read only with model.attention_mask causal or local "
+                                       "(this config's mask is none)");
+  }
+  const bool energy_transformer =
+      m.cell_options.attention == "energy_transformer" ||
+      (m.kind == ModelKind::kEnergy && m.cell_options.attention == "softmax" &&
+       m.energy.layer == "energy_transformer");
+  if (energy_transformer && m.attention_mask == AttentionMaskKind::kCausal &&
+      m.energy.key_grad != KeyGrad::kStop) {
+    fail("model.energy.key_grad",
+         "energy_transformer under model.attention_mask causal needs key_grad stop: the full "
+         "key-side force moves earlier tokens with later queries, so the fixed point would not "
+         "be causal");
+  }
+  if (m.positions == PositionScheme::kRotary && head_dim % 2 != 0) {
+    fail("model.positions", "rotary needs an even head width (model.dim / model.heads), got " +
+                                std::to_string(head_dim));
+  }
+  if (m.positions == PositionScheme::kRotary2d && head_dim % 4 != 0) {
+    fail("model.positions",
+         "rotary_2d needs a head width (model.dim / model.heads) that is a multiple of 4, got " +
+             std::to_string(head_dim));
+  }
+}
+
 ModelOptions ModelOptionsFromConfig(const Config& c) {
   ModelOptions m = ReadOptionKeys(
       c, "model.", ModelOptions::Fields(), ConfigModelDefaults(),
@@ -330,6 +369,7 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   m.cell_options.attention_warm_start = c.GetBool("model.attention_solver.warm_start");
   SP_CHECK(m.dim % m.cell_options.heads == 0, c.Origin("model.dim"), ": model.dim (", m.dim,
            ") must be a multiple of model.heads (", m.cell_options.heads, ")");
+  CheckLayoutKeys(c, m);
   return m;
 }
 

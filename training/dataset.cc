@@ -28,6 +28,7 @@ Batch MakeBatch(const Dataset& dataset, const std::vector<int64_t>& indices, DTy
   Batch batch;
   batch.batch_size = static_cast<int64_t>(indices.size());
   batch.length = info.length;
+  batch.grid_width = info.grid_width;
   if (info.feature_dim > 0) {
     batch.features =
         Tensor(Shape{batch.batch_size, info.length, info.feature_dim}, dtype);
@@ -53,6 +54,7 @@ Batch SliceBatch(const Batch& batch, int64_t begin, int64_t end) {
   Batch slice;
   slice.batch_size = end - begin;
   slice.length = batch.length;
+  slice.grid_width = batch.grid_width;
   if (!batch.tokens.empty()) {
     slice.tokens.assign(batch.tokens.begin() + begin * batch.length,
                         batch.tokens.begin() + end * batch.length);

@@ -37,8 +37,9 @@ struct DatasetInfo {
   int64_t feature_dim = 0;   // > 0 for feature inputs
   int64_t num_classes = 0;   // size of the output layer
   bool per_token_targets = true;
-  // > 0: each example is a grid, `grid_width` tokens per row, row-major
-  // (length = rows * grid_width), for 2-D positions; 0: a 1-D sequence.
+  // Tokens that form a grid, row-major, this many columns wide (length =
+  // rows x grid_width); 0: a sequence. The 2-D position schemes and the
+  // local mask read it (layers/positions.h).
   int64_t grid_width = 0;
 };
 
@@ -70,6 +71,7 @@ struct Batch {
   std::vector<int64_t> tokens;  // [batch_size * length] (token datasets)
   Tensor features;              // [batch_size, length, feature_dim] (feature datasets)
   std::vector<int64_t> targets; // [batch_size * length] or [batch_size]
+  int64_t grid_width = 0;        // the dataset's DatasetInfo::grid_width
 };
 
 // Stacks examples [indices] into a batch of the given dtype.

@@ -73,13 +73,13 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
   e.run_files = std::move(split.run_files);
 
   ModelOptions options = ModelOptionsFromConfig(config);
-  // A language model must not see the symbol it predicts: every attention
-  // (softmax, and the energy attentions inside their fixed points) is causal.
-  if (split.language_model) options.cell_options.causal = true;
-  if (longest > options.max_length) {
+  if (split.language_model) MakeCausal(config, &options);
+  if (options.positions == PositionScheme::kLearned && longest > options.max_length) {
     throw ConfigError(config.Origin("model.max_length") + ": model.max_length (" +
                       std::to_string(options.max_length) + ") is shorter than the sequences (" +
-                      std::to_string(longest) + " tokens)");
+                      std::to_string(longest) +
+                      " tokens); the learned positions cover model.max_length tokens (raise it, "
+                      "or use model.positions none, alibi or rotary, which have no limit)");
   }
   ValidateForwardSolvers(config, options, longest);
   if (per_token && options.pooling != "mean") {
@@ -112,7 +112,18 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
   return e;
 }
 
+void MakeCausal(const Config& config, ModelOptions* options) {
+  if (options->attention_mask == AttentionMaskKind::kLocal) {
+    throw ConfigError(config.Origin("model.attention_mask") +
+                      ": model.attention_mask local lets a position see later symbols; a "
+                      "language model (task.kind text) needs causal (or none, which means causal "
+                      "here)");
+  }
+  options->attention_mask = AttentionMaskKind::kCausal;
+}
+
 Var ForwardBatch(SequenceModel& model, const Batch& batch) {
+  model.SetGridWidth(batch.grid_width);
   Var logits = batch.features.defined()
                    ? model.ForwardFeatures(constant(batch.features))
                    : model.Forward(batch.tokens, Shape{batch.batch_size, batch.length});
@@ -341,6 +352,19 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
   std::vector<double> mine;  // kFields per batch this rank evaluated
   const int rank = WorldRank();
   const int ranks = WorldSize();
+  // The path-independence probe first, so that the model's last solve stays
+  // the last batch's. Every rank computes it on the same rows.
+  PathIndependence path_independence;
+  if (model.implicit() != nullptr && model.depth_override() == 0 && dataset.size() > 0) {
+    std::vector<int64_t> probe;
+    for (int64_t i = 0; i < std::min(dataset.size(), kPathIndependenceExamples); ++i) {
+      probe.push_back(i);
+    }
+    const Batch batch = MakeBatch(dataset, probe, dtype);
+    model.SetGridWidth(batch.grid_width);
+    Rng rng(kPathIndependenceSeed);
+    path_independence = model.ComparePaths(EmbedBatch(model, batch), rng);
+  }
   int64_t batches = 0;
   for (int64_t begin = 0; begin < dataset.size(); begin += batch_size, ++batches) {
     if (batches % ranks != rank) continue;
@@ -370,6 +394,7 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
     }
   }
   EvalResult result;
+  result.path_independence = path_independence;
   double loss_sum = 0, iterations_sum = 0;
   int64_t correct = 0, counted = 0;
   for (int64_t k = 0; k < batches; ++k) {

@@ -43,6 +43,12 @@ struct Experiment {
 Experiment BuildExperiment(const Config& config, const std::string& config_path,
                            int64_t length_override = 0);
 
+// A language model must not see the symbol it predicts: every attention
+// (softmax, and each energy attention inside its own fixed point) gets the
+// causal mask (model.attention_mask none becomes causal, a causal window is
+// kept; local is a ConfigError).
+void MakeCausal(const Config& config, ModelOptions* options);
+
 // The logits of a batch, flattened to [rows, classes] in target order.
 Var ForwardBatch(SequenceModel& model, const Batch& batch);
 // The injection u [B, T, d] of a batch: its features or its tokens embedded.
@@ -104,7 +110,16 @@ struct EvalResult {
   double accuracy = 0;
   int64_t examples = 0;
   SolverStats forward;  // averaged over batches (max for maxima)
+  // Implicit and energy models: the agreement of the fixed points reached
+  // from zeros and from a random start (SequenceModel::ComparePaths) on the
+  // first kPathIndependenceExamples examples; NaN for other kinds.
+  PathIndependence path_independence;
 };
+
+// Examples of the path-independence probe of every evaluation, and the
+// seed of its random starts (the same starts at every evaluation).
+inline constexpr int64_t kPathIndependenceExamples = 64;
+inline constexpr uint64_t kPathIndependenceSeed = 0x9a7417;
 
 // Applies the config's test-time depth (eval.max_iterations): the forward
 // solver budget of an implicit model, or the unroll depth of a tied one

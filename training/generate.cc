@@ -147,7 +147,7 @@ TextGenerator LoadTextGenerator(const std::string& run) {
   ModelOptions options = ModelOptionsFromConfig(config);
   options.vocab_size = options.num_classes = vocabulary.size();
   options.feature_dim = 0;
-  options.cell_options.causal = true;  // as BuildExperiment builds language models
+  MakeCausal(config, &options);  // as BuildExperiment builds language models
   auto model = std::make_shared<SequenceModel>(options);
   try {
     model->LoadParameters(state.model);

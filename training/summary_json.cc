@@ -80,6 +80,7 @@ TrainSummary ReadTrainSummary(const std::string& run_dir) {
     s.final_eval.accuracy = Number(root, "test_accuracy");
     s.test_bpc = Number(root, "test_bpc");
     s.language_model = !std::isnan(s.test_bpc);
+    s.test_unknown_symbols = static_cast<int64_t>(Number(root, "test_unknown_characters", 0));
     s.final_eval.examples = static_cast<int64_t>(Number(root, "test_examples", 0));
     s.seconds_per_step = Number(root, "seconds_per_step");
     s.peak_rss_mb = Number(root, "peak_rss_mb");

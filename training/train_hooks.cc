@@ -209,6 +209,10 @@ void LogHook::Evaluate(TrainLoopState& state, std::map<std::string, double>& row
     progress_.Message(line);
   }
   if (implicit_) row["test_fwd_iters_mean"] = eval.forward.iterations_mean;
+  if (!std::isnan(eval.path_independence.cosine)) {
+    row["path_independence_cosine"] = eval.path_independence.cosine;
+    row["path_independence_agreement"] = eval.path_independence.agreement;
+  }
   summary.final_eval = eval;
   progress_.Eval(state.step, eval.loss, eval.accuracy);
   if (context_.gradient_check_batch.batch_size > 0) {
@@ -248,6 +252,18 @@ void LogHook::WritePlots(const std::string& run_dir) {
                              EvaluatedPoints("backward", step, column("bwd_iters_mean"), 1.0,
                                              false)},
                             solver));
+  // Models that solve: the agreement of the fixed points reached from zeros
+  // and from a random start, at every evaluation.
+  if (!column("path_independence_cosine").empty()) {
+    PlotOptions path{"Path independence", "step", "agreement from zero and random starts",
+                     false};
+    WriteTextFile(run_dir + "/path_independence.svg",
+                  LinePlotSvg({EvaluatedPoints("cosine of the fixed points", step,
+                                               column("path_independence_cosine")),
+                               EvaluatedPoints("prediction agreement", step,
+                                               column("path_independence_agreement"))},
+                              path));
+  }
 }
 
 // ---------------------------------------------------------------- CheckpointHook

@@ -82,6 +82,7 @@ StepResult TrainStep::RunPlain(const Batch& batch, const ExtraLoss& extra_loss, 
   SequenceModel& model = *model_;
   const Var logits = ForwardBatch(model, batch);
   Var loss = BatchLoss(logits, batch);
+  if (options_.task_loss_weight != 1.0) loss = mul_scalar(loss, options_.task_loss_weight);
   if (extra_loss) loss = add(loss, extra_loss(model, batch, *rng, 1.0));
   result.loss = loss.item();
   result.forward = ForwardStats(model);
@@ -118,7 +119,8 @@ StepResult TrainStep::RunShards(const Batch& batch, const ExtraLoss& extra_loss,
     // nothing to the task loss.
     Var loss = shard_counted == 0
                    ? mul_scalar(sum(logits), 0.0)
-                   : mul_scalar(BatchLoss(logits, part), static_cast<double>(shard_counted) /
+                   : mul_scalar(BatchLoss(logits, part), options_.task_loss_weight *
+                                                             static_cast<double>(shard_counted) /
                                                              static_cast<double>(counted));
     if (extra_loss) {
       Rng shard_rng(extra_seed + static_cast<uint64_t>(rows.shard));

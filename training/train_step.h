@@ -50,6 +50,9 @@ struct TrainStepOptions {
   // Whether a step whose adjoint solve left samples above their tolerance
   // is held back instead of applied (train.on_unconverged: stop).
   bool hold_unconverged = false;
+  // The task loss's weight in the step's loss (1 - alpha of the progressive
+  // loss, train.progressive_loss.weight; the extra loss adds the rest).
+  double task_loss_weight = 1.0;
 };
 
 // A term added to a step's loss by the model (a regulariser of its

@@ -44,7 +44,8 @@ const std::vector<std::string> kColumns = {
     "fwd_iters_mean", "fwd_iters_max", "fwd_residual", "fwd_unconverged", "bwd_iters_mean",
     "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
     "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean",
-    "grad_cos",       "grad_rel_err", "spectral_radius", "elapsed_s"};
+    "grad_cos",       "grad_rel_err", "spectral_radius", "elapsed_s",
+    "path_independence_cosine", "path_independence_agreement"};
 
 bool AllFinite(const NamedVars& parameters) {
   for (const auto& [name, p] : parameters) {
@@ -84,6 +85,9 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"test_unknown_characters\": " << s.test_unknown_symbols
       << ",\n  \"test_examples\": " << s.final_eval.examples
       << ",\n  \"test_forward_iterations_mean\": " << JsonNumber(s.final_eval.forward.iterations_mean)
+      << ",\n  \"path_independence_cosine\": " << JsonNumber(s.final_eval.path_independence.cosine)
+      << ",\n  \"path_independence_agreement\": "
+      << JsonNumber(s.final_eval.path_independence.agreement)
       << ",\n  \"seconds_per_step\": " << JsonNumber(s.seconds_per_step)
       << ",\n  \"peak_rss_mb\": " << JsonNumber(s.peak_rss_mb)
       << ",\n  \"pool_peak_mb\": " << JsonNumber(s.pool_peak_mb)
@@ -186,6 +190,19 @@ void CheckTrainingConfig(const Config& c) {
                         ", not " + kind);
     }
   }
+  if (c.GetDouble("train.progressive_loss.weight") > 0) {
+    const int64_t k = c.GetInt("train.progressive_loss.steps");
+    const int64_t total = c.GetInt("train.progressive_loss.iterations") > 0
+                              ? c.GetInt("train.progressive_loss.iterations")
+                              : c.GetInt("model.unroll_steps");
+    if (total <= k) {
+      throw ConfigError(c.Origin("train.progressive_loss.steps") +
+                        ": train.progressive_loss.steps (" + std::to_string(k) +
+                        ") must be below the most steps N = " + std::to_string(total) +
+                        " (train.progressive_loss.iterations, 0: model.unroll_steps), so that n "
+                        "can be drawn from [0, N - k)");
+    }
+  }
   if (c.GetStringList("log.formats").empty()) {
     throw ConfigError(c.Origin("log.formats") +
                       ": log.formats must name at least one of csv, jsonl");
@@ -203,6 +220,28 @@ void CheckTrainingConfig(const Config& c) {
                       std::to_string(WorldSize()) + " ranks x train.shards " +
                       std::to_string(shards) + " = " + std::to_string(shards * WorldSize()) +
                       " shards (each shard needs a row); use fewer ranks or a larger batch");
+  }
+}
+
+void CheckModelKindKeys(const Config& c) {
+  const std::string kind = c.GetString("model.kind");
+  if (c.GetString("model.solver.init") != "zeros" && kind != "implicit" && kind != "energy") {
+    throw ConfigError(c.Origin("model.solver.init") + ": model.solver.init " +
+                      c.GetString("model.solver.init") +
+                      " needs model.kind implicit or energy (a model that solves for its state), "
+                      "not " + kind);
+  }
+  if (c.GetDouble("train.progressive_loss.weight") > 0 && kind != "tied" && kind != "implicit") {
+    throw ConfigError(c.Origin("train.progressive_loss.weight") +
+                      ": train.progressive_loss.weight needs model.kind tied or implicit (a cell "
+                      "that can run for any number of steps), not " + kind);
+  }
+  if (c.GetString("model.input_injection") != "every_step" && kind != "explicit" &&
+      kind != "tied") {
+    throw ConfigError(c.Origin("model.input_injection") + ": model.input_injection " +
+                      c.GetString("model.input_injection") +
+                      " needs model.kind explicit or tied: the fixed point of an " + kind +
+                      " model would not depend on its input");
   }
 }
 
@@ -286,6 +325,11 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   step_options.shards = shards;
   step_options.clip_norm = trainer.clip_norm;
   step_options.hold_unconverged = trainer.on_unconverged == "stop";
+  // A comparison's variants of other kinds ignore the progressive loss.
+  const bool progressive = trainer.progressive_loss_weight > 0.0 &&
+                           (model.options().kind == ModelKind::kTied ||
+                            model.options().kind == ModelKind::kImplicit);
+  step_options.task_loss_weight = progressive ? 1.0 - trainer.progressive_loss_weight : 1.0;
   SP_CHECK(shards == 1 || e.make_replica != nullptr,
            "Train: the experiment cannot build model replicas");
   TrainStep train_step(e.model, *optimizer, step_options,
@@ -407,9 +451,27 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
         replica.FixedPointCorrectionLoss(EmbedBatch(replica, rows), task_loss, correction),
         regularization.correction_weight * scale);
   };
+  // Bansal et al.'s progressive loss: n detached steps of the cell, n
+  // uniform in [0, N - k), then k with gradient (the rest of the weight is
+  // the task loss's, TrainStepOptions::task_loss_weight).
+  const int64_t progressive_total = trainer.progressive_loss_iterations > 0
+                                        ? trainer.progressive_loss_iterations
+                                        : model.options().unroll_steps;
+  const ExtraLoss progressive_loss = [&](SequenceModel& replica, const Batch& rows, Rng& draws,
+                                         double scale) {
+    const int64_t k = trainer.progressive_loss_steps;
+    const int64_t n = draws.UniformInt(progressive_total - k);
+    replica.SetGridWidth(rows.grid_width);
+    const Var logits = replica.ProgressiveLogits(EmbedBatch(replica, rows), n, k);
+    const int64_t classes = logits.dim(-1);
+    return mul_scalar(BatchLoss(reshape(logits, Shape{logits.numel() / classes, classes}), rows),
+                      trainer.progressive_loss_weight * scale);
+  };
   const auto extra_loss_at = [&](int64_t at) -> ExtraLoss {
-    if (!implicit || at < trainer.pretrain_steps) return nullptr;
+    const bool regularized = implicit && at >= trainer.pretrain_steps;
+    if (!regularized) return progressive ? progressive_loss : nullptr;
     std::vector<const ExtraLoss*> terms;
+    if (progressive) terms.push_back(&progressive_loss);
     // A frequency draw is taken only for a term that is on, so a run
     // without it keeps the random stream it had before the term existed.
     if (regularization.jacobian_weight > 0 &&

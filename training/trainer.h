@@ -115,6 +115,12 @@ TrainSummary Train(Experiment& experiment, const TrainOptions& options = {});
 // touches the run directory: checked by `stillpoint compare` for every
 // variant before the first one trains.
 void CheckTrainingConfig(const Config& config);
+// Throws ConfigError naming the key when a key for some model kinds is set
+// in a config of another kind: model.solver.init (implicit, energy),
+// train.progressive_loss.weight (tied, implicit), model.input_injection
+// (explicit, tied). `stillpoint train` checks it; a comparison's variants of
+// other kinds ignore such keys.
+void CheckModelKindKeys(const Config& config);
 
 // The run directory a config resolves to.
 std::string RunDirectory(const Config& config, const std::string& config_path);

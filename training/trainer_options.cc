@@ -43,7 +43,17 @@ const OptionFields<TrainerOptions>& TrainerOptions::Fields() {
                    "tolerance: ignore; warn (print the fraction of samples, the residual, the "
                    "tolerance and the solver the first time, then once per evaluation); stop "
                    "(end the run before the update, exit 1, with the report). INEXACT backward "
-                   "modes (jfb, phantom, unrolled, tolerance 0) never count");
+                   "modes (jfb, phantom, unrolled, tolerance 0) never count")
+           .Double("progressive_loss.weight", &O::progressive_loss_weight, 0.0, 1.0,
+                   "tied and implicit: Bansal et al.'s progressive loss, the weight alpha of L = "
+                   "(1 - alpha) L(model) + alpha L(n + k): n steps of the cell from zero without "
+                   "gradient (n uniform in [0, N - k), drawn per step), then k with gradient, "
+                   "the loss of the head after them (0: off)")
+           .Int("progressive_loss.steps", &O::progressive_loss_steps, 1, 1 << 20,
+                "progressive loss: k, the steps with gradient")
+           .Int("progressive_loss.iterations", &O::progressive_loss_iterations, 0, 1 << 20,
+                "progressive loss: N, the most steps n + k (0: model.unroll_steps); must exceed "
+                "progressive_loss.steps");
   return *fields;
 }
 

@@ -27,6 +27,14 @@ struct TrainerOptions {
   std::string on_nonfinite = "skip";    // skip | stop
   int64_t max_skipped_steps = 20;
   std::string on_unconverged = "warn";  // ignore | warn | stop
+  // Bansal et al.'s progressive loss (tied and implicit models):
+  // L = (1 - weight) L(model) + weight L(n + k), where L(n + k) is the loss
+  // after n cell steps from z0 = 0 run without gradient (n uniform in
+  // [0, N - k), N = progressive_loss_iterations, 0: model.unroll_steps)
+  // and k = progressive_loss_steps more with gradient. weight 0: off.
+  double progressive_loss_weight = 0.0;
+  int64_t progressive_loss_steps = 1;
+  int64_t progressive_loss_iterations = 0;
 
   static const OptionFields<TrainerOptions>& Fields();
   static TrainerOptions FromConfig(const Config& config);

@@ -182,6 +182,48 @@ TEST_F(TextTaskTest, GenerateSamplesReproduciblyAndRefusesBadInput) {
   }
 }
 
+TEST_F(TextTaskTest, CompareReportShowsBitsPerCharacterAndASample) {
+  CompareArgs args;
+  args.config_path = WriteConfig("compare", "compare: {variants: [explicit, implicit]}\n");
+  args.overrides = {"train.steps=10"};
+  std::ostringstream out, err;
+  ASSERT_EQ(RunCompare(args, out, err), 0) << err.str();
+  std::ifstream in((dir_ / "run_compare" / "report.md").string());
+  std::stringstream md;
+  md << in.rdbuf();
+  const std::string report = md.str();
+  const auto table = report.find("## Held-out text");
+  ASSERT_NE(table, std::string::npos) << report;
+  for (const char* variant : {"explicit", "implicit"}) {
+    EXPECT_NE(report.find(std::string("| ") + variant + " | ", table), std::string::npos);
+    EXPECT_NE(report.find(std::string("Sample, ") + variant), std::string::npos) << report;
+  }
+}
+
+TEST_F(TextTaskTest, ClassificationRunsWriteTheConfusionMatrixAndPerClassAccuracy) {
+  const std::string path = (dir_ / "digits.yaml").string();
+  std::ofstream(path) << "seed: 0\nthreads: 1\ntask: {kind: digits}\n"
+                      << "model: {kind: explicit, dim: 16, heads: 2, hidden: 32, max_length: 16, "
+                         "num_layers: 1}\n"
+                      << "train: {steps: 30, batch_size: 16, eval_every: 30}\n"
+                      << "log: {dir: " << (dir_ / "run_digits").string() << ", progress: none}\n";
+  Config config = Config::FromFile(StillpointSchema(), path);
+  Experiment e = BuildExperiment(config, path);
+  const TrainSummary summary = Train(e);
+  ASSERT_EQ(summary.confusion.classes(), 10);
+  EXPECT_NEAR(summary.confusion.Accuracy(), summary.final_eval.accuracy, 1e-12);
+  int64_t examples = 0;
+  for (const auto& row : summary.confusion.counts) {
+    for (int64_t n : row) examples += n;
+  }
+  EXPECT_EQ(examples, e.test->size());
+  EXPECT_TRUE(fs::exists(summary.run_dir + "/confusion.svg"));
+  std::ifstream in(summary.run_dir + "/summary.json");
+  std::stringstream json;
+  json << in.rdbuf();
+  EXPECT_NE(json.str().find("\"per_class_accuracy\": {\"0\": "), std::string::npos) << json.str();
+}
+
 TEST(SampleSymbolTest, FollowsTemperatureAndTopKAndNeverTheUnknown) {
   // Logits for [unknown, a, b, c]: the unknown id has the largest logit
   // but is never drawn.

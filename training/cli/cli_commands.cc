@@ -125,6 +125,7 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err,
         CheckMemoryFits(config, /*training=*/true);
         // Before the first line of output (under mpirun: on every rank).
         CheckTrainingConfig(config);
+        CheckModelKindKeys(config);
         experiment = BuildExperiment(config, args.config_path);
       },
       [&] {
