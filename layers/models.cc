@@ -537,6 +537,13 @@ Var SequenceModel::EncodeInjection(const Var& u) {
     case ModelKind::kTied:  // handled above
       break;
     case ModelKind::kImplicit:
+      if (next_initial_state_.defined()) {
+        const Tensor z0 = std::move(next_initial_state_);
+        next_initial_state_ = Tensor();
+        SP_CHECK(z0.shape() == u.shape(), "SequenceModel: the initial state's shape ",
+                 z0.shape().ToString(), " differs from the injection's ", u.shape().ToString());
+        return implicit_->Forward(u, z0);
+      }
       if (is_training() && options_.solver_init != SolverInit::kZeros) {
         return implicit_->Forward(u, RandomStart(u.shape(), options_.solver_init, init_rng_));
       }
@@ -545,6 +552,12 @@ Var SequenceModel::EncodeInjection(const Var& u) {
       break;
   }
   return Var();
+}
+
+void SequenceModel::SetNextInitialState(Tensor z0) {
+  SP_CHECK(!z0.defined() || options_.kind == ModelKind::kImplicit,
+           "SetNextInitialState: only an implicit model starts a solve from a given state");
+  next_initial_state_ = std::move(z0);
 }
 
 Tensor SequenceModel::RandomStart(const Shape& shape, SolverInit init, Rng& rng) const {

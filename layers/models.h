@@ -265,6 +265,10 @@ class SequenceModel : public Model {
   // The fixed point of the last Forward's own solve (implicit and energy
   // kinds). Throws before a Forward or for other kinds.
   const Tensor& FixedPoint() const;
+  // The initial state of the next Forward's solve (implicit kind; [B, T, d]
+  // of that Forward), used once; an empty tensor clears it. Generation
+  // starts each solve from the previous position's fixed point this way.
+  void SetNextInitialState(Tensor z0);
 
   // Regularisers at the fixed point of the last Forward, for the injection
   // u that Forward saw (Embed / EmbedFeatures of the same inputs), each
@@ -329,6 +333,7 @@ class SequenceModel : public Model {
   // The starts of training solves (model.solver.init). Runtime state.
   Rng init_rng_;
   int64_t depth_override_ = 0;
+  Tensor next_initial_state_;  // SetNextInitialState
   std::shared_ptr<Linear> feature_embedding_;  // feature_dim > 0 only
   // The tables are registered as this model's own "tok_emb" and "pos_emb".
   std::shared_ptr<TokenEmbedding> token_embedding_;

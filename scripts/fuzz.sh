@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of tests/fuzz (config loader, checkpoint
-# reader, CSV and gzip readers) with clang, ASan and UBSan, in build-fuzz/,
+# reader, CSV and gzip readers, IDX reader) with clang, ASan and UBSan, in build-fuzz/,
 # and runs each for FUZZ_SECONDS (default 30) from its seed corpus
 # (tests/fuzz/corpus/<name>/). New inputs go to build-fuzz/corpus/<name>/,
 # never into the repository; a crash leaves its input in

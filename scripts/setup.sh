@@ -29,6 +29,9 @@ packages=(
   libopenblas0-openmp
   # Open MPI: training across processes and machines (mpirun; docs/scale.md).
   libopenmpi-dev openmpi-bin
+  # Real data: Fashion-MNIST (task.kind fashion_mnist) and the Jargon File, the
+  # default text of task.kind text (examples/configs/fashion.yaml, text.yaml).
+  dataset-fashion-mnist jargon-text
 )
 # The reference implementation the benchmarks compare against.
 peer_packages=(python3-torch libopenblas0-openmp)

@@ -1,4 +1,5 @@
 #include "training/compare_report.h"
+#include "training/real_data_report.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -654,6 +655,11 @@ void WriteComparisonReport(const std::string& root,
   if (pooled) {
     md << kPoolingExplanation << "\n\n";
     html << ProseToHtml(kPoolingExplanation);
+  }
+  for (const ReportSection& section :
+       {PerClassSection(report->variants, root), TextSection(report->variants)}) {
+    md << section.markdown;
+    html << section.html;
   }
   {
     std::string provenance = "Each run's stillpoint version, git revision, command, overrides, "

@@ -68,8 +68,13 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
   const int64_t vocab = split.vocab_size, classes = split.num_classes;
   const int64_t feature_dim = split.feature_dim, longest = split.longest;
   const bool per_token = split.per_token_targets;
+  e.class_names = std::move(split.class_names);
+  e.language_model = split.language_model;
+  e.test_unknown_symbols = split.test_unknown_symbols;
+  e.run_files = std::move(split.run_files);
 
   ModelOptions options = ModelOptionsFromConfig(config);
+  if (split.language_model) MakeCausal(config, &options);
   if (options.positions == PositionScheme::kLearned && longest > options.max_length) {
     throw ConfigError(config.Origin("model.max_length") + ": model.max_length (" +
                       std::to_string(options.max_length) + ") is shorter than the sequences (" +
@@ -106,6 +111,16 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
     return make(o);
   };
   return e;
+}
+
+void MakeCausal(const Config& config, ModelOptions* options) {
+  if (options->attention_mask == AttentionMaskKind::kLocal) {
+    throw ConfigError(config.Origin("model.attention_mask") +
+                      ": model.attention_mask local lets a position see later symbols; a "
+                      "language model (task.kind text) needs causal (or none, which means causal "
+                      "here)");
+  }
+  options->attention_mask = AttentionMaskKind::kCausal;
 }
 
 Var ForwardBatch(SequenceModel& model, const Batch& batch) {

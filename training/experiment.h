@@ -28,6 +28,11 @@ struct Experiment {
   // step (train.shards; training/data_parallel.h).
   std::function<std::shared_ptr<SequenceModel>(int64_t replica)> make_replica;
   DType dtype = DType::kFloat32;
+  // What the dataset says about itself (DatasetSplit, dataset_registry.h).
+  std::vector<std::string> class_names;
+  bool language_model = false;
+  int64_t test_unknown_symbols = 0;
+  std::map<std::string, std::string> run_files;
 };
 
 // Builds datasets and model from a validated config. length_override > 0
@@ -39,6 +44,12 @@ struct Experiment {
 // e.g. a maze's cells per side).
 Experiment BuildExperiment(const Config& config, const std::string& config_path,
                            int64_t length_override = 0, int64_t size_override = 0);
+
+// A language model must not see the symbol it predicts: every attention
+// (softmax, and each energy attention inside its own fixed point) gets the
+// causal mask (model.attention_mask none becomes causal, a causal window is
+// kept; local is a ConfigError).
+void MakeCausal(const Config& config, ModelOptions* options);
 
 // The logits of a batch, flattened to [rows, classes] in target order.
 Var ForwardBatch(SequenceModel& model, const Batch& batch);

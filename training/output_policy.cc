@@ -60,7 +60,8 @@ const std::vector<std::string>& RunFileNames() {
       "config.yaml",  "metrics.csv", "metrics.jsonl", "checkpoint.ckpt",      "summary.md",
       "summary.json", "loss.svg",    "accuracy.svg",  "solver.svg",           "report.md",
       "report.html",  "variant.json", "accuracy_vs_depth.svg", "accuracy_vs_length.svg",
-      "gradient_quality.svg", "spectral_radius.svg"};
+      "gradient_quality.svg", "spectral_radius.svg", "path_independence.svg", "heat_map.svg",
+      "solved_heat_map.svg", "confusion.svg", "vocabulary.json"};
   return names;
 }
 

@@ -2,11 +2,13 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <sstream>
 
 #include "training/config.h"
+#include "training/confusion.h"
 #include "training/metrics.h"
 
 namespace stillpoint {
@@ -108,6 +110,8 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"final_train_accuracy\": " << JsonNumber(s.final_train_accuracy)
       << ",\n  \"test_loss\": " << (evaluated ? JsonNumber(s.final_eval.loss) : "null")
       << ",\n  \"test_accuracy\": " << (evaluated ? JsonNumber(s.final_eval.accuracy) : "null")
+      << ",\n  \"test_bpc\": " << (evaluated ? JsonNumber(s.test_bpc) : "null")
+      << ",\n  \"test_unknown_characters\": " << s.test_unknown_symbols
       << ",\n  \"test_solved_fraction\": "
       << (evaluated ? JsonNumber(s.final_eval.solved_fraction) : "null")
       << ",\n  \"test_examples\": " << s.final_eval.examples
@@ -154,6 +158,8 @@ std::string SummaryJson(const TrainSummary& s) {
       << ", \"backward\": " << SolverStatsJson(s.backward)
       << ", \"attention_forward\": " << SolverStatsJson(s.attention_forward)
       << ", \"attention_backward\": " << SolverStatsJson(s.attention_backward) << "}"
+      << ",\n  \"per_class_accuracy\": "
+      << (s.confusion.classes() > 0 ? PerClassAccuracyJson(s.confusion) : "null")
       << ",\n  \"provenance\": " << ProvenanceJson(s.provenance)
       << ",\n  \"gradient_check\": ";
   if (s.gradient_check.ran) {
@@ -218,6 +224,9 @@ TrainSummary ReadTrainSummary(const std::string& run_dir) {
     s.final_eval.loss = Number(root, "test_loss");
     s.final_eval.accuracy = Number(root, "test_accuracy");
     s.final_eval.solved_fraction = Number(root, "test_solved_fraction");
+    s.test_bpc = Number(root, "test_bpc");
+    s.language_model = !std::isnan(s.test_bpc);
+    s.test_unknown_symbols = static_cast<int64_t>(Number(root, "test_unknown_characters", 0));
     s.final_eval.examples = static_cast<int64_t>(Number(root, "test_examples", 0));
     s.seconds_per_step = Number(root, "seconds_per_step");
     s.peak_rss_mb = Number(root, "peak_rss_mb");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <iomanip>
 #include <sstream>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "training/gradient_check.h"
 #include "training/statistics.h"
 #include "training/svg_plot.h"
+#include "training/text_corpus.h"
 
 namespace stillpoint {
 namespace {
@@ -214,6 +216,13 @@ void LogHook::Evaluate(TrainLoopState& state, std::map<std::string, double>& row
       stillpoint::Evaluate(model, *context_.test, context_.eval.batch_size, context_.dtype);
   row["test_loss"] = eval.loss;
   row["test_accuracy"] = eval.accuracy;
+  if (context_.language_model) {
+    row["test_bpc"] = BitsPerSymbol(eval.loss);
+    char line[96];
+    std::snprintf(line, sizeof(line), "step %lld: held-out %.4f nats/char, %.4f bits/char",
+                  static_cast<long long>(state.step), eval.loss, BitsPerSymbol(eval.loss));
+    progress_.Message(line);
+  }
   if (implicit_) row["test_fwd_iters_mean"] = eval.forward.iterations_mean;
   if (!std::isnan(eval.path_independence.cosine)) {
     row["path_independence_cosine"] = eval.path_independence.cosine;

@@ -115,6 +115,9 @@ class LogHook : public TrainHook {
     SequenceModel* model = nullptr;
     const Dataset* test = nullptr;
     DType dtype = DType::kFloat32;
+    // Language modelling: the held-out loss is also logged in bits per
+    // symbol (column test_bpc).
+    bool language_model = false;
     // eval.gradient_check_batch_size > 0 on a model with an implicit layer.
     Batch gradient_check_batch;
     std::string run_dir;

@@ -29,6 +29,7 @@
 #include "training/schedule.h"
 #include "training/signals.h"
 #include "training/summary_json.h"
+#include "training/text_corpus.h"
 #include "training/svg_plot.h"
 #include "training/train_hooks.h"
 #include "training/train_step.h"
@@ -272,6 +273,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   }
   std::vector<std::string> columns = kColumns;
   columns.insert(columns.end(), AttentionColumns().begin(), AttentionColumns().end());
+  if (e.language_model) columns.push_back("test_bpc");
   MetricsWriter metrics =
       writes ? MetricsWriter(summary.run_dir, columns, resumed, log_options.formats)
              : MetricsWriter::Discard(columns);
@@ -338,7 +340,12 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
     }
   }
   // Written once the checkpoint (if any) has loaded into this model.
-  if (writes) WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
+  if (writes) {
+    WriteTextFile(summary.run_dir + "/config.yaml", c.ToYaml());
+    for (const auto& [name, content] : e.run_files) {
+      WriteTextFile(summary.run_dir + "/" + name, content);
+    }
+  }
   const bool implicit = model.implicit() != nullptr;
   const int64_t check_size =
       HasImplicitLayer(model) ? eval_options.gradient_check_batch_size : 0;
@@ -355,6 +362,7 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   log_context.model = &model;
   log_context.test = e.test.get();
   log_context.dtype = e.dtype;
+  log_context.language_model = e.language_model;
   if (check_size > 0) {
     log_context.gradient_check_batch = GradientProbeBatch(*e.train, check_size, e.dtype);
   }
@@ -505,6 +513,15 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (summary.equilibrium.applies) progress.Message("equilibrium: " + summary.equilibrium.verdict);
   if (!writes) return summary;  // rank 0 writes the run directory
   if (log_options.plots) LogHook::WritePlots(summary.run_dir);
+  const bool classification = !e.test->info().per_token_targets;
+  if (classification && !ranks && step >= trainer.steps) {
+    summary.confusion = ComputeConfusion(model, *e.test, eval_options.batch_size, e.dtype,
+                                         e.class_names);
+    if (log_options.plots) {
+      WriteTextFile(summary.run_dir + "/confusion.svg",
+                    ConfusionSvg(summary.confusion, "Held-out confusion matrix"));
+    }
+  }
   summary.provenance.end_time = UtcNow();
   WriteTextFile(summary.run_dir + "/summary.json", SummaryJson(summary));
   std::ostringstream md;
@@ -532,6 +549,15 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   }
   if (!summary.attention_backward.brief.empty()) {
     md << "\nEnergy attention, last inner adjoint: " << summary.attention_backward.brief << "\n";
+  }
+  if (summary.language_model) {
+    md << "\nHeld-out text: " << JsonNumber(summary.final_eval.loss) << " nats per character, "
+       << JsonNumber(summary.test_bpc) << " bits per character; "
+       << summary.test_unknown_symbols << " held-out characters outside the vocabulary.\n";
+  }
+  if (summary.confusion.classes() > 0) {
+    md << "\nPer-class held-out accuracy (confusion matrix: confusion.svg):\n\n"
+       << PerClassAccuracyMarkdown(summary.confusion);
   }
   WriteTextFile(summary.run_dir + "/summary.md", md.str());
   return summary;

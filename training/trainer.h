@@ -27,8 +27,10 @@
 
 #include <functional>
 #include <iosfwd>
+#include <limits>
 #include <string>
 
+#include "training/confusion.h"
 #include "training/experiment.h"
 #include "training/gradient_check.h"
 #include "training/health.h"
@@ -81,6 +83,14 @@ struct TrainSummary {
   int stop_signal = 0;
   // Version, revision, command line, overrides, machine, start and end.
   Provenance provenance;
+  // Language modelling (task.kind text): the held-out loss in bits per
+  // symbol (NaN otherwise), and the held-out symbols outside the vocabulary.
+  bool language_model = false;
+  double test_bpc = std::numeric_limits<double>::quiet_NaN();
+  int64_t test_unknown_symbols = 0;
+  // Classification: the held-out confusion matrix after training (empty
+  // otherwise, and under mpirun).
+  ConfusionMatrix confusion;
 
   std::string BriefReport() const;
 };

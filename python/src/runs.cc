@@ -11,6 +11,7 @@
 #include "python/src/bindings.h"
 #include "training/checkpoint.h"
 #include "training/cli/cli_commands.h"
+#include "training/cli/generate_command.h"
 #include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/dataset.h"
@@ -233,6 +234,30 @@ void RegisterRuns(py::module_& m) {
       },
       py::arg("run"), py::arg("overrides"), py::arg("iterations"), py::arg("length"),
       py::arg("gradient_check"));
+
+  m.def(
+      "_generate",
+      [](const std::string& run, const std::string& prompt, int64_t tokens, double temperature,
+         int64_t top_k, int64_t seed, bool warm_start) {
+        GenerateArgs args;
+        args.run = run;
+        args.prompt = prompt;
+        args.tokens = tokens;
+        args.temperature = temperature;
+        args.top_k = top_k;
+        args.seed = seed;
+        args.no_warm_start = !warm_start;
+        args.json = true;
+        std::ostringstream out, err;
+        int code;
+        {
+          py::gil_scoped_release release;
+          code = RunGenerate(args, out, err);
+        }
+        return py::make_tuple(code, err.str(), out.str());
+      },
+      py::arg("run"), py::arg("prompt"), py::arg("tokens"), py::arg("temperature"),
+      py::arg("top_k"), py::arg("seed"), py::arg("warm_start"));
 
   m.def("_read_config", &ReadConfig, py::arg("path"));
   m.def("_read_metrics", &ReadMetrics, py::arg("run_dir"));

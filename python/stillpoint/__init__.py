@@ -6,6 +6,7 @@
     run = stillpoint.load_run(summary["run_dir"])
     run.metrics["loss"]                      # a NumPy array per metrics column
     result = stillpoint.retrieve(patterns, queries, beta=8.0)
+    stillpoint.generate(run_dir, "hacker: ", tokens=200)["text"]   # task.kind text runs
 
     import stillpoint.torch                  # needs PyTorch
     attention = stillpoint.torch.EnergyAttention("probabilistic", dim=64, heads=4)
@@ -20,13 +21,14 @@ from stillpoint._stillpoint import (
     sequence_task,
     set_num_threads,
 )
-from stillpoint.runs import Run, compare, evaluate, load_run, train
+from stillpoint.runs import Run, compare, evaluate, generate, load_run, train
 
 __all__ = [
     "Run",
     "Tensor",
     "compare",
     "evaluate",
+    "generate",
     "load_run",
     "num_threads",
     "retrieve",

@@ -131,6 +131,28 @@ def evaluate(run_dir, iters=None, length=None, *, overrides=(), gradient_check=F
     return json.loads(out)
 
 
+def generate(run_dir, prompt, tokens=200, *, temperature=1.0, top_k=0, seed=0,
+             warm_start=True):
+    """Continues prompt with a trained character-level model (task.kind text),
+    as `stillpoint generate RUN --prompt TEXT --tokens N --json`.
+
+    temperature (> 0) divides the logits; top_k > 0 samples among the k most
+    likely characters; warm_start=False starts an implicit model's every
+    solve from zero instead of the previous position's fixed point.
+
+    Returns a dict: prompt, text (the continuation), tokens, prompt_unknown
+    (prompt characters outside the vocabulary, read as unknown),
+    prompt_dropped (prompt characters before the model's context window),
+    iterations_per_token (implicit models; None otherwise), seconds. Bad
+    input (tokens < 1, an empty prompt, a run that is not a text task)
+    raises ValueError.
+    """
+    code, err, out = _core._generate(_path(run_dir, "run_dir"), str(prompt), int(tokens),
+                                     float(temperature), int(top_k), int(seed), bool(warm_start))
+    _raise_for_exit(code, err)
+    return json.loads(out)
+
+
 class Run:
     """A run directory read back: .config, .summary, .metrics, .parameters().
 

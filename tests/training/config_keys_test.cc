@@ -68,6 +68,13 @@ class ConfigKeysTest : public ::testing::Test {
     WriteCsv("train_b.csv", 12);
     WriteCsv("test.csv", 13);
     WriteCsv("test_b.csv", 14);
+    WriteText("book.txt");
+    // Fashion-MNIST's four files, tiny (8 and 4 images), uncompressed.
+    fs::create_directories(Path("fashion"));
+    WriteIdx("fashion/train-images-idx3-ubyte", {8, 28, 28});
+    WriteIdx("fashion/train-labels-idx1-ubyte", {8});
+    WriteIdx("fashion/t10k-images-idx3-ubyte", {4, 28, 28});
+    WriteIdx("fashion/t10k-labels-idx1-ubyte", {4});
     config_path_ = (dir_ / "base.yaml").string();
     std::ofstream(config_path_) << BaseYaml();
     // Weights for model.init_from: the base model's initialisation, halved.
@@ -84,6 +91,24 @@ class ConfigKeysTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // A text with a few non-ASCII characters, so utf-8 and bytes differ.
+  void WriteText(const std::string& name) const {
+    std::ofstream out(Path(name), std::ios::binary);
+    for (int i = 0; i < 40; ++i) out << "the caf\xC3\xA9 sat on a mat " << i % 7 << ". ";
+  }
+  // An IDX file of unsigned bytes of these dimensions; values below 10, so
+  // label files hold valid labels.
+  void WriteIdx(const std::string& name, const std::vector<uint32_t>& dims) const {
+    std::ofstream out(Path(name), std::ios::binary);
+    out << '\0' << '\0' << '\x08' << static_cast<char>(dims.size());
+    uint32_t count = 1;
+    for (uint32_t d : dims) {
+      for (int shift = 24; shift >= 0; shift -= 8) out << static_cast<char>(d >> shift);
+      count *= d;
+    }
+    for (uint32_t i = 0; i < count; ++i) out << static_cast<char>((i * 7 + i / 13) % 10);
+  }
 
   void WriteCsv(const std::string& name, unsigned seed) const {
     std::ofstream out(Path(name));
@@ -282,6 +307,14 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
   const std::vector<std::string> prefix_sum = {"task.kind=prefix_sum", "task.vocab_size=16"};
   const std::vector<std::string> maze = {"task.kind=maze", "task.size=2", "task.length=16",
                                          "task.vocab_size=16", "model.max_length=64"};
+  const std::vector<std::string> text = {"task.kind=text", from_files[0], from_files[1],
+                                         "task.length=16", "task.vocab_size=16",
+                                         "model.max_length=16", "task.context=8",
+                                         "task.path=" + path("book.txt")};
+  const std::vector<std::string> fashion = {"task.kind=fashion_mnist", from_files[0], from_files[1],
+                                            "task.length=16", "task.vocab_size=16",
+                                            "model.max_length=64",
+                                            "task.path=" + path("fashion")};
   const std::vector<std::string> nonfinite = {"train.optimizer.lr=1e30", "train.clip_norm=0",
                                               "train.optimizer.type=sgd"};
   const std::vector<std::string> jacobian = {"model.regularization.jacobian_weight=0.5"};
@@ -304,6 +337,10 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"task.path", {csv, path("train_b.csv")}},
       {"task.test_path", {csv, path("test_b.csv")}},
       {"task.test_fraction", {digits, "0.3"}},
+      {"task.patch", {fashion, "7"}},
+      {"task.encoding", {text, "bytes"}},
+      {"task.context", {text, "12"}},
+      {"task.validation_fraction", {text, "0.2"}},
       {"task.feature_dim", {csv, "1"}},
       {"task.num_classes", {csv, "5"}},
       {"task.vocab_size", {{}, "7"}},

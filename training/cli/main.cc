@@ -18,6 +18,7 @@
 #include "training/cli/cli_commands.h"
 #include "training/config.h"
 #include "training/cli/demo_cli.h"
+#include "training/cli/generate_command.h"
 #include "training/distributed.h"
 #include "training/output_policy.h"
 #include "training/provenance.h"
@@ -230,6 +231,9 @@ int main(int argc, char** argv) {
                         "Under mpirun: KiB of gradient per reduction bucket")
       ->capture_default_str();
 
+  GenerateArgs generate;
+  CLI::App* generate_cmd = AddGenerateCommand(app, generate);
+
   ConfigArgs config;
   CLI::App* config_cmd = app.add_subcommand(
       "config", "Print a config resolved (every default filled in), or the reference of every key");
@@ -278,6 +282,7 @@ int main(int argc, char** argv) {
     if (*retrieve_cmd) return RunRetrieve(retrieve, out, err);
     if (*bench_cmd) return RunBench(bench, out, err);
     if (*config_cmd) return RunConfig(config, out, err);
+    if (*generate_cmd) return RunGenerate(generate, out, err);
     if (seed_demos.Selected()) return seed_demos.Run(out, err);
     return 2;
   };

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,16 @@ struct DatasetSplit {
   // > 0: the examples are grids of this many tokens per row (row-major), for
   // 2-D positions; 0: plain sequences.
   int64_t grid_width = 0;
+  // The classes' names by label, for reports (empty: the labels' numbers).
+  std::vector<std::string> class_names;
+  // Language modelling (task.kind text): every attention is causal, the
+  // held-out loss is also reported in bits per symbol, and the held-out text
+  // had this many symbols outside the training vocabulary.
+  bool language_model = false;
+  int64_t test_unknown_symbols = 0;
+  // Files the run directory keeps beside config.yaml (name -> content), e.g.
+  // a text task's vocabulary.json.
+  std::map<std::string, std::string> run_files;
 };
 
 // Throws ConfigError for settings the task cannot use.

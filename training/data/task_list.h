@@ -26,6 +26,8 @@
   X(PrefixParity, "prefix_parity")                \
   X(AssociativeRecall, "associative_recall")      \
   X(Digits, "digits")                             \
+  X(FashionMnist, "fashion_mnist")                \
+  X(Text, "text")                                 \
   X(Csv, "csv")                                   \
   X(PrefixSum, "prefix_sum")                      \
   X(Maze, "maze")

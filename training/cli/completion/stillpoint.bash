@@ -8,7 +8,7 @@ _stillpoint() {
   local cur prev command
   cur="${COMP_WORDS[COMP_CWORD]}"
   prev="${COMP_WORDS[COMP_CWORD-1]}"
-  local commands="train eval compare report retrieve bench config"
+  local commands="train eval compare report retrieve bench config generate"
   if [[ ${COMP_CWORD} -eq 1 ]]; then
     COMPREPLY=($(compgen -W "${commands} --help --version" -- "${cur}"))
     return
@@ -23,6 +23,7 @@ _stillpoint() {
     retrieve) options="--patterns --queries --out --beta --solver --tol --max-iter --threads --dtype --max-file-mib --overwrite --help" ;;
     bench) options="--model --attention --no-warm-start --iters --threads --shards --steps --warmup --scaling --json --weights --dtype --seed --help" ;;
     config) options="--resolved --doc --json-schema --keys --help" ;;
+    generate) options="--prompt --tokens --temperature --top-k --seed --no-warm-start --json --help" ;;
     *) return ;;
   esac
   case "${prev}" in
@@ -51,7 +52,7 @@ _stillpoint() {
       COMPREPLY=($(compgen -f -X '!*.yaml' -- "${cur}") $(compgen -f -X '!*.yml' -- "${cur}")
                  $(compgen -d -- "${cur}"))
       ;;
-    eval|report)
+    eval|report|generate)
       COMPREPLY=($(compgen -d -- "${cur}") $(compgen -f -X '!*.ckpt' -- "${cur}"))
       ;;
   esac
