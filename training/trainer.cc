@@ -62,8 +62,9 @@ std::string TrainSummary::BriefReport() const {
   out << std::fixed << std::setprecision(4) << "steps " << steps << ", train loss "
       << final_train_loss;
   if (final_eval.examples > 0) {
-    out << ", test loss " << final_eval.loss << ", test accuracy " << std::setprecision(2)
-        << 100.0 * final_eval.accuracy << "%";
+    out << ", test loss " << final_eval.loss;
+    if (language_model) out << " nats/char (" << test_bpc << " bpc)";
+    out << ", test accuracy " << std::setprecision(2) << 100.0 * final_eval.accuracy << "%";
   } else {
     out << ", no evaluation ran";
   }
@@ -507,6 +508,9 @@ TrainSummary Train(Experiment& e, const TrainOptions& options) {
   if (summary.final_eval.examples == 0 && step >= trainer.steps) {
     summary.final_eval = Evaluate(model, *e.test, eval_options.batch_size, e.dtype);
   }
+  summary.language_model = e.language_model;
+  summary.test_unknown_symbols = e.test_unknown_symbols;
+  if (e.language_model) summary.test_bpc = BitsPerSymbol(summary.final_eval.loss);
   summary.equilibrium = AssessEquilibrium(HasImplicitLayer(model), summary.solve_counts,
                                           summary.equilibrium_monitor,
                                           HealthOptions::FromConfig(c));

@@ -255,8 +255,11 @@ TEST_F(OutputPolicyTest, RetrieveRefusesAnOccupiedFolderWithoutOverwrite) {
 // Item 1 through train: task.path=/dev/zero ended in std::bad_alloc.
 TEST_F(OutputPolicyTest, AnEndlessDataFileIsRefusedNamingTheKey) {
   const std::string config = WriteConfig(dir_ / "csv.yaml", (dir_ / "csv").string());
+  // The base config's example counts back at their defaults: a csv task
+  // reads no such keys (training/data/task.h).
   EXPECT_EQ(Train(config, {"task.kind=csv", "task.path=/dev/zero", "task.test_path=/dev/zero",
-                           "task.num_classes=5", "task.max_file_mib=2"}),
+                           "task.num_classes=5", "task.max_file_mib=2",
+                           "task.train_examples=4096", "task.test_examples=512"}),
             2);
   EXPECT_NE(err_.str().find("'/dev/zero': more than 2 MiB (the cap of task.max_file_mib"),
             std::string::npos)
