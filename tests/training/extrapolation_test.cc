@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/error_text.h"
 #include "tests/scratch_path.h"
 #include "training/cli/cli_commands.h"
 #include "training/config_schema.h"
@@ -33,14 +34,7 @@ Config Load(const std::vector<std::string>& overrides) {
   return Config::FromYaml(StillpointSchema(), "", "t.yaml", overrides);
 }
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing_support::ErrorOf;
 
 TEST(PrefixSumTest, TargetsAreTheRunningSumsModuloTheModulus) {
   const Config config = Load({"task.kind=prefix_sum", "task.modulus=3", "task.length=20"});

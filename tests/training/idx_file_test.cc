@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "tests/error_text.h"
 #include "framework/check.h"
 #include "tests/scratch_path.h"
 #include "training/fashion_mnist.h"
@@ -15,6 +16,8 @@
 
 namespace stillpoint {
 namespace {
+
+using testing_support::ErrorOf;
 
 using testing_support::ScratchDirTest;
 
@@ -25,15 +28,6 @@ std::string Idx(const std::vector<uint32_t>& dims, const std::string& data) {
     for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>(d >> shift));
   }
   return bytes + data;
-}
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(IdxTest, ParsesDimensionsAndValuesInOrder) {
@@ -62,7 +56,7 @@ TEST(IdxTest, EveryBrokenPromiseIsAnErrorNamingTheFile) {
       {Idx({60000, 2800}, ""), "promises more than"},
   };
   for (const auto& [bytes, wanted] : cases) {
-    const std::string message = ErrorOf([&] { ParseIdx(bytes, "images.idx", 2, 1 << 20); });
+    const std::string message = ErrorOf<Error>([&] { ParseIdx(bytes, "images.idx", 2, 1 << 20); });
     if (wanted.empty()) {
       EXPECT_EQ(message, "");
       continue;
@@ -71,7 +65,7 @@ TEST(IdxTest, EveryBrokenPromiseIsAnErrorNamingTheFile) {
     EXPECT_NE(message.find(wanted), std::string::npos) << "wanted '" << wanted << "' in "
                                                        << message;
   }
-  EXPECT_NE(ErrorOf([&] { ParseIdx(Idx({4}, "abcd"), "labels", 3); })
+  EXPECT_NE(ErrorOf<Error>([&] { ParseIdx(Idx({4}, "abcd"), "labels", 3); })
                 .find("labels: an IDX array of 1 dimensions, expected 3"),
             std::string::npos);
 }
@@ -92,14 +86,14 @@ TEST(IdxTest, PatchTokensFollowRowMajorPatchOrder) {
   const std::vector<double> second(ex.features.begin() + 4, ex.features.begin() + 8);
   EXPECT_EQ(second, (std::vector<double>{2 / 255.0, 3 / 255.0, 6 / 255.0, 7 / 255.0}));
   const IdxArray bad_label = ParseIdx(Idx({1}, std::string(1, '\x0a')), "l", 1);
-  EXPECT_NE(ErrorOf([&] { PatchImages(images, bad_label, 2, 0, "set"); })
+  EXPECT_NE(ErrorOf<Error>([&] { PatchImages(images, bad_label, 2, 0, "set"); })
                 .find("set: label 0 is 10, outside [0, 10)"),
             std::string::npos);
-  EXPECT_NE(ErrorOf([&] { PatchImages(images, labels, 3, 0, "set"); })
+  EXPECT_NE(ErrorOf<Error>([&] { PatchImages(images, labels, 3, 0, "set"); })
                 .find("task.patch 3 does not divide the 4x4 images"),
             std::string::npos);
   const IdxArray two_labels = ParseIdx(Idx({2}, "\x01\x02"), "l", 1);
-  EXPECT_NE(ErrorOf([&] { PatchImages(images, two_labels, 2, 0, "set"); })
+  EXPECT_NE(ErrorOf<Error>([&] { PatchImages(images, two_labels, 2, 0, "set"); })
                 .find("1 images but 2 labels"),
             std::string::npos);
 }
@@ -133,16 +127,16 @@ TEST_F(FashionFilesTest, LoadsASubsetAndNamesTheBrokenFile) {
   EXPECT_DOUBLE_EQ(split.test->Get(1).features[0], 32 / 255.0);
   // A truncated image file: the error names it.
   WriteGzip("t10k-images-idx3-ubyte.gz", Idx({2, 4, 4}, std::string(20, '\x20')));
-  std::string message = ErrorOf([&] { LoadFashionMnist(options); });
+  std::string message = ErrorOf<Error>([&] { LoadFashionMnist(options); });
   EXPECT_NE(message.find("t10k-images-idx3-ubyte.gz: truncated"), std::string::npos) << message;
   // A label file where an image file belongs: the wrong number of dimensions.
   WriteGzip("t10k-images-idx3-ubyte.gz", Idx({2}, "ab"));
-  message = ErrorOf([&] { LoadFashionMnist(options); });
+  message = ErrorOf<Error>([&] { LoadFashionMnist(options); });
   EXPECT_NE(message.find("an IDX array of 1 dimensions, expected 3"), std::string::npos)
       << message;
   // A missing folder names the package that provides the files.
   options.dir = (dir_ / "missing").string();
-  message = ErrorOf([&] { LoadFashionMnist(options); });
+  message = ErrorOf<Error>([&] { LoadFashionMnist(options); });
   EXPECT_NE(message.find("dataset-fashion-mnist"), std::string::npos) << message;
 }
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/error_text.h"
 #include "training/config_schema.h"
 #include "training/dataset_registry.h"
 #include "training/memory_estimate.h"
@@ -34,14 +35,7 @@ namespace fs = std::filesystem;
 
 Config Load(const std::string& yaml) { return Config::FromYaml(StillpointSchema(), yaml, "t.yaml"); }
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing_support::ErrorOf;
 
 TEST(TaskListTest, TaskKindAcceptsTheRegisteredTasksWithTheFirstAsDefault) {
   const ConfigKey* kind = StillpointSchema().Find("task.kind");

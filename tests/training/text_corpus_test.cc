@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 
+#include "tests/error_text.h"
 #include "framework/check.h"
 #include "tests/scratch_path.h"
 #include "training/text_corpus.h"
@@ -15,14 +16,7 @@
 namespace stillpoint {
 namespace {
 
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing_support::ErrorOf;
 
 std::vector<uint32_t> Utf8(const std::string& text) {
   return DecodeSymbols(text, TextEncoding::kUtf8, "text");
@@ -49,11 +43,11 @@ TEST(TextSymbolsTest, MalformedUtf8AndNulAreNotTextAndSayWhere) {
   };
   for (const auto& [text, where] : cases) {
     const std::string message =
-        ErrorOf([&] { DecodeSymbols(text, TextEncoding::kUtf8, "book.txt"); });
+        ErrorOf<Error>([&] { DecodeSymbols(text, TextEncoding::kUtf8, "book.txt"); });
     EXPECT_NE(message.find("book.txt: not"), std::string::npos) << message;
     EXPECT_NE(message.find(where), std::string::npos) << "wanted '" << where << "' in " << message;
     EXPECT_NE(message.find("task.encoding: bytes"), std::string::npos) << message;
-    EXPECT_EQ(ErrorOf([&] { DecodeSymbols(text, TextEncoding::kBytes, "b"); }), "");
+    EXPECT_EQ(ErrorOf<Error>([&] { DecodeSymbols(text, TextEncoding::kBytes, "b"); }), "");
   }
 }
 
@@ -70,7 +64,7 @@ TEST(VocabularyTest, IdsAreSortedSymbolsAfterTheUnknownAndUnknownsAreCounted) {
   EXPECT_EQ(unknown, 3);
   EXPECT_EQ(v.Decode({2, 1, 3}), "ban");
   EXPECT_EQ(v.Decode({0}), "\xEF\xBF\xBD");  // U+FFFD
-  EXPECT_NE(ErrorOf([&] { v.Decode({4}); }).find("id 4 outside [0, 4)"), std::string::npos);
+  EXPECT_NE(ErrorOf<Error>([&] { v.Decode({4}); }).find("id 4 outside [0, 4)"), std::string::npos);
 }
 
 TEST(VocabularyTest, SavesAndRestoresExactly) {
@@ -91,7 +85,7 @@ TEST(VocabularyTest, SavesAndRestoresExactly) {
       {"{unclosed", "not a vocabulary file"},
   };
   for (const auto& [json, wanted] : bad) {
-    const std::string message = ErrorOf([&] { Vocabulary::FromJson(json, "v.json"); });
+    const std::string message = ErrorOf<Error>([&] { Vocabulary::FromJson(json, "v.json"); });
     EXPECT_NE(message.find("v.json"), std::string::npos) << message;
     EXPECT_NE(message.find(wanted), std::string::npos) << "wanted '" << wanted << "' in "
                                                        << message;
@@ -137,13 +131,13 @@ TEST(TextSplitTest, TooShortTextsAndEmptySplitsAreErrors) {
   TextSplitOptions options;
   options.context = 9;
   options.validation_fraction = 0.1;
-  std::string message = ErrorOf([&] { SplitText(Utf8("short text"), options, "tiny.txt"); });
+  std::string message = ErrorOf<Error>([&] { SplitText(Utf8("short text"), options, "tiny.txt"); });
   EXPECT_NE(message.find("tiny.txt: the training part (9 of 10 symbols) is shorter than one "
                          "window of task.context 9"),
             std::string::npos)
       << message;
   options.context = 4;
-  message = ErrorOf([&] { SplitText(Utf8("abcdefghijklmnop"), options, "t.txt"); });
+  message = ErrorOf<Error>([&] { SplitText(Utf8("abcdefghijklmnop"), options, "t.txt"); });
   EXPECT_NE(message.find("the held-out part (task.validation_fraction 0.1 of 16 symbols) has 1"),
             std::string::npos)
       << message;
@@ -171,12 +165,12 @@ TEST_F(TextFileTest, ReadsAFileAndRefusesABinaryOneUnderUtf8) {
     for (int i = 0; i < 512; ++i) out.put(static_cast<char>(i * 37));
   }
   options.path = binary;
-  const std::string message = ErrorOf([&] { LoadTextSplit(options); });
+  const std::string message = ErrorOf<Error>([&] { LoadTextSplit(options); });
   EXPECT_NE(message.find("image.bin: not"), std::string::npos) << message;
   options.encoding = TextEncoding::kBytes;
   EXPECT_EQ(LoadTextSplit(options).train_symbols + LoadTextSplit(options).test_symbols, 512);
   options.path = (dir_ / "missing.txt").string();
-  EXPECT_NE(ErrorOf([&] { LoadTextSplit(options); }).find("missing.txt' does not exist"),
+  EXPECT_NE(ErrorOf<Error>([&] { LoadTextSplit(options); }).find("missing.txt' does not exist"),
             std::string::npos);
 }
 
