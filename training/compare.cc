@@ -236,8 +236,8 @@ CompareReport RunComparison(const Config& base,
   std::optional<RunDirectoryLock> lock;
   OnMainRank([&] {
     lock.emplace(root);
-    CheckRunDirectory(root, overwrite, config_path);
-    if (overwrite) RemoveRunFiles(root);
+    CheckRunDirectory(root, overwrite, config_path, ComparisonFileNames());
+    if (overwrite) RemoveRunFiles(root, ComparisonFileNames());
   });
   CompareReport report;
   const std::vector<double> lengths = base.GetDoubleList("eval.lengths");

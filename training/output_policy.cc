@@ -91,8 +91,26 @@ bool HoldsARun(const std::string& directory, bool below_too) {
   return HoldsRecords(directory, below_too ? 2 : 0);
 }
 
+const std::vector<std::string>& ComparisonFileNames() {
+  static const std::vector<std::string> names = [] {
+    const std::vector<std::string> variant_only = {"config.yaml",  "metrics.csv",
+                                                   "metrics.jsonl", "checkpoint.ckpt",
+                                                   "summary.md",   "summary.json",
+                                                   "variant.json", "vocabulary.json"};
+    std::vector<std::string> kept;
+    for (const std::string& name : RunFileNames()) {
+      if (std::find(variant_only.begin(), variant_only.end(), name) == variant_only.end()) {
+        kept.push_back(name);
+      }
+    }
+    return kept;
+  }();
+  return names;
+}
+
 void CheckRunDirectory(const std::string& directory, bool overwrite,
-                       const std::string& input_config) {
+                       const std::string& input_config,
+                       const std::vector<std::string>& written) {
   const Kind kind = KindOf(directory);
   if (kind == Kind::kNothing) return;
   std::error_code error;
@@ -107,8 +125,8 @@ void CheckRunDirectory(const std::string& directory, bool overwrite,
                       "' already holds a run; --resume continues it, --overwrite replaces it, "
                       "or give another log.dir");
   }
-  // No run here: files named as a run's files are the user's.
-  for (const std::string& name : RunFileNames()) {
+  // No run here: files named as the ones this command writes are the user's.
+  for (const std::string& name : written) {
     const std::string path = (fs::path(directory) / name).string();
     if (KindOf(path) == Kind::kNothing) continue;
     if (SameFile(path, input_config)) {

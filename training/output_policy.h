@@ -43,8 +43,17 @@ bool HoldsARun(const std::string& directory, bool below_too = false);
 // a run, only `overwrite` (or a resume) may replace it; when it holds no run,
 // files of a run's names in it are the user's: `input_config` (the config
 // being trained) is never replaced, the others only with `overwrite`.
+// `written`: the names the command writes into `directory` itself (a run:
+// RunFileNames(); a comparison: ComparisonFileNames(), its variants' files go
+// to subdirectories); a user's file of another name is none of its business.
 void CheckRunDirectory(const std::string& directory, bool overwrite,
-                       const std::string& input_config);
+                       const std::string& input_config,
+                       const std::vector<std::string>& written = RunFileNames());
+
+// The files `compare` writes at its root: the report and the plots of the
+// comparison, never a config, metrics, checkpoint or summary (those are its
+// variants', in their own directories). A subset of RunFileNames().
+const std::vector<std::string>& ComparisonFileNames();
 
 // Throws ConfigError unless a command may write the file `path` (export):
 // never a directory, device node, FIFO or socket, nor a run's own file; an

@@ -98,8 +98,8 @@ std::string NextFreeRunDirectory(const std::string& base) {
   }
 }
 
-void RemoveRunFiles(const std::string& directory) {
-  for (const std::string& name : RunFileNames()) {
+void RemoveRunFiles(const std::string& directory, const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
     const fs::path path = fs::path(directory) / name;
     std::error_code error;
     fs::remove(path, error);

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "training/output_policy.h"
+
 namespace stillpoint {
 
 class RunDirectoryLock {
@@ -49,8 +51,11 @@ std::string NextFreeRunDirectory(const std::string& base);
 // Removes the files a run writes (RunFileNames: checkpoint, metrics,
 // config, summary, plots, reports) from `directory`, so an overwritten run starts clean and a
 // crash cannot leave the old run's checkpoint beside the new run's metrics.
-// Other files and subdirectories are left alone.
-void RemoveRunFiles(const std::string& directory);
+// Other files and subdirectories are left alone. `names`: the files to
+// remove (a comparison's root: ComparisonFileNames(), so a user's config.yaml
+// there stays).
+void RemoveRunFiles(const std::string& directory,
+                    const std::vector<std::string>& names = RunFileNames());
 
 // Removes the temporaries (<file>.tmp.<pid>, framework/serialize.h) that a
 // writer killed mid-save left in `directory` (SIGKILL, SIGXFSZ): only those

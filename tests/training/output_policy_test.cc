@@ -108,6 +108,36 @@ TEST_F(OutputPolicyTest, TheConfigBeingTrainedIsNeverReplacedByItsRun) {
   EXPECT_EQ(ReadFileBytes(config), text);
 }
 
+// The sibling for compare: it writes its report and plots at its root and
+// each variant's run below it, never a config.yaml at the root, so a folder
+// holding only the user's config is free for it, and --overwrite leaves that
+// config alone.
+TEST_F(OutputPolicyTest, CompareRunsBesideTheUsersConfigAndNeverReplacesIt) {
+  const std::string exp = (dir_ / "exp").string();
+  const std::string config = WriteConfig(dir_ / "exp" / "config.yaml", exp);
+  {
+    std::ofstream(config, std::ios::app) << "compare: {kinds: [explicit, tied]}\n";
+  }
+  const std::string text = ReadFileBytes(config);
+  const auto compare = [&](bool overwrite) {
+    CompareArgs args;
+    args.config_path = config;
+    args.overwrite = overwrite;
+    return Run([&] { return RunCompare(args, out_, err_); });
+  };
+  ASSERT_EQ(compare(false), 0) << err_.str();
+  EXPECT_EQ(ReadFileBytes(config), text);
+  EXPECT_TRUE(fs::exists(dir_ / "exp" / "report.md"));
+  EXPECT_TRUE(fs::exists(dir_ / "exp" / "explicit" / "config.yaml"));
+  // Again: now a comparison is there, refused without --overwrite ...
+  EXPECT_EQ(compare(false), 2);
+  EXPECT_NE(err_.str().find("already holds a run"), std::string::npos) << err_.str();
+  // ... and replaced with it, the user's config kept byte for byte.
+  ASSERT_EQ(compare(true), 0) << err_.str();
+  EXPECT_EQ(ReadFileBytes(config), text);
+  EXPECT_TRUE(fs::exists(dir_ / "exp" / "report.md"));
+}
+
 // A folder of unrelated files is not a run; files named as a run's are the
 // user's and are replaced only with --overwrite.
 TEST_F(OutputPolicyTest, AFolderOfUnrelatedFilesIsNotARun) {

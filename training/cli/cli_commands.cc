@@ -290,7 +290,7 @@ int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
         ChooseRunDirectory(&config, args.config_path, args.overwrite);
         ValidateCompareVariants(config, args.config_path);
         const std::string root = RunDirectory(config, args.config_path);
-        CheckRunDirectory(root, args.overwrite, args.config_path);
+        CheckRunDirectory(root, args.overwrite, args.config_path, ComparisonFileNames());
         out << "comparison in " << root << "\n";
       },
       [&] {
