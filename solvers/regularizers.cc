@@ -1,6 +1,10 @@
 #include "solvers/regularizers.h"
 
+#include <Eigen/Dense>
+
+#include <algorithm>
 #include <cmath>
+#include <complex>
 #include <numeric>
 
 #include "framework/check.h"
@@ -72,6 +76,122 @@ Var JacobianFrobeniusPenalty(const CellFn& f, const Tensor& z, int num_probes, R
   return JacobianFrobeniusPenalty(f_z, z_leaf, num_probes, rng);
 }
 
+namespace {
+
+// The batched product J^T V for the rows V ([B, n]) at the recorded f_z.
+Tensor TransposedJacobianTimes(const Var& f_z, const Var& z_leaf, const Tensor& rows) {
+  const int64_t batch = rows.dim(0);
+  VarList jt_v =
+      grad({f_z}, {z_leaf}, {Var(rows.Reshape(z_leaf.shape()))}, {.retain_graph = true});
+  return jt_v[0].defined() ? jt_v[0].value().Reshape(Shape{batch, rows.numel() / batch}).Clone()
+                           : Tensor::Zeros(rows.shape(), rows.dtype());
+}
+
+void SetLargestRadius(SpectralRadiusResult* result) {
+  for (size_t b = 0; b < result->radius.size(); ++b) {
+    if (b == 0 || result->radius[b] > result->max_radius) {
+      result->max_radius = result->radius[b];
+      result->dominant_eigenvalue = result->eigenvalue[b];
+    }
+  }
+}
+
+// The unit coefficient vector c in the real plane of the Ritz vector s
+// (span{Re s, Im s}; a line for a real Ritz value) along which J^T stretches
+// most: with J^T V_k = V_{k+1} H (H the extended (k+2) x (k+1) Hessenberg
+// matrix), ||J^T V c|| = ||H c||. For a real eigenvector that is |lambda|;
+// for a complex pair the largest gain on its invariant plane, at least
+// |lambda|, so a penalty on it lowers the pair's modulus (the real part
+// alone can be stretched less than |lambda| and leave the penalty at zero).
+Eigen::VectorXd StretchedDirection(const Eigen::MatrixXd& extended_hessenberg,
+                                   const Eigen::VectorXcd& s) {
+  Eigen::MatrixXd plane(s.size(), 2);
+  plane.col(0) = s.real();
+  plane.col(1) = s.imag();
+  const Eigen::JacobiSVD<Eigen::MatrixXd> span(plane, Eigen::ComputeThinU);
+  const Eigen::Index rank = span.singularValues()(1) > 1e-10 * span.singularValues()(0) ? 2 : 1;
+  const Eigen::MatrixXd basis = span.matrixU().leftCols(rank);
+  const Eigen::JacobiSVD<Eigen::MatrixXd> gain(extended_hessenberg * basis, Eigen::ComputeThinV);
+  return basis * gain.matrixV().col(0);
+}
+
+// Arnoldi on each sample's J_b^T, all samples advanced by one batched VJP a
+// step. The basis is kept in float64 and orthogonalised twice (classical
+// Gram-Schmidt repeated), which keeps it orthonormal to rounding however
+// non-normal J is.
+SpectralRadiusResult ArnoldiSpectralRadius(const Var& f_z, const Var& z_leaf, int64_t batch,
+                                           int64_t n, const SpectralRadiusOptions& options) {
+  const int max_steps = static_cast<int>(std::min<int64_t>(options.max_iterations, n));
+  using Matrix = Eigen::MatrixXd;
+  std::vector<Matrix> basis(batch, Matrix::Zero(n, max_steps + 1));    // columns v_0..v_k
+  std::vector<Matrix> hessenberg(batch, Matrix::Zero(max_steps + 1, max_steps));
+  SpectralRadiusResult result;
+  result.radius.assign(batch, 0.0);
+  result.eigenvalue.assign(batch, 0.0);
+  result.iterations.assign(batch, 0);
+  result.converged.assign(batch, 0);
+  std::vector<Eigen::VectorXd> direction(batch, Eigen::VectorXd::Zero(n));
+
+  Rng rng(options.seed);
+  const std::vector<double> start = RandomNormal(Shape{batch, n}, 0.0, 1.0, DType::kFloat64, rng)
+                                        .ToVector();
+  for (int64_t b = 0; b < batch; ++b) {
+    basis[b].col(0) = Eigen::Map<const Eigen::VectorXd>(start.data() + b * n, n).normalized();
+  }
+  Tensor rows = Tensor::Zeros(Shape{batch, n}, z_leaf.value().dtype());
+  for (int k = 0; k < max_steps; ++k) {
+    bool any_active = false;
+    for (int64_t b = 0; b < batch; ++b) {
+      const bool active = !result.converged[b];
+      any_active = any_active || active;
+      for (int64_t i = 0; i < n; ++i) rows.set(b * n + i, active ? basis[b](i, k) : 0.0);
+    }
+    if (!any_active) break;
+    const std::vector<double> products = TransposedJacobianTimes(f_z, z_leaf, rows).ToVector();
+    for (int64_t b = 0; b < batch; ++b) {
+      if (result.converged[b]) continue;
+      Eigen::VectorXd w = Eigen::Map<const Eigen::VectorXd>(products.data() + b * n, n);
+      const auto previous = basis[b].leftCols(k + 1);
+      for (int pass = 0; pass < 2; ++pass) {
+        const Eigen::VectorXd coefficients = previous.transpose() * w;
+        w -= previous * coefficients;
+        hessenberg[b].col(k).head(k + 1) += coefficients;
+      }
+      const double next_norm = w.norm();
+      hessenberg[b](k + 1, k) = next_norm;
+      // The Ritz values of the leading (k+1) x (k+1) block; the dominant one
+      // and its residual ||J^T y - lambda y|| = h_{k+1,k} |e_k^T s|.
+      const Matrix square = hessenberg[b].topLeftCorner(k + 1, k + 1);
+      Eigen::EigenSolver<Matrix> eigen(square);
+      Eigen::Index dominant = 0;
+      eigen.eigenvalues().cwiseAbs().maxCoeff(&dominant);
+      const std::complex<double> lambda = eigen.eigenvalues()(dominant);
+      const Eigen::VectorXcd s = eigen.eigenvectors().col(dominant).normalized();
+      const double residual = next_norm * std::abs(s(k));
+      result.radius[b] = std::abs(lambda);
+      result.eigenvalue[b] = lambda.real();
+      result.iterations[b] = k + 1;
+      direction[b] = previous * StretchedDirection(hessenberg[b].topLeftCorner(k + 2, k + 1), s);
+      const double scale = 1e-12 * std::max(1.0, square.norm());
+      if (next_norm <= scale || residual <= options.tolerance * result.radius[b]) {
+        result.converged[b] = 1;  // an invariant subspace is exact
+      } else {
+        basis[b].col(k + 1) = w / next_norm;
+      }
+    }
+  }
+  std::vector<double> flat(batch * n);
+  for (int64_t b = 0; b < batch; ++b) {
+    const double norm = direction[b].norm();
+    for (int64_t i = 0; i < n; ++i) flat[b * n + i] = norm > 0 ? direction[b](i) / norm : 0.0;
+  }
+  result.directions = Tensor::FromVector(Shape{batch, n}, flat, z_leaf.value().dtype());
+  SetLargestRadius(&result);
+  return result;
+}
+
+}  // namespace
+
 SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
                                             const Tensor& z,
                                             const SpectralRadiusOptions& options) {
@@ -87,6 +207,9 @@ SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
   Var f_z = f(z_leaf, AllSamples(batch));
   SP_CHECK(f_z.defined() && f_z.shape() == z.shape(), "EstimateSpectralRadius: the cell maps ",
            z.shape(), " to ", f_z.defined() ? f_z.shape().ToString() : "undefined");
+  if (options.method == SpectralRadiusMethod::kArnoldi) {
+    return ArnoldiSpectralRadius(f_z, z_leaf, batch, n, options);
+  }
 
   SpectralRadiusResult result;
   result.radius.assign(batch, 0.0);
@@ -103,9 +226,7 @@ SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
   };
   normalize(&v, RowNorms(v));
   for (int it = 0; it < options.max_iterations; ++it) {
-    VarList jt_v = grad({f_z}, {z_leaf}, {Var(v.Reshape(z.shape()))}, {.retain_graph = true});
-    Tensor next = jt_v[0].defined() ? jt_v[0].value().Reshape(Shape{batch, n}).Clone()
-                                    : Tensor::Zeros(Shape{batch, n}, z.dtype());
+    Tensor next = TransposedJacobianTimes(f_z, z_leaf, v);
     const std::vector<double> norms = RowNorms(next);
     const std::vector<double> quotients = RowDots(v, next);
     // Every row of v is the direction of its sample's latest estimate
@@ -133,12 +254,7 @@ SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
     }
     if (all_done) break;
   }
-  for (int64_t b = 0; b < batch; ++b) {
-    if (b == 0 || result.radius[b] > result.max_radius) {
-      result.max_radius = result.radius[b];
-      result.dominant_eigenvalue = result.eigenvalue[b];
-    }
-  }
+  SetLargestRadius(&result);
   return result;
 }
 

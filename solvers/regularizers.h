@@ -4,8 +4,9 @@
 // - JacobianFrobeniusPenalty: a Hutchinson estimate of ||J_f(z)||_F^2 / numel,
 //   differentiable w.r.t. f's parameters. Adding it to the loss keeps J small,
 //   so the forward and adjoint solves stay contractive and fast.
-// - EstimateSpectralRadius: power iteration on J^T per sample (diagnostic;
-//   the adjoint fixed-point iteration converges iff it is below 1), keeping
+// - EstimateSpectralRadius: Arnoldi (or power iteration) on J^T per sample
+//   (diagnostic; the adjoint fixed-point iteration converges iff it is below
+//   1), keeping
 //   the sign of the dominant eigenvalue: near -rho the step overshoots
 //   (damping or a smaller step contracts it again), near +rho the map
 //   expands along that direction (for an energy update, a saddle of E).
@@ -42,29 +43,49 @@ Var JacobianFrobeniusPenalty(const Var& f_z, const Var& z, int num_probes, Rng& 
 // The same at a point z ([B, ...]): records f at a fresh leaf holding z.
 Var JacobianFrobeniusPenalty(const CellFn& f, const Tensor& z, int num_probes, Rng& rng);
 
+// How EstimateSpectralRadius finds the dominant eigenvalue of J^T.
+enum class SpectralRadiusMethod {
+  // Arnoldi: an orthonormal Krylov basis of J_b^T per sample and the
+  // eigenvalues (Ritz values) of its small Hessenberg matrix. One VJP per
+  // step, like power iteration, but it does not read high on a non-normal
+  // J (where ||J^T v|| grows for a while before it decays, power iteration
+  // overestimates the radius for many steps) and it finds a complex pair.
+  kArnoldi,
+  // Power iteration: radius ||J_b^T v_b|| for the last unit iterate, the
+  // sign from its Rayleigh quotient.
+  kPowerIteration,
+};
+
 struct SpectralRadiusOptions {
-  // Power-iteration steps per sample (each one batched VJP).
+  SpectralRadiusMethod method = SpectralRadiusMethod::kArnoldi;
+  // Steps per sample (each one batched VJP); for Arnoldi also the largest
+  // Krylov dimension.
   int max_iterations = 50;
-  // A sample stops when its estimate changes by at most tolerance x estimate
-  // between two steps.
+  // A sample stops when its estimate is within tolerance x estimate: for
+  // Arnoldi when the dominant Ritz pair's residual ||J^T y - lambda y|| is at
+  // most tolerance x |lambda| (or the Krylov space is invariant: exact), for
+  // power iteration when the estimate changes by at most that between two
+  // steps.
   double tolerance = 1e-6;
   // Seed of the random start vectors.
   uint64_t seed = 0;
 };
 
 struct SpectralRadiusResult {
-  // Per sample: ||J_b^T v_b|| for the last unit iterate v_b, which tends to
-  // the largest |eigenvalue| of J_b when that eigenvalue is unique in modulus
-  // (for a complex pair or non-normal J it is an estimate).
+  // Per sample: the estimate of the largest |eigenvalue| of J_b. Arnoldi:
+  // the modulus of the dominant Ritz value. Power iteration: ||J_b^T v_b||
+  // for the last unit iterate v_b, which tends to it when that eigenvalue is
+  // unique in modulus and reads high before convergence on a non-normal J.
   std::vector<double> radius;
-  // Per sample: the Rayleigh quotient v_b . (J_b^T v_b) of the same step,
-  // the dominant eigenvalue with its sign once v_b has converged to its
-  // eigenvector (then |eigenvalue| = radius). For a complex pair, or before
-  // convergence, |eigenvalue| < radius.
+  // Per sample: the dominant eigenvalue with its sign (Arnoldi: the real
+  // part of the dominant Ritz value; power iteration: the Rayleigh quotient
+  // v_b . (J_b^T v_b)). For a complex pair, |eigenvalue| < radius.
   std::vector<double> eigenvalue;
-  // Per sample (rows of [B, n]): the unit vector v_b the last estimate was
-  // taken along, radius[b] = ||J_b^T v_b||; SpectralRadiusPenalty's
-  // directions.
+  // Per sample (rows of [B, n]): a unit vector along the dominant direction,
+  // SpectralRadiusPenalty's directions. Arnoldi: the dominant Ritz vector
+  // for a real eigenvalue (||J_b^T v_b|| = radius[b] once converged); for a
+  // complex pair the direction of its invariant plane that J^T stretches
+  // most (||J_b^T v_b|| >= radius[b]). Power iteration: v_b.
   Tensor directions;
   std::vector<int> iterations;
   std::vector<char> converged;  // met the tolerance
@@ -75,7 +96,8 @@ struct SpectralRadiusResult {
   double dominant_eigenvalue = 0.0;
 };
 
-// Power iteration on J^T at z ([B, ...]); not differentiable (diagnostic).
+// The spectral radius of J^T = (d f / d z)^T at z ([B, ...]) per sample, by
+// options.method; not differentiable (diagnostic).
 SpectralRadiusResult EstimateSpectralRadius(const CellFn& f,
                                             const Tensor& z,
                                             const SpectralRadiusOptions& options = {});

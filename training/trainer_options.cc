@@ -134,7 +134,7 @@ const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
                 "to jacobian_weight (0: the full weight from the first step)")
            .Double("spectral_radius_weight", &O::spectral_radius_weight, 0.0, kInf,
                    "Weight of the spectral-radius penalty, the mean over samples of max(0, rho - "
-                   "target)^2 with rho the power-iteration estimate of the spectral radius of "
+                   "target)^2 with rho the Arnoldi estimate of the spectral radius of "
                    "J_f(z*) (0: off)")
            .Double("spectral_radius_target", &O::spectral_radius_target, 0.0, kInf,
                    "Radius below which the spectral-radius penalty is zero (the fixed_point "
