@@ -115,6 +115,15 @@ const OptionFields<LogOptions>& LogOptions::Fields() {
   return *fields;
 }
 
+const std::vector<std::pair<std::string, std::string>>& ImplicitModelRegularization() {
+  static const std::vector<std::pair<std::string, std::string>> keys = {
+      {"spectral_radius_weight", "100"},
+      {"spectral_radius_target", "0.5"},
+      {"spectral_radius_frequency", "0.25"},
+      {"spectral_radius_iterations", "5"}};
+  return keys;
+}
+
 LogOptions LogOptions::FromConfig(const Config& config) {
   return ReadOptionKeys(config, "log.", Fields());
 }
@@ -140,7 +149,7 @@ const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
                    "Radius below which the spectral-radius penalty is zero (the fixed_point "
                    "adjoint and Picard converge below 1)")
            .Int("spectral_radius_iterations", &O::spectral_radius_iterations, 1, 1000,
-                "Power-iteration steps (one VJP each) of the penalty's estimate")
+                "Arnoldi steps (one VJP each) of the penalty's direction")
            .Double("spectral_radius_frequency", &O::spectral_radius_frequency, 0.0, 1.0,
                    "Probability of adding the spectral-radius term at a step")
            .Double("correction_weight", &O::correction_weight, 0.0, kInf,
