@@ -17,15 +17,15 @@
 namespace stillpoint {
 
 inline void CheckInjection(const std::string& block, const Var& u, int64_t dim) {
-  SP_CHECK(u.defined() && u.rank() == 3 && u.dim(2) == dim, block, ": the injection must be [B, T, ",
-           dim, "], got ", u.defined() ? u.shape().ToString() : std::string("undefined"));
+  SP_CHECK(u.defined() && u.rank() == 3 && u.dim(2) == dim, block,
+           ": the injection must be [B, T, ", dim, "], got ",
+           u.defined() ? u.shape().ToString() : std::string("undefined"));
 }
 
 // 1/sqrt(dh) when beta is 0 (the options' default), else beta.
 inline double ResolvedBeta(const EnergyBlockOptions& o) {
   return o.beta > 0.0 ? o.beta : 1.0 / std::sqrt(static_cast<double>(o.dim / o.heads));
 }
-
 
 // The common part: owns the layer as the child "layer" and the input norm
 // as "norm" (normalize_input).
@@ -47,8 +47,8 @@ class CatalogueBlock : public EnergyBlock {
     }
     RegisterModule("layer", layer_);
     if (o.normalize_input) {
-      norm_ = RegisterModule("norm", std::make_shared<LayerNorm>(
-                                         o.dim, LayerNormOptions{.dtype = o.dtype}));
+      norm_ = RegisterModule(
+          "norm", std::make_shared<LayerNorm>(o.dim, LayerNormOptions{.dtype = o.dtype}));
     }
   }
   std::string Name() const override { return name_; }
@@ -69,9 +69,7 @@ class CatalogueBlock : public EnergyBlock {
   }
   // Heads [B, H, T, dh] turned by the layout's rotary positions (else as
   // they are).
-  Var Rotate(const Var& heads) const {
-    return layout_ ? ApplyRotary(heads, *layout_, 2) : heads;
-  }
+  Var Rotate(const Var& heads) const { return layout_ ? ApplyRotary(heads, *layout_, 2) : heads; }
   bool Rotary() const { return layout_ && layout_->Rotary(); }
 
   const char* name_;

@@ -6,16 +6,15 @@
 // W_Q, W_K start at N(0, 0.09/dim), small enough that the dynamics contract, and beta defaults
 // to 4/sqrt(dh), so the scores start at the scale of softmax attention's (energy_block.cc).
 // Readout adds the skip connection: out + u.
-#include "layers/energy_block_list.h"
-
 #include <cmath>
 #include <memory>
 #include <utility>
 
 #include "framework/check.h"
 #include "framework/ops.h"
-#include "layers/energy_transformer.h"
 #include "layers/energy_block_catalogue.h"
+#include "layers/energy_block_list.h"
+#include "layers/energy_transformer.h"
 #include "layers/layer_norm.h"
 #include "layers/linear.h"
 
@@ -47,42 +46,42 @@ constexpr double kEnergyTransformerBeta = 4.0;
 class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBlock> {
  public:
   EnergyTransformerEnergyBlock(const EnergyBlockOptions& o, Rng& rng)
-      : CatalogueBlock("EnergyTransformerEnergyBlock", o,
-                       std::make_shared<EnergyTransformerBlock>(
-                           [&] {
-                             EnergyTransformerOptions options;
-                             options.dim = o.dim;
-                             options.heads = o.heads;
-                             options.head_dim = o.dim / o.heads;
-                             options.memories = o.memories;
-                             options.memory = o.memory;
-                             options.beta = o.beta > 0.0 ? o.beta
-                                                         : kEnergyTransformerBeta /
-                                                               std::sqrt(static_cast<double>(
-                                                                   o.dim / o.heads));
-                             options.causal = o.causal;
-                             options.layout = o.layout;
-                             // Masks can leave a token only itself to attend
-                             // to (the first token under causal), so the self
-                             // term stays in the energy with them.
-                             options.exclude_self =
-                                 !o.causal && (!o.layout || o.layout->mask == AttentionMaskKind::kNone);
-                             options.key_grad = o.key_grad;
-                             options.dynamics = o.dynamics;
-                             options.step = o.step;
-                             options.weight_std =
-                                 kEnergyTransformerWeightStd / std::sqrt(static_cast<double>(o.dim));
-                             options.layer_norm_eps = kEnergyLayerNormEps;
-                             options.dtype = o.dtype;
-                             return options;
-                           }(),
-                           rng)),
+      : CatalogueBlock(
+            "EnergyTransformerEnergyBlock",
+            o,
+            std::make_shared<EnergyTransformerBlock>(
+                [&] {
+                  EnergyTransformerOptions options;
+                  options.dim = o.dim;
+                  options.heads = o.heads;
+                  options.head_dim = o.dim / o.heads;
+                  options.memories = o.memories;
+                  options.memory = o.memory;
+                  options.beta = o.beta > 0.0 ? o.beta
+                                              : kEnergyTransformerBeta /
+                                                    std::sqrt(static_cast<double>(o.dim / o.heads));
+                  options.causal = o.causal;
+                  options.layout = o.layout;
+                  // Masks can leave a token only itself to attend
+                  // to (the first token under causal), so the self
+                  // term stays in the energy with them.
+                  options.exclude_self =
+                      !o.causal && (!o.layout || o.layout->mask == AttentionMaskKind::kNone);
+                  options.key_grad = o.key_grad;
+                  options.dynamics = o.dynamics;
+                  options.step = o.step;
+                  options.weight_std =
+                      kEnergyTransformerWeightStd / std::sqrt(static_cast<double>(o.dim));
+                  options.layer_norm_eps = kEnergyLayerNormEps;
+                  options.dtype = o.dtype;
+                  return options;
+                }(),
+                rng)),
         readout_(o.readout) {
     // The key-side force of the attention energy pulls each token toward
     // the queries that see it, later ones under a causal mask: only the
     // query-side update keeps a token's state independent of later tokens.
-    const bool causal =
-        o.causal || (o.layout && o.layout->mask == AttentionMaskKind::kCausal);
+    const bool causal = o.causal || (o.layout && o.layout->mask == AttentionMaskKind::kCausal);
     SP_CHECK(!causal || o.key_grad == KeyGrad::kStop,
              "EnergyTransformerEnergyBlock: a causal mask needs key_grad stop (the full "
              "key-side force moves earlier tokens with later queries)");
@@ -124,7 +123,8 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
 
 }  // namespace
 
-std::shared_ptr<EnergyBlock> CreateEnergyTransformerBlock(const EnergyBlockOptions& options, Rng& rng) {
+std::shared_ptr<EnergyBlock> CreateEnergyTransformerBlock(const EnergyBlockOptions& options,
+                                                          Rng& rng) {
   return std::make_shared<EnergyTransformerEnergyBlock>(options, rng);
 }
 

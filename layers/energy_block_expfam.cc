@@ -7,16 +7,15 @@
 // however training moves W_K and beta (unrescaled, the trained map expanded: spectral radius
 // 1.2-3.5, and neither the solve nor its adjoint converged); beta starts at 4 and W_O reads
 // sqrt(dh) times the mean of the unit patterns.
-#include "layers/energy_block_list.h"
-
 #include <cmath>
 #include <memory>
 #include <utility>
 
 #include "framework/check.h"
 #include "framework/ops.h"
-#include "layers/expfam_attention.h"
 #include "layers/energy_block_catalogue.h"
+#include "layers/energy_block_list.h"
+#include "layers/expfam_attention.h"
 #include "layers/layer_norm.h"
 #include "layers/linear.h"
 
@@ -49,7 +48,8 @@ double ExpFamBeta(const EnergyBlockOptions& o) {
 class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
  public:
   ExpFamBlock(const EnergyBlockOptions& o, Rng& rng)
-      : CatalogueBlock("ExpFamBlock", o,
+      : CatalogueBlock("ExpFamBlock",
+                       o,
                        std::make_shared<ExpFamAttention>(
                            ExpFamAttentionOptions{.measure = o.measure,
                                                   .dim = o.dim,
@@ -61,8 +61,8 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
                                                   .query_field = true,
                                                   .dtype = o.dtype},
                            rng)) {
-    wo_ = RegisterModule("wo", std::make_shared<Linear>(o.dim, o.dim, rng,
-                                                        LinearOptions{.dtype = o.dtype}));
+    wo_ = RegisterModule(
+        "wo", std::make_shared<Linear>(o.dim, o.dim, rng, LinearOptions{.dtype = o.dtype}));
   }
 
   EnergyBlockProblem Prepare(const Var& u) const override {

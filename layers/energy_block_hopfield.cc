@@ -3,16 +3,15 @@
 // xi), CCCP update xi <- q + K^T softmax(beta K xi), from xi_0 = q; out = softmax(beta xi*
 // K^T) V W_O. The field keeps the fixed point a function of the query, so routing by position
 // survives the solve and W_Q learns through the implicit gradient.
-#include "layers/energy_block_list.h"
-
 #include <cmath>
 #include <memory>
 #include <utility>
 
 #include "framework/check.h"
 #include "framework/ops.h"
-#include "layers/hopfield.h"
 #include "layers/energy_block_catalogue.h"
+#include "layers/energy_block_list.h"
+#include "layers/hopfield.h"
 #include "layers/layer_norm.h"
 #include "layers/linear.h"
 
@@ -22,7 +21,8 @@ namespace {
 class HopfieldBlock : public CatalogueBlock<HopfieldAttention> {
  public:
   HopfieldBlock(const EnergyBlockOptions& o, Rng& rng)
-      : CatalogueBlock("HopfieldBlock", o,
+      : CatalogueBlock("HopfieldBlock",
+                       o,
                        std::make_shared<HopfieldAttention>(
                            HopfieldOptions{.state_size = o.dim,
                                            .heads = o.heads,

@@ -29,7 +29,7 @@
 #define SP_ENERGY_BLOCKS(X)                                                                    \
   X(Hopfield, "hopfield",                                                                      \
     "modern Hopfield attention with the query as an external field: CCCP xi <- q + K^T "       \
-    "softmax(beta K xi) from xi_0 = q; out = values read with the final association")         \
+    "softmax(beta K xi) from xi_0 = q; out = values read with the final association")          \
   X(Probabilistic, "probabilistic",                                                            \
     "probabilistic (Gaussian-mixture) attention: EM over the values; out = values W_O")        \
   X(ExpFam, "expfam",                                                                          \

@@ -2,18 +2,17 @@
 // ProbabilisticAttention: EM over the values from the value_precision = 0 answer; query
 // precision alpha = beta, value precision beta_v = value_precision / dh, both learned in log
 // space (positive whatever the optimiser does); out = v* W_O.
-#include "layers/energy_block_list.h"
-
 #include <cmath>
 #include <memory>
 #include <utility>
 
 #include "framework/check.h"
 #include "framework/ops.h"
-#include "layers/probabilistic_attention.h"
 #include "layers/energy_block_catalogue.h"
+#include "layers/energy_block_list.h"
 #include "layers/layer_norm.h"
 #include "layers/linear.h"
+#include "layers/probabilistic_attention.h"
 
 namespace stillpoint {
 namespace {
@@ -21,7 +20,8 @@ namespace {
 class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
  public:
   ProbabilisticBlock(const EnergyBlockOptions& o, Rng& rng)
-      : CatalogueBlock("ProbabilisticBlock", o,
+      : CatalogueBlock("ProbabilisticBlock",
+                       o,
                        std::make_shared<ProbabilisticAttention>(
                            [&] {
                              ProbabilisticAttentionOptions options;

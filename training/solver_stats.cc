@@ -18,8 +18,10 @@ double RelativeTolerance(const ForwardSolverOptions& forward) {
 }
 
 template <typename Summary>
-SolverStats StatsOf(const Summary& summary, const std::vector<int>& iterations,
-                    const std::vector<TerminationType>& terminations, double tolerance) {
+SolverStats StatsOf(const Summary& summary,
+                    const std::vector<int>& iterations,
+                    const std::vector<TerminationType>& terminations,
+                    double tolerance) {
   SolverStats stats;
   if (iterations.empty()) return stats;
   double total = 0;
@@ -150,8 +152,8 @@ SolverStats AttentionForwardStats(const SequenceModel& model) {
   std::vector<SolverStats> parts;
   auto add = [&parts](const SolverSummary& s, const ForwardSolverOptions& options) {
     if (s.sample_iterations.empty()) return;
-    parts.push_back(StatsOf(s, s.sample_iterations, s.sample_termination,
-                            RelativeTolerance(options)));
+    parts.push_back(
+        StatsOf(s, s.sample_iterations, s.sample_termination, RelativeTolerance(options)));
   };
   for (const auto& [name, attention] : FindEnergyAttentions(model)) {
     add(attention->implicit().forward_summary(), attention->implicit().options().forward);

@@ -32,7 +32,7 @@ struct SolverStats {
   // Samples per termination status ("CONVERGED", "MAX_ITERATIONS", ...),
   // only the statuses that occurred.
   std::map<std::string, int64_t> status_counts;
-  std::string brief;        // the summary's BriefReport()
+  std::string brief;  // the summary's BriefReport()
 
   // Whether residual_max was measured.
   bool HasResidual() const { return !std::isnan(residual_max); }

@@ -61,18 +61,18 @@ class JacobianTerm : public FixedPointTerm {
   JacobianTerm(const RegularizationOptions& options, int64_t pretrain_steps)
       : FixedPointTerm(pretrain_steps), options_(options) {}
   Var Loss(SequenceModel& model, const Batch& rows, Rng& draws, double scale) const override {
-    return mul_scalar(model.FixedPointJacobianPenalty(
-                          EmbedBatch(model, rows), static_cast<int>(options_.jacobian_probes),
-                          draws),
-                      options_.jacobian_weight * ramp_ * scale);
+    return mul_scalar(
+        model.FixedPointJacobianPenalty(EmbedBatch(model, rows),
+                                        static_cast<int>(options_.jacobian_probes), draws),
+        options_.jacobian_weight * ramp_ * scale);
   }
 
  protected:
   bool AppliesAfterPretraining(int64_t step, Rng& rng) override {
     if (!(rng.Uniform() < options_.jacobian_frequency)) return false;
     const int64_t ramp = options_.jacobian_ramp_steps;
-    ramp_ = ramp == 0 ? 1.0
-                      : std::min(1.0, static_cast<double>(step + 1) / static_cast<double>(ramp));
+    ramp_ =
+        ramp == 0 ? 1.0 : std::min(1.0, static_cast<double>(step + 1) / static_cast<double>(ramp));
     return true;
   }
 
@@ -116,9 +116,9 @@ class CorrectionTerm : public FixedPointTerm {
   }
   Var Loss(SequenceModel& model, const Batch& rows, Rng&, double scale) const override {
     const auto task_loss = [&rows](const Var& logits) { return RowsLoss(logits, rows); };
-    return mul_scalar(model.FixedPointCorrectionLoss(EmbedBatch(model, rows), task_loss,
-                                                     correction_),
-                      weight_ * scale);
+    return mul_scalar(
+        model.FixedPointCorrectionLoss(EmbedBatch(model, rows), task_loss, correction_),
+        weight_ * scale);
   }
 
  protected:
@@ -132,7 +132,8 @@ class CorrectionTerm : public FixedPointTerm {
 }  // namespace
 
 StepRegularizers::StepRegularizers(const RegularizationOptions& regularization,
-                                   const TrainerOptions& trainer, const SequenceModel& model) {
+                                   const TrainerOptions& trainer,
+                                   const SequenceModel& model) {
   // A comparison's variants of other kinds ignore the progressive loss.
   const ModelKind kind = model.options().kind;
   if (trainer.progressive_loss_weight > 0.0 &&

@@ -41,7 +41,8 @@ class StepRegularizers {
  public:
   // The terms that are on for `model` (its kind, its implicit layer and
   // unroll steps) under these options.
-  StepRegularizers(const RegularizationOptions& regularization, const TrainerOptions& trainer,
+  StepRegularizers(const RegularizationOptions& regularization,
+                   const TrainerOptions& trainer,
                    const SequenceModel& model);
   StepRegularizers(const StepRegularizers&) = delete;
   StepRegularizers& operator=(const StepRegularizers&) = delete;

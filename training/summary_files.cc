@@ -12,9 +12,9 @@ namespace stillpoint {
 
 std::string SummaryMarkdown(const TrainSummary& summary, const std::string& model_name) {
   std::ostringstream md;
-  md << "# Run summary\n\n" << summary.BriefReport() << "\n\nModel: " << model_name << ", "
-     << summary.num_parameters << " parameters.\n\nProvenance: "
-     << ProvenanceMarkdown(summary.provenance) << "\n";
+  md << "# Run summary\n\n"
+     << summary.BriefReport() << "\n\nModel: " << model_name << ", " << summary.num_parameters
+     << " parameters.\n\nProvenance: " << ProvenanceMarkdown(summary.provenance) << "\n";
   if (!summary.forward.brief.empty()) {
     md << "\nLast forward solve: " << summary.forward.brief << "\n\nForward residual "
        << ResidualCell(summary.forward) << "; samples: " << StatusCell(summary.forward) << "\n";
@@ -39,8 +39,8 @@ std::string SummaryMarkdown(const TrainSummary& summary, const std::string& mode
   }
   if (summary.language_model) {
     md << "\nHeld-out text: " << JsonNumber(summary.final_eval.loss) << " nats per character, "
-       << JsonNumber(summary.test_bpc) << " bits per character; "
-       << summary.test_unknown_symbols << " held-out characters outside the vocabulary.\n";
+       << JsonNumber(summary.test_bpc) << " bits per character; " << summary.test_unknown_symbols
+       << " held-out characters outside the vocabulary.\n";
   }
   if (summary.confusion.classes() > 0) {
     md << "\nPer-class held-out accuracy (confusion matrix: confusion.svg):\n\n"

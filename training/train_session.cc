@@ -20,13 +20,33 @@
 namespace stillpoint {
 namespace {
 
-const std::vector<std::string> kColumns = {
-    "step",           "lr",           "loss",          "accuracy",      "grad_norm",
-    "fwd_iters_mean", "fwd_iters_max", "fwd_residual", "fwd_unconverged", "bwd_iters_mean",
-    "bwd_iters_max",  "bwd_residual", "bwd_unconverged", "step_ms",     "peak_rss_mb",
-    "pool_peak_mb",   "skipped",      "test_loss",     "test_accuracy", "test_fwd_iters_mean",
-    "grad_cos",       "grad_rel_err", "spectral_radius", "spectral_eigenvalue", "elapsed_s",
-    "path_independence_cosine", "path_independence_agreement"};
+const std::vector<std::string> kColumns = {"step",
+                                           "lr",
+                                           "loss",
+                                           "accuracy",
+                                           "grad_norm",
+                                           "fwd_iters_mean",
+                                           "fwd_iters_max",
+                                           "fwd_residual",
+                                           "fwd_unconverged",
+                                           "bwd_iters_mean",
+                                           "bwd_iters_max",
+                                           "bwd_residual",
+                                           "bwd_unconverged",
+                                           "step_ms",
+                                           "peak_rss_mb",
+                                           "pool_peak_mb",
+                                           "skipped",
+                                           "test_loss",
+                                           "test_accuracy",
+                                           "test_fwd_iters_mean",
+                                           "grad_cos",
+                                           "grad_rel_err",
+                                           "spectral_radius",
+                                           "spectral_eigenvalue",
+                                           "elapsed_s",
+                                           "path_independence_cosine",
+                                           "path_independence_agreement"};
 
 bool AllFinite(const NamedVars& parameters) {
   for (const auto& [name, p] : parameters) {
@@ -50,8 +70,10 @@ TrainSettings TrainSettings::FromConfig(const Config& c) {
   return settings;
 }
 
-OpenedRunDirectory::OpenedRunDirectory(const Experiment& e, const TrainOptions& options,
-                                       const TrainSettings& settings, TrainSummary* summary) {
+OpenedRunDirectory::OpenedRunDirectory(const Experiment& e,
+                                       const TrainOptions& options,
+                                       const TrainSettings& settings,
+                                       TrainSummary* summary) {
   const std::string& dir = summary->run_dir;
   OnMainRank([&] {
     lock_.emplace(dir);
@@ -86,9 +108,12 @@ OpenedRunDirectory::OpenedRunDirectory(const Experiment& e, const TrainOptions& 
   }
 }
 
-TrainSession::TrainSession(Experiment& e, const TrainSettings& settings,
-                           const TrainOptions& options, OpenedRunDirectory& run_directory,
-                           double task_loss_weight, TrainSummary* summary)
+TrainSession::TrainSession(Experiment& e,
+                           const TrainSettings& settings,
+                           const TrainOptions& options,
+                           OpenedRunDirectory& run_directory,
+                           double task_loss_weight,
+                           TrainSummary* summary)
     : e_(e),
       settings_(settings),
       options_(options),
@@ -146,7 +171,8 @@ void TrainSession::RestoreFromCheckpoint() {
   }
   batcher_.Restore({state.data_epoch, state.data_offset});
   if (!rng_.LoadState(state.rng_state)) {
-    throw ConfigError(path + ": its random number generator state does not parse; "
+    throw ConfigError(path +
+                      ": its random number generator state does not parse; "
                       "the checkpoint is damaged");
   }
   step_ = state.step;
@@ -163,11 +189,10 @@ void TrainSession::BuildStep(double task_loss_weight) {
   step_options.task_loss_weight = task_loss_weight;
   SP_CHECK(shards == 1 || e_.make_replica != nullptr,
            "Train: the experiment cannot build model replicas");
-  train_step_ = std::make_unique<TrainStep>(
-      e_.model, *optimizer_, step_options,
-      [&e = e_, first = rank_shards_.first](int64_t replica) {
-        return e.make_replica(first + replica);
-      });
+  train_step_ = std::make_unique<TrainStep>(e_.model, *optimizer_, step_options,
+                                            [&e = e_, first = rank_shards_.first](int64_t replica) {
+                                              return e.make_replica(first + replica);
+                                            });
   if (!ranks_) return;
   reducer_ = std::make_unique<GradientReducer>(model_.parameters(), shards);
   train_step_->EnableRanks(
@@ -188,8 +213,8 @@ void TrainSession::BuildStep(double task_loss_weight) {
 void TrainSession::RestoreShardState() {
   CheckpointState& state = run_directory_.resume_state();
   const std::string& path = run_directory_.checkpoint_path();
-  SelectShardState(state.solver_state, state.random_streams, rank_shards_.first,
-                   rank_shards_.count, &state.solver_state, &state.random_streams);
+  SelectShardState(state.solver_state, state.random_streams, rank_shards_.first, rank_shards_.count,
+                   &state.solver_state, &state.random_streams);
   RestoreWarmStartState(state.solver_state, train_step_->models(), path);
   if (!RestoreRandomStreamState(state.random_streams, train_step_->models(), path) &&
       e_.config.GetDouble("model.dropout") > 0 && options_.progress) {
@@ -319,8 +344,7 @@ void TrainSession::Finish() {
   if (settings_.log.plots) LogHook::WritePlots(summary_.run_dir);
   const bool classification = !e_.test->info().per_token_targets;
   if (classification && !ranks_ && step_ >= steps) {
-    summary_.confusion =
-        ComputeConfusion(model_, *e_.test, eval_batch, e_.dtype, e_.class_names);
+    summary_.confusion = ComputeConfusion(model_, *e_.test, eval_batch, e_.dtype, e_.class_names);
     if (settings_.log.plots) {
       WriteTextFile(summary_.run_dir + "/confusion.svg",
                     ConfusionSvg(summary_.confusion, "Held-out confusion matrix"));

@@ -61,8 +61,10 @@ class OpenedRunDirectory {
   // a fresh run checks the directory and removes an earlier run's files.
   // When the checkpoint had already reached train.steps, sets
   // summary->already_complete (and its steps and parameter count).
-  OpenedRunDirectory(const Experiment& experiment, const TrainOptions& options,
-                     const TrainSettings& settings, TrainSummary* summary);
+  OpenedRunDirectory(const Experiment& experiment,
+                     const TrainOptions& options,
+                     const TrainSettings& settings,
+                     TrainSummary* summary);
   OpenedRunDirectory(const OpenedRunDirectory&) = delete;
   OpenedRunDirectory& operator=(const OpenedRunDirectory&) = delete;
 
@@ -82,9 +84,12 @@ class TrainSession {
   // Builds the run's optimizer, data, step and hooks, restores them from
   // the checkpoint when the run resumes, and writes config.yaml and the
   // experiment's run files. task_loss_weight: StepRegularizers'.
-  TrainSession(Experiment& experiment, const TrainSettings& settings,
-               const TrainOptions& options, OpenedRunDirectory& run_directory,
-               double task_loss_weight, TrainSummary* summary);
+  TrainSession(Experiment& experiment,
+               const TrainSettings& settings,
+               const TrainOptions& options,
+               OpenedRunDirectory& run_directory,
+               double task_loss_weight,
+               TrainSummary* summary);
   TrainSession(const TrainSession&) = delete;
   TrainSession& operator=(const TrainSession&) = delete;
   ~TrainSession();

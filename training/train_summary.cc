@@ -19,8 +19,8 @@ std::string TrainSummary::BriefReport() const {
   out << ", " << std::setprecision(1) << 1000.0 * seconds_per_step << " ms/step, peak RSS "
       << peak_rss_mb << " MiB";
   if (forward.iterations_max > 0) {
-    out << ", forward iterations " << forward.iterations_mean << " (max "
-        << forward.iterations_max << ")";
+    out << ", forward iterations " << forward.iterations_mean << " (max " << forward.iterations_max
+        << ")";
   }
   if (skipped_steps > 0) out << ", " << skipped_steps << " skipped steps";
   if (equilibrium.applies) out << ", equilibrium " << VerdictCell(equilibrium.verdict);

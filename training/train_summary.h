@@ -20,9 +20,9 @@ namespace stillpoint {
 
 struct TrainSummary {
   std::string run_dir;
-  int64_t steps = 0;          // steps completed (including resumed ones)
-  int64_t skipped_steps = 0;  // steps skipped for non-finite values
-  bool stopped_early = false; // on_nonfinite: stop, or too many skips
+  int64_t steps = 0;           // steps completed (including resumed ones)
+  int64_t skipped_steps = 0;   // steps skipped for non-finite values
+  bool stopped_early = false;  // on_nonfinite: stop, or too many skips
   std::string stop_reason;
   double final_train_loss = 0;
   double final_train_accuracy = 0;
