@@ -16,16 +16,14 @@ The guide, with every function's shapes and dtypes, is docs/python.md.
 from stillpoint._stillpoint import (
     Tensor,
     __version__,
-    attention_kinds,
-    energy_blocks,
-    model_kinds,
     num_threads,
-    position_schemes,
     retrieve,
     sequence_task,
     set_num_threads,
 )
 from stillpoint.runs import Run, compare, evaluate, generate, load_run, train
+# The families' names, made from the C++ lists (no copy of them in Python).
+from stillpoint._stillpoint import attention_kinds, energy_blocks, model_kinds, position_schemes
 
 __all__ = [
     "Run",
