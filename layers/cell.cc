@@ -8,7 +8,7 @@ const OptionFields<CellOptions>& CellOptions::Fields() {
       &(new OptionFields<O>)
            ->String("attention", &O::attention,
                     "The cell's attention sublayer: softmax, or a registered energy attention "
-                    "(built-in: hopfield, probabilistic, expfam, energy_transformer) read at the "
+                    "(built-in: " + BuiltinEnergyBlockList() + ") read at the "
                     "fixed point of its energy, solved by model.attention_solver.* (nested in the "
                     "outer solve of an implicit model); energy kind: the block (instead of "
                     "model.energy.layer)")

@@ -56,8 +56,8 @@ struct CellOptions {
   uint64_t dropout_seed = 0;
   DType dtype = DType::kFloat32;
   // The attention sublayer: "softmax" (multi-head scaled dot-product
-  // attention) or the name of an energy block (EnergyBlockRegistry():
-  // hopfield, probabilistic, expfam, energy_transformer, or a user's), whose
+  // attention) or the name of an energy block (EnergyBlockRegistry(): the
+  // built-ins of energy_block_list.h, or a user's), whose
   // output is read at the fixed point of its energy (energy_attention.h).
   std::string attention = "softmax";
   // The energy block's options when attention is not softmax (dim, heads,

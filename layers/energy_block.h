@@ -14,53 +14,15 @@
 // while the solver iterates; gradients reach u and the projections through
 // the context.
 //
-// Built-in blocks (EnergyBlockRegistry()), each with T tokens as the queries
-// and keys (self-attention). Every block first normalises its input,
-// x = LN(u) (normalize_input, on by default), so its operating point does
-// not depend on the scale of the embedding or of the state it is given;
-// the projections read x, the skip connection adds u. Below, q, k and v
-// are x's projections, per head of width dh = dim / heads, and beta is the
-// attention's inverse temperature (0 in the options: 1/sqrt(dh)).
-//   "hopfield"            HopfieldAttention with the query as an external
-//                         field: E(xi) = |xi|^2/2 - xi.q - lse_beta(K xi),
-//                         CCCP update xi <- q + K^T softmax(beta K xi),
-//                         from xi_0 = q; out = softmax(beta xi* K^T) V W_O.
-//                         The field keeps the fixed point a function of the
-//                         query, so routing by position survives the solve
-//                         and W_Q learns through the implicit gradient.
-//   "probabilistic"       ProbabilisticAttention: EM over the values from
-//                         the value_precision = 0 answer; query precision
-//                         alpha = beta, value precision beta_v =
-//                         value_precision / dh, both learned in log space
-//                         (positive whatever the optimiser does);
-//                         out = v* W_O.
-//   "expfam"              ExpFamAttention, discrete measure over the
-//                         patterns k = x W_K with the query q = x W_Q as an
-//                         external field: eta <- q + grad G(eta) from
-//                         eta_0 = q; out = grad G(eta*) W_O (the patterns'
-//                         softmax-weighted mean at the fixed point, through
-//                         an output projection "wo"). Each head's patterns
-//                         are rescaled to the norm sqrt(c / beta), c = 0.5
-//                         (ExpFamAttentionOptions::contraction), so the
-//                         update contracts with factor at most 0.5 however
-//                         training moves W_K and beta (unrescaled, the
-//                         trained map expanded: spectral radius 1.2-3.5,
-//                         and neither the solve nor its adjoint
-//                         converged); beta starts at 4 and W_O reads
-//                         sqrt(dh) times the mean of the unit patterns.
-//   "energy_transformer"  EnergyTransformerBlock: the tokens start at x and
-//                         x drives them as an external current (the context
-//                         entry "input"), so the stationary state x* depends
-//                         on x; the solver iterates the leaky Euler step
-//                         with step 1, x <- I - dE/dg (see `step`). readout
-//                         "attention" (default): the block's attention
-//                         weights at x* applied to values x* W_V, through
-//                         W_O; "move": x* - x. W_Q, W_K start at
-//                         N(0, 0.09/dim), small enough that the dynamics
-//                         contract, and beta defaults to 4/sqrt(dh), so the
-//                         scores start at the scale of softmax attention's
-//                         (energy_block.cc).
-// Readout adds the skip connection: out + u.
+// Built-in blocks: layers/energy_block_list.h, one line each; each block's
+// file (layers/energy_block_<name>.cc) says what it computes. Each takes
+// the T tokens as the queries and keys (self-attention). Every block first
+// normalises its input, x = LN(u) (normalize_input, on by default), so its
+// operating point does not depend on the scale of the embedding or of the
+// state it is given; the projections read x, the skip connection adds u.
+// q, k and v are x's projections, per head of width dh = dim / heads, and
+// beta is the attention's inverse temperature (0 in the options:
+// 1/sqrt(dh)).
 //
 // A user block: derive from EnergyBlock (register the energy layer as a
 // child module so its parameters are the block's), then
@@ -74,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "framework/autograd.h"
 #include "framework/module.h"
@@ -231,8 +194,15 @@ class EnergyBlock : public Module {
 using EnergyBlockFactory =
     std::function<std::shared_ptr<EnergyBlock>(const EnergyBlockOptions& options, Rng& rng)>;
 
-// Built-ins: "hopfield", "probabilistic", "expfam", "energy_transformer".
+// The built-ins of layers/energy_block_list.h, and any block a program
+// registers.
 Registry<EnergyBlockFactory>& EnergyBlockRegistry();
+// The built-in blocks' names in list order, and as "a, b, c" for docs.
+const std::vector<std::string>& BuiltinEnergyBlockNames();
+std::string BuiltinEnergyBlockList();
+// The attention kinds model.attention accepts: "softmax", then every
+// registered energy block (the built-ins first, in list order).
+std::vector<std::string> AttentionKindNames();
 
 // EnergyBlockRegistry().Get(options.layer)(options, rng), after checking
 // dim, heads and dim % heads (an Error names the option).

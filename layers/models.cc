@@ -103,24 +103,42 @@ const char* ToString(InputInjection injection) {
 
 const char* ToString(ModelKind kind) {
   switch (kind) {
-    case ModelKind::kExplicit:
-      return "explicit";
-    case ModelKind::kTied:
-      return "tied";
-    case ModelKind::kImplicit:
-      return "implicit";
-    case ModelKind::kEnergy:
-      return "energy";
+#define SP_MODEL_KIND_CASE(value, name, doc) \
+  case ModelKind::value:                     \
+    return name;
+    SP_MODEL_KINDS(SP_MODEL_KIND_CASE)
+#undef SP_MODEL_KIND_CASE
   }
   return "unknown";
+}
+
+const std::vector<ModelKind>& AllModelKinds() {
+#define SP_MODEL_KIND_VALUE(value, name, doc) ModelKind::value,
+  static const std::vector<ModelKind> all{SP_MODEL_KINDS(SP_MODEL_KIND_VALUE)};
+#undef SP_MODEL_KIND_VALUE
+  return all;
+}
+
+std::vector<std::string> ModelKindNames() {
+  std::vector<std::string> names;
+  for (ModelKind kind : AllModelKinds()) names.push_back(ToString(kind));
+  return names;
+}
+
+std::string ModelKindsDoc() {
+  std::string doc;
+#define SP_MODEL_KIND_DOC(value, name, text) \
+  doc += std::string(doc.empty() ? "" : "; ") + name + ": " + text;
+  SP_MODEL_KINDS(SP_MODEL_KIND_DOC)
+#undef SP_MODEL_KIND_DOC
+  return doc;
 }
 
 bool StringToModelKind(const std::string& text, ModelKind* kind) {
   std::string lower = text;
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  for (ModelKind candidate :
-       {ModelKind::kExplicit, ModelKind::kTied, ModelKind::kImplicit, ModelKind::kEnergy}) {
+  for (ModelKind candidate : AllModelKinds()) {
     if (lower == ToString(candidate)) {
       *kind = candidate;
       return true;
@@ -141,14 +159,8 @@ const OptionFields<ModelOptions>& ModelOptions::Fields() {
       if (field.in_config) energy_keys.push_back(field.name);
     }
     return &(new OptionFields<O>)
-                ->Enum("kind", &O::kind,
-                       {ModelKind::kExplicit, ModelKind::kTied, ModelKind::kImplicit,
-                        ModelKind::kEnergy},
-                       stillpoint::ToString,
-                       "explicit: num_layers untied cells; tied: one cell unrolled unroll_steps "
-                       "times with backprop; implicit: the cell solved to its fixed point; energy: "
-                       "an energy attention block (model.energy.*) solved to its fixed point, then "
-                       "a feed-forward sublayer")
+                ->Enum("kind", &O::kind, AllModelKinds(), stillpoint::ToString,
+                       ModelKindsDoc())
                 .String("cell", &O::cell, "Registered cell name (explicit, tied, implicit)")
                 .Include("", &O::cell_options, cell, {"attention"})
                 .Int("dim", &O::dim, 1, 1 << 16, "Model width d")
@@ -391,7 +403,7 @@ Var SequenceModel::WithPositions(const Var& embedded) const {
   const int64_t length = embedded.dim(1);
   SP_CHECK(length <= options_.max_length, "SequenceModel: sequence length ", length,
            " exceeds model.max_length ", options_.max_length,
-           " (the learned positions' table; model.positions none, alibi or rotary have no "
+           " (the learned positions' table; the other model.positions schemes have no "
            "limit)");
   return add(embedded, position_embedding_->Positions(length));
 }

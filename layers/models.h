@@ -103,15 +103,29 @@ enum class InputInjection {
 };
 const char* ToString(InputInjection injection);
 
-enum class ModelKind {
-  kExplicit,  // "explicit": num_layers untied cells
-  kTied,      // "tied": one cell unrolled unroll_steps times, backprop
-  kImplicit,  // "implicit": one cell solved to its fixed point by Implicit
-  kEnergy     // "energy": an energy attention block solved by Implicit, then an FFN
-};
+// The model kinds, one line each: X(value, "name", "doc"); the enum, the
+// names of model.kind (with did-you-mean), its doc and the kinds of
+// `stillpoint compare` are made from it. A new kind goes at the end.
+#define SP_MODEL_KINDS(X)                                                                    \
+  X(kExplicit, "explicit", "num_layers untied cells")                                        \
+  X(kTied, "tied", "one cell unrolled unroll_steps times with backprop")                     \
+  X(kImplicit, "implicit", "the cell solved to its fixed point")                             \
+  X(kEnergy, "energy",                                                                       \
+    "an energy attention block (model.energy.*) solved to its fixed point, then a "          \
+    "feed-forward sublayer")
+
+#define SP_MODEL_KIND_ENUMERATOR(value, name, doc) value,
+enum class ModelKind { SP_MODEL_KINDS(SP_MODEL_KIND_ENUMERATOR) };
+#undef SP_MODEL_KIND_ENUMERATOR
+
 const char* ToString(ModelKind kind);
 // Accepts the ToString spelling in any letter case; false otherwise.
 bool StringToModelKind(const std::string& text, ModelKind* kind);
+const std::vector<ModelKind>& AllModelKinds();
+// The names of AllModelKinds(), in list order.
+std::vector<std::string> ModelKindNames();
+// "name: doc; name: doc; ..." of every kind (model.kind's doc).
+std::string ModelKindsDoc();
 
 struct ModelOptions {
   ModelKind kind = ModelKind::kImplicit;
@@ -123,8 +137,8 @@ struct ModelOptions {
   // Longest sequence (rows of the positional table; positions learned only).
   int64_t max_length = 32;
   // How attention sees token order (positions.h): the position scheme
-  // (learned: the table above, added to the injection; none, alibi, rotary
-  // and their 2-D variants: no table, any length), the attention mask and
+  // (learned: the table above, added to the injection; every other scheme:
+  // no table, any length), the attention mask and
   // its window. Every attention of the model, softmax or energy, uses them.
   PositionScheme positions = PositionScheme::kLearned;
   AttentionMaskKind attention_mask = AttentionMaskKind::kNone;

@@ -68,11 +68,37 @@ void MeasureScaleDepthGrid(const Config& config, const std::string& config_path,
 
 }  // namespace
 
-std::vector<std::string> AttentionNames() {
-  std::vector<std::string> names = {"softmax"};
-  for (const std::string& name : EnergyBlockRegistry().Names()) names.push_back(name);
-  return names;
+namespace {
+
+// compare.kinds' kinds for its error: every model kind, and implicit_<mode>.
+std::string CompareKindsText() {
+  std::string text;
+  const std::vector<std::string> kinds = ModelKindNames();
+  for (std::size_t i = 0; i < kinds.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == kinds.size() ? " and " : ", ") + kinds[i];
+    if (kinds[i] == "implicit") text += ", implicit_<mode>";
+  }
+  return text;
 }
+
+// compare.variants' variants for its error: every model kind, each backward
+// mode as implicit_<mode>, each energy block as energy_<layer>.
+std::string KnownVariantsText() {
+  std::string known;
+  for (const std::string& kind : ModelKindNames()) {
+    known += (known.empty() ? "" : ", ") + kind;
+    if (kind == "implicit") {
+      for (BackwardMode mode : AllBackwardModes()) {
+        known += std::string(", implicit_") + ToString(mode);
+      }
+    } else if (kind == "energy") {
+      for (const std::string& layer : EnergyBlockRegistry().Names()) known += ", energy_" + layer;
+    }
+  }
+  return known;
+}
+
+}  // namespace
 
 std::vector<std::string> VariantOverrides(const std::string& variant) {
   const std::size_t slash = variant.find('/');
@@ -80,7 +106,7 @@ std::vector<std::string> VariantOverrides(const std::string& variant) {
     // ATTENTION/KIND: a cell of the attention x kind grid.
     const std::string attention = variant.substr(0, slash);
     const std::string kind = variant.substr(slash + 1);
-    const std::vector<std::string> attentions = AttentionNames();
+    const std::vector<std::string> attentions = AttentionKindNames();
     if (std::find(attentions.begin(), attentions.end(), attention) == attentions.end()) return {};
     if (kind == "energy") {
       if (attention == "softmax") return {};  // the energy kind needs an energy attention
@@ -92,15 +118,14 @@ std::vector<std::string> VariantOverrides(const std::string& variant) {
     overrides.push_back("model.attention=" + attention);
     return overrides;
   }
-  if (variant == "explicit" || variant == "tied" || variant == "implicit") {
-    return {"model.kind=" + variant};
+  for (const std::string& kind : ModelKindNames()) {
+    if (variant == kind) return {"model.kind=" + variant};
   }
   for (BackwardMode mode : AllBackwardModes()) {
     if (variant == std::string("implicit_") + ToString(mode)) {
       return {"model.kind=implicit", std::string("model.solver.backward.mode=") + ToString(mode)};
     }
   }
-  if (variant == "energy") return {"model.kind=energy"};
   for (const std::string& layer : EnergyBlockRegistry().Names()) {
     if (variant == "energy_" + layer) return {"model.kind=energy", "model.energy.layer=" + layer};
   }
@@ -154,7 +179,7 @@ std::vector<std::string> CompareVariants(const Config& config) {
 
 void ValidateCompareVariants(const Config& config, const std::string& config_path) {
   const std::vector<std::string> attentions = config.GetStringList("compare.attention");
-  const std::vector<std::string> known_attentions = AttentionNames();
+  const std::vector<std::string> known_attentions = AttentionKindNames();
   for (const std::string& attention : attentions) {
     if (std::find(known_attentions.begin(), known_attentions.end(), attention) ==
         known_attentions.end()) {
@@ -183,17 +208,10 @@ void ValidateCompareVariants(const Config& config, const std::string& config_pat
     if (VariantOverrides(v).empty()) {
       if (!attentions.empty()) {
         throw ConfigError(config.Origin(key) + ": unknown kind in variant '" + v +
-                          "' (compare.kinds takes explicit, tied, implicit, implicit_<mode> "
-                          "and energy)");
+                          "' (compare.kinds takes " + CompareKindsText() + ")");
       }
-      std::string known = "explicit, tied, implicit";
-      for (BackwardMode mode : AllBackwardModes()) {
-        known += std::string(", implicit_") + ToString(mode);
-      }
-      known += ", energy";
-      for (const std::string& layer : EnergyBlockRegistry().Names()) known += ", energy_" + layer;
       throw ConfigError(config.Origin("compare.variants") + ": unknown variant '" + v +
-                        "' in compare.variants (known: " + known + ")");
+                        "' in compare.variants (known: " + KnownVariantsText() + ")");
     }
   }
   const std::vector<double> seeds = config.GetDoubleList("compare.seeds");
@@ -225,6 +243,80 @@ void ValidateCompareVariants(const Config& config, const std::string& config_pat
   }
 }
 
+namespace {
+
+// The variant `name` of a comparison in `root`, trained with the
+// seed_index-th of compare.seeds (none: the config's seed).
+VariantResult NewVariant(const Config& base, const std::string& root, const std::string& name,
+                         const std::vector<double>& seeds, std::size_t seed_index) {
+  VariantResult v;
+  v.name = name;
+  v.overrides = VariantConfigOverrides(base, name);
+  v.run_dir = (std::filesystem::path(root) / name).string();
+  v.seed = base.GetInt("seed");
+  if (!seeds.empty()) {
+    v.seed = static_cast<int64_t>(seeds[seed_index]);
+    v.overrides.push_back("seed=" + std::to_string(v.seed));
+    v.run_dir = (std::filesystem::path(v.run_dir) / ("seed-" + std::to_string(v.seed))).string();
+  }
+  return v;
+}
+
+// The trained model's accuracy against its test-time depth and, with the
+// trained weights, against the lengths of eval.lengths.
+void MeasureSweeps(const Config& config, const std::string& config_path, const Experiment& e,
+                   VariantResult* v) {
+  SequenceModel& model = *e.model;
+  const int64_t eval_batch = config.GetInt("eval.batch_size");
+  // Test-time compute: solver budget (implicit) or unroll depth (tied).
+  if (model.implicit() != nullptr || model.options().kind == ModelKind::kTied) {
+    for (double depth : DepthSweep(config)) {
+      Config at = config;
+      at.Set("eval.max_iterations=" + std::to_string(static_cast<int64_t>(depth)));
+      SetEvalDepth(model, at);
+      v->accuracy_vs_depth.emplace_back(depth,
+                                        Evaluate(model, *e.test, eval_batch, e.dtype).accuracy);
+    }
+    SetEvalDepth(model, config);
+  } else {
+    v->accuracy_vs_depth.emplace_back(static_cast<double>(model.options().num_layers),
+                                      v->train.final_eval.accuracy);
+  }
+
+  // Length extrapolation with the trained weights, at the budget rule's
+  // depth for each length.
+  for (double length : config.GetDoubleList("eval.lengths")) {
+    Experiment longer = BuildExperiment(config, config_path, static_cast<int64_t>(length));
+    longer.model->LoadParameters(model.NamedValues());
+    SetEvalDepth(*longer.model, config, longer.test->info().length);
+    v->accuracy_vs_length.emplace_back(
+        length, Evaluate(*longer.model, *longer.test, eval_batch, e.dtype).accuracy);
+  }
+}
+
+// The report's description of the comparison, and its grid.
+ReportHeader ComparisonHeader(const Config& base, const std::string& config_path) {
+  ReportHeader header;
+  std::ostringstream description;
+  description << "Config `" << config_path << "`; task `" << base.GetString("task.kind") << "`, ";
+  if (base.GetDoubleList("compare.seeds").empty()) {
+    description << "seed " << base.GetInt("seed")
+                << "; every variant trained with the same seeds and data order.";
+  } else {
+    description << "seeds " << base.ValueText("compare.seeds")
+                << " (compare.seeds); every variant trained once per seed, with that seed's "
+                   "initialisation and data order.";
+  }
+  header.description = description.str();
+  if (!base.GetStringList("compare.attention").empty()) {
+    header.grid_attentions = base.GetStringList("compare.attention");
+    header.grid_kinds = base.GetStringList("compare.kinds");
+  }
+  return header;
+}
+
+}  // namespace
+
 CompareReport RunComparison(const Config& base,
                             const std::string& config_path,
                             std::ostream* progress,
@@ -240,24 +332,11 @@ CompareReport RunComparison(const Config& base,
     if (overwrite) RemoveRunFiles(root, ComparisonFileNames());
   });
   CompareReport report;
-  const std::vector<double> lengths = base.GetDoubleList("eval.lengths");
-  const int64_t eval_batch = base.GetInt("eval.batch_size");
-
   const std::vector<double> seeds = base.GetDoubleList("compare.seeds");
   for (const std::string& name : CompareVariants(base)) {
     for (std::size_t seed_index = 0; seed_index < std::max<std::size_t>(seeds.size(), 1);
          ++seed_index) {
-      VariantResult v;
-      v.name = name;
-      v.overrides = VariantConfigOverrides(base, name);
-      v.run_dir = (std::filesystem::path(root) / name).string();
-      v.seed = base.GetInt("seed");
-      if (!seeds.empty()) {
-        v.seed = static_cast<int64_t>(seeds[seed_index]);
-        v.overrides.push_back("seed=" + std::to_string(v.seed));
-        v.run_dir =
-            (std::filesystem::path(v.run_dir) / ("seed-" + std::to_string(v.seed))).string();
-      }
+      VariantResult v = NewVariant(base, root, name, seeds, seed_index);
       Config config = base;
       for (const std::string& o : v.overrides) config.Set(o);
       config.Set("log.dir=" + v.run_dir);
@@ -283,52 +362,14 @@ CompareReport RunComparison(const Config& base,
       // one figure of summary.json and the metrics.
       SetGradientFigures(&v);
 
-      // Test-time compute: solver budget (implicit) or unroll depth (tied).
-      if (model.implicit() != nullptr || model.options().kind == ModelKind::kTied) {
-        for (double depth : DepthSweep(config)) {
-          Config at = config;
-          at.Set("eval.max_iterations=" + std::to_string(static_cast<int64_t>(depth)));
-          SetEvalDepth(model, at);
-          v.accuracy_vs_depth.emplace_back(depth,
-                                           Evaluate(model, *e.test, eval_batch, e.dtype).accuracy);
-        }
-        SetEvalDepth(model, config);
-      } else {
-        v.accuracy_vs_depth.emplace_back(static_cast<double>(model.options().num_layers),
-                                         v.train.final_eval.accuracy);
-      }
-
-      // Length extrapolation with the trained weights, at the budget rule's
-      // depth for each length.
-      for (double length : lengths) {
-        Experiment longer = BuildExperiment(config, config_path, static_cast<int64_t>(length));
-        longer.model->LoadParameters(model.NamedValues());
-        SetEvalDepth(*longer.model, config, longer.test->info().length);
-        v.accuracy_vs_length.emplace_back(
-            length, Evaluate(*longer.model, *longer.test, eval_batch, e.dtype).accuracy);
-      }
+      MeasureSweeps(config, config_path, e, &v);
       MeasureScaleDepthGrid(config, config_path, model, &v);
       OnMainRank([&] { SaveVariantResult(v); });
       report.variants.push_back(std::move(v));
     }
   }
 
-  ReportHeader header;
-  std::ostringstream description;
-  description << "Config `" << config_path << "`; task `" << base.GetString("task.kind") << "`, ";
-  if (seeds.empty()) {
-    description << "seed " << base.GetInt("seed")
-                << "; every variant trained with the same seeds and data order.";
-  } else {
-    description << "seeds " << base.ValueText("compare.seeds")
-                << " (compare.seeds); every variant trained once per seed, with that seed's "
-                   "initialisation and data order.";
-  }
-  header.description = description.str();
-  if (!base.GetStringList("compare.attention").empty()) {
-    header.grid_attentions = base.GetStringList("compare.attention");
-    header.grid_kinds = base.GetStringList("compare.kinds");
-  }
+  const ReportHeader header = ComparisonHeader(base, config_path);
   // Rank 0 alone writes (training/distributed.h); the others print nothing.
   if (IsMainRank()) WriteComparisonReport(root, header, &report);
   return report;

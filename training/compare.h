@@ -10,8 +10,8 @@
 //   energy               model.kind=energy with the configured
 //                        model.energy.layer
 //   energy_<layer>       energy with model.energy.layer=<layer>, any name of
-//                        EnergyBlockRegistry() (hopfield, probabilistic,
-//                        expfam, energy_transformer)
+//                        EnergyBlockRegistry() (the built-ins of
+//                        layers/energy_block_list.h, or a user's)
 //   ATTENTION/KIND       a cell of the attention x kind grid: KIND (one of
 //                        the above but energy_<layer>) with
 //                        model.attention=ATTENTION (softmax or an energy

@@ -424,16 +424,11 @@ const char kPoolingExplanation[] =
     "over the seeds, and their curves the mean with a shaded band of ± one standard deviation; "
     "solver residual and status cells are those of the first seed.";
 
-}  // namespace
+using RunMetrics = std::map<std::string, std::vector<double>>;
 
-void WriteComparisonReport(const std::string& root,
-                           const ReportHeader& header,
-                           CompareReport* report) {
-  std::filesystem::create_directories(root);
-  // Each run's metrics, read once for the time to accuracy and the plots.
-  std::vector<std::map<std::string, std::vector<double>>> run_metrics;
-  for (const VariantResult& v : report->variants) run_metrics.push_back(ReadRunMetrics(v.run_dir));
-  // ---- time to accuracy and the last collapse diagnostics
+// Each run's time to accuracy and last collapse diagnostics, from its
+// metrics.
+void SetMetricsFigures(const std::vector<RunMetrics>& run_metrics, CompareReport* report) {
   for (std::size_t r = 0; r < report->variants.size(); ++r) {
     VariantResult& v = report->variants[r];
     const std::vector<double> steps = Column(run_metrics[r], "step"),
@@ -467,7 +462,11 @@ void WriteComparisonReport(const std::string& root,
     first_reaching(v.train.final_eval.accuracy - kFinalAccuracyMargin, &v.steps_to_final,
                    &v.seconds_to_final);
   }
-  // ---- the runs by variant name, in order of first appearance
+}
+
+// The runs by variant name, in order of first appearance.
+std::vector<Group> GroupRuns(const CompareReport* report,
+                             const std::vector<RunMetrics>& run_metrics) {
   std::vector<Group> groups;
   for (std::size_t r = 0; r < report->variants.size(); ++r) {
     const VariantResult& v = report->variants[r];
@@ -480,10 +479,79 @@ void WriteComparisonReport(const std::string& root,
     it->runs.push_back(&v);
     it->metrics.push_back(&run_metrics[r]);
   }
-  bool pooled = false;
-  for (const Group& g : groups) pooled = pooled || g.runs.size() > 1;
+  return groups;
+}
 
-  // ---- table
+// One variant's row of the results table.
+std::string ResultsRow(const Group& g, bool pooled) {
+  std::ostringstream table;
+  auto fixed = [](int digits) { return [digits](double x) { return Fixed(x, digits); }; };
+  const TrainSummary& t = g.runs[0]->train;
+  const VariantResult& v = *g.runs[0];
+  const bool solved = t.forward.iterations_max > 0;
+  const bool backward_ran = !t.backward.status_counts.empty();
+  table << "| " << g.name << " | ";
+  if (pooled) table << g.runs.size() << " | ";
+  table << t.num_parameters << " | "
+        << PooledCell(g.Values([](const VariantResult& x) { return x.train.final_train_loss; }),
+                      fixed(4))
+        << " | "
+        << PooledCell(g.Values([](const VariantResult& x) {
+             return Evaluated(x, x.train.final_eval.loss);
+           }),
+                      fixed(4))
+        << " | "
+        << PooledCell(g.Values([](const VariantResult& x) {
+             return Evaluated(x, 100.0 * x.train.final_eval.accuracy);
+           }),
+                      fixed(2), "%")
+        << " | "
+        << PooledCell(g.Values([](const VariantResult& x) {
+             return Evaluated(x, 100.0 * x.train.final_eval.solved_fraction);
+           }),
+                      fixed(2), "%")
+        << " | "
+        << PooledCell(
+               g.Values([](const VariantResult& x) { return 1000.0 * x.train.seconds_per_step; }),
+               fixed(1))
+        << " | "
+        << ReachedCell(g, &VariantResult::steps_to_target, &VariantResult::seconds_to_target)
+        << " | " << ReachedCell(g, &VariantResult::steps_to_final, &VariantResult::seconds_to_final)
+        << " | "
+        << PooledCell(g.Values([](const VariantResult& x) { return x.train.pool_peak_mb; }),
+                      fixed(1))
+        << " | "
+        << (solved ? PooledCell(g.Values([](const VariantResult& x) {
+             return x.train.forward.iterations_mean;
+           }),
+                                fixed(1))
+                   : "-")
+        << " | " << (solved ? ResidualCell(t.forward) : "-") << " | "
+        << (solved ? StatusCell(t.forward) : "-") << " | "
+        << (backward_ran ? PooledCell(g.Values([](const VariantResult& x) {
+             return x.train.backward.iterations_mean;
+           }),
+                                      fixed(1))
+                         : "-")
+        << " | " << ResidualCell(t.backward) << " | " << StatusCell(t.backward) << " | "
+        << StatsCells(g, &TrainSummary::attention_forward) << " | "
+        << StatsCells(g, &TrainSummary::attention_backward) << " | "
+        << (std::isfinite(v.max_weight_fixed_point)
+                ? Fixed(v.max_weight_first, 2) + " -> " + Fixed(v.max_weight_fixed_point, 2)
+                : std::string("-"))
+        << " | "
+        << PooledCell(g.Values([](const VariantResult& x) { return x.gradient_cosine_vs_ift; }),
+                      fixed(4))
+        << " | "
+        << PooledCell(
+               g.Values([](const VariantResult& x) { return x.gradient_relative_error_vs_ift; }),
+               Scientific)
+        << " | " << StopCell(g.runs) << " | " << VerdictOf(g.runs, /*brief=*/false) << " |\n";
+  return table.str();
+}
+
+// The results table (markdown), a row per variant.
+std::string ResultsTable(const std::vector<Group>& groups, bool pooled) {
   std::ostringstream table;
   table << "| variant | " << (pooled ? "seeds | " : "")
         << "params | train loss | test loss | test acc | test solved | ms/step | to 98% | to final acc "
@@ -494,75 +562,19 @@ void WriteComparisonReport(const std::string& root,
         << "|---|" << (pooled ? "---|" : "")
         << "---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
            "---|---|\n";
-  auto fixed = [](int digits) { return [digits](double x) { return Fixed(x, digits); }; };
-  for (const Group& g : groups) {
-    const TrainSummary& t = g.runs[0]->train;
-    const VariantResult& v = *g.runs[0];
-    const bool solved = t.forward.iterations_max > 0;
-    const bool backward_ran = !t.backward.status_counts.empty();
-    table << "| " << g.name << " | ";
-    if (pooled) table << g.runs.size() << " | ";
-    table << t.num_parameters << " | "
-          << PooledCell(g.Values([](const VariantResult& x) { return x.train.final_train_loss; }),
-                        fixed(4))
-          << " | "
-          << PooledCell(g.Values([](const VariantResult& x) {
-               return Evaluated(x, x.train.final_eval.loss);
-             }),
-                        fixed(4))
-          << " | "
-          << PooledCell(g.Values([](const VariantResult& x) {
-               return Evaluated(x, 100.0 * x.train.final_eval.accuracy);
-             }),
-                        fixed(2), "%")
-          << " | "
-          << PooledCell(g.Values([](const VariantResult& x) {
-               return Evaluated(x, 100.0 * x.train.final_eval.solved_fraction);
-             }),
-                        fixed(2), "%")
-          << " | "
-          << PooledCell(
-                 g.Values([](const VariantResult& x) { return 1000.0 * x.train.seconds_per_step; }),
-                 fixed(1))
-          << " | "
-          << ReachedCell(g, &VariantResult::steps_to_target, &VariantResult::seconds_to_target)
-          << " | " << ReachedCell(g, &VariantResult::steps_to_final, &VariantResult::seconds_to_final)
-          << " | "
-          << PooledCell(g.Values([](const VariantResult& x) { return x.train.pool_peak_mb; }),
-                        fixed(1))
-          << " | "
-          << (solved ? PooledCell(g.Values([](const VariantResult& x) {
-               return x.train.forward.iterations_mean;
-             }),
-                                  fixed(1))
-                     : "-")
-          << " | " << (solved ? ResidualCell(t.forward) : "-") << " | "
-          << (solved ? StatusCell(t.forward) : "-") << " | "
-          << (backward_ran ? PooledCell(g.Values([](const VariantResult& x) {
-               return x.train.backward.iterations_mean;
-             }),
-                                        fixed(1))
-                           : "-")
-          << " | " << ResidualCell(t.backward) << " | " << StatusCell(t.backward) << " | "
-          << StatsCells(g, &TrainSummary::attention_forward) << " | "
-          << StatsCells(g, &TrainSummary::attention_backward) << " | "
-          << (std::isfinite(v.max_weight_fixed_point)
-                  ? Fixed(v.max_weight_first, 2) + " -> " + Fixed(v.max_weight_fixed_point, 2)
-                  : std::string("-"))
-          << " | "
-          << PooledCell(g.Values([](const VariantResult& x) { return x.gradient_cosine_vs_ift; }),
-                        fixed(4))
-          << " | "
-          << PooledCell(
-                 g.Values([](const VariantResult& x) { return x.gradient_relative_error_vs_ift; }),
-                 Scientific)
-          << " | " << StopCell(g.runs) << " | " << VerdictOf(g.runs, /*brief=*/false) << " |\n";
-  }
-  report->table = table.str();
-  report->console_table = ConsoleTable(groups, pooled);
-  report->grid = header.grid_attentions.empty() ? "" : GridTable(groups, header);
+  for (const Group& g : groups) table << ResultsRow(g, pooled);
+  return table.str();
+}
 
-  // ---- plots
+struct Figure {
+  std::string file, title, x, y;
+  std::vector<PlotSeries> series;
+  bool log_y;
+  std::string table_x;  // non-empty: the numbers follow the plot as a table
+};
+
+// The report's plots, from the groups' metrics and sweeps.
+std::vector<Figure> Figures(const std::vector<Group>& groups) {
   std::vector<PlotSeries> loss, accuracy, depth, length, gradient, spectral;
   bool any_length = false;
   for (const Group& g : groups) {
@@ -586,117 +598,159 @@ void WriteComparisonReport(const std::string& root,
     PlotSeries pooled_spectral = Pool(g.name, r, true);
     if (!pooled_spectral.x.empty()) spectral.push_back(pooled_spectral);
   }
-  struct Figure {
-    std::string file, title, x, y;
-    std::vector<PlotSeries>* series;
-    bool log_y;
-    std::string table_x;  // non-empty: the numbers follow the plot as a table
-  };
   std::vector<Figure> figures = {
-      {"loss.svg", "Training loss", "step", "cross-entropy (nats)", &loss, true, ""},
+      {"loss.svg", "Training loss", "step", "cross-entropy (nats)", loss, true, ""},
       {"accuracy.svg", "Held-out accuracy during training", "step", "held-out accuracy (%)",
-       &accuracy, false, ""},
+       accuracy, false, ""},
       {"accuracy_vs_depth.svg",
        "Test-time compute: accuracy vs solver iterations (implicit) / depth (tied, explicit)",
-       "solver iterations or layers", "held-out accuracy (%)", &depth, false,
+       "solver iterations or layers", "held-out accuracy (%)", depth, false,
        "iterations or layers"}};
   if (!gradient.empty()) {
     figures.push_back({"gradient_quality.svg",
                        "Gradient quality: cosine between the gradient used and the reference "
                        "(ift, GMRES to 1e-10) at every evaluation",
-                       "step", "cosine similarity", &gradient, false, ""});
+                       "step", "cosine similarity", gradient, false, ""});
   }
   if (!spectral.empty()) {
     figures.push_back({"spectral_radius.svg",
                        "Stability: spectral radius of the fixed-point map's Jacobian at z* (power "
                        "iteration) at every evaluation; the fixed_point adjoint and Picard "
                        "converge below 1",
-                       "step", "spectral radius", &spectral, false, ""});
+                       "step", "spectral radius", spectral, false, ""});
   }
   if (any_length) {
     figures.push_back({"accuracy_vs_length.svg", "Length extrapolation", "sequence length (tokens)",
-                       "held-out accuracy (%)", &length, false, "sequence length"});
+                       "held-out accuracy (%)", length, false, "sequence length"});
   }
+  return figures;
+}
+
+// The report's two texts, written side by side.
+struct ReportText {
   std::ostringstream md, html;
+};
+
+// Why a run stopped and why it is unhealthy, in full.
+void WriteStopNotes(const CompareReport& report, ReportText* text) {
+  std::ostringstream& md = text->md;
+  std::ostringstream& html = text->html;
+  std::string notes;
+  for (const VariantResult& v : report.variants) {
+    const std::string who = "- " + v.name + " (seed " + std::to_string(v.seed) + "): ";
+    if (v.train.stopped_early) notes += who + "stopped early: " + v.train.stop_reason + "\n";
+    if (v.train.equilibrium.applies && !v.train.equilibrium.healthy()) {
+      notes += who + v.train.equilibrium.verdict + "\n";
+    }
+  }
+  if (!notes.empty()) {
+    md << "Stops and equilibrium verdicts:\n\n" << notes << "\n";
+    html << ProseToHtml("Stops and equilibrium verdicts:") << "<ul>\n";
+    std::istringstream lines(notes);
+    std::string line;
+    while (std::getline(lines, line)) {
+      const std::string item = ProseToHtml(line.substr(2));
+      html << "<li>" << item.substr(3, item.size() - 8) << "</li>\n";
+    }
+    html << "</ul>\n";
+  }
+}
+
+void WriteProvenance(const CompareReport& report, ReportText* text) {
+  std::ostringstream& md = text->md;
+  std::ostringstream& html = text->html;
+  std::string provenance = "Each run's stillpoint version, git revision, command, overrides, "
+                           "machine and times (from its summary.json):\n\n";
+  for (const VariantResult& v : report.variants) {
+    provenance += "- " + v.name + " (seed " + std::to_string(v.seed) +
+                  "): " + ProvenanceMarkdown(v.train.provenance) + "\n";
+  }
+  md << "## Provenance\n\n" << provenance << "\n";
+  html << "<h2>Provenance</h2>\n<ul>\n";
+  for (const VariantResult& v : report.variants) {
+    std::string item = ProseToHtml(v.name + " (seed " + std::to_string(v.seed) +
+                                   "): " + ProvenanceMarkdown(v.train.provenance));
+    html << "<li>" << item.substr(3, item.size() - 8) << "</li>\n";
+  }
+  html << "</ul>\n";
+}
+
+// Each figure as an SVG file beside the report, and in it (with its numbers
+// as a table when the figure has one).
+void WriteFigures(const std::vector<Figure>& figures, const std::string& root, ReportText* text) {
+  std::ostringstream& md = text->md;
+  std::ostringstream& html = text->html;
+  for (const Figure& f : figures) {
+    PlotOptions options{f.title, f.x, f.y, f.log_y, 760, 420};
+    const std::string svg = LinePlotSvg(f.series, options);
+    WriteTextFile(root + "/" + f.file, svg);
+    md << "![" << f.title << "](" << f.file << ")\n\n";
+    html << "<h2>" << f.title << "</h2>\n" << svg;
+    if (!f.table_x.empty()) {
+      const std::string curve = CurveTable(f.series, f.table_x, "%");
+      md << "Held-out accuracy:\n\n" << curve << "\n";
+      html << "<p>Held-out accuracy:</p>\n" << MarkdownTableToHtml(curve);
+    }
+  }
+}
+
+// The title, the description, the grid, the results table and their notes.
+void WriteHead(const ReportHeader& header, const CompareReport& report, bool pooled,
+               ReportText* text) {
+  std::ostringstream& md = text->md;
+  std::ostringstream& html = text->html;
   md << "# stillpoint comparison\n\n" << header.description << "\n\n";
   html << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>stillpoint "
           "comparison</title>\n<style>body{font-family:sans-serif;max-width:1100px;margin:auto}"
           "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;"
           "text-align:right}</style></head><body>\n<h1>stillpoint comparison</h1>\n"
        << ProseToHtml(header.description);
-  if (!report->grid.empty()) {
-    md << report->grid << "\n" << kGridExplanation << "\n\n";
-    html << MarkdownTableToHtml(report->grid) << ProseToHtml(kGridExplanation);
+  if (!report.grid.empty()) {
+    md << report.grid << "\n" << kGridExplanation << "\n\n";
+    html << MarkdownTableToHtml(report.grid) << ProseToHtml(kGridExplanation);
   }
-  md << report->table << "\n" << kTableExplanation << "\n\n";
-  html << MarkdownTableToHtml(report->table) << ProseToHtml(kTableExplanation);
-  {
-    // Why a run stopped and why it is unhealthy, in full.
-    std::string notes;
-    for (const VariantResult& v : report->variants) {
-      const std::string who = "- " + v.name + " (seed " + std::to_string(v.seed) + "): ";
-      if (v.train.stopped_early) notes += who + "stopped early: " + v.train.stop_reason + "\n";
-      if (v.train.equilibrium.applies && !v.train.equilibrium.healthy()) {
-        notes += who + v.train.equilibrium.verdict + "\n";
-      }
-    }
-    if (!notes.empty()) {
-      md << "Stops and equilibrium verdicts:\n\n" << notes << "\n";
-      html << ProseToHtml("Stops and equilibrium verdicts:") << "<ul>\n";
-      std::istringstream lines(notes);
-      std::string line;
-      while (std::getline(lines, line)) {
-        const std::string item = ProseToHtml(line.substr(2));
-        html << "<li>" << item.substr(3, item.size() - 8) << "</li>\n";
-      }
-      html << "</ul>\n";
-    }
-  }
+  md << report.table << "\n" << kTableExplanation << "\n\n";
+  html << MarkdownTableToHtml(report.table) << ProseToHtml(kTableExplanation);
+  WriteStopNotes(report, text);
   if (pooled) {
     md << kPoolingExplanation << "\n\n";
     html << ProseToHtml(kPoolingExplanation);
   }
+}
+
+}  // namespace
+
+void WriteComparisonReport(const std::string& root,
+                           const ReportHeader& header,
+                           CompareReport* report) {
+  std::filesystem::create_directories(root);
+  // Each run's metrics, read once for the time to accuracy and the plots.
+  std::vector<RunMetrics> run_metrics;
+  for (const VariantResult& v : report->variants) run_metrics.push_back(ReadRunMetrics(v.run_dir));
+  SetMetricsFigures(run_metrics, report);
+  const std::vector<Group> groups = GroupRuns(report, run_metrics);
+  bool pooled = false;
+  for (const Group& g : groups) pooled = pooled || g.runs.size() > 1;
+  report->table = ResultsTable(groups, pooled);
+  report->console_table = ConsoleTable(groups, pooled);
+  report->grid = header.grid_attentions.empty() ? "" : GridTable(groups, header);
+
+  ReportText text;
+  WriteHead(header, *report, pooled, &text);
   for (const ReportSection& section :
        {PerClassSection(report->variants, root), TextSection(report->variants)}) {
-    md << section.markdown;
-    html << section.html;
+    text.md << section.markdown;
+    text.html << section.html;
   }
-  {
-    std::string provenance = "Each run's stillpoint version, git revision, command, overrides, "
-                             "machine and times (from its summary.json):\n\n";
-    for (const VariantResult& v : report->variants) {
-      provenance += "- " + v.name + " (seed " + std::to_string(v.seed) +
-                    "): " + ProvenanceMarkdown(v.train.provenance) + "\n";
-    }
-    md << "## Provenance\n\n" << provenance << "\n";
-    html << "<h2>Provenance</h2>\n<ul>\n";
-    for (const VariantResult& v : report->variants) {
-      std::string item = ProseToHtml(v.name + " (seed " + std::to_string(v.seed) +
-                                     "): " + ProvenanceMarkdown(v.train.provenance));
-      html << "<li>" << item.substr(3, item.size() - 8) << "</li>\n";
-    }
-    html << "</ul>\n";
-  }
-  for (const Figure& f : figures) {
-    PlotOptions options{f.title, f.x, f.y, f.log_y, 760, 420};
-    const std::string svg = LinePlotSvg(*f.series, options);
-    WriteTextFile(root + "/" + f.file, svg);
-    md << "![" << f.title << "](" << f.file << ")\n\n";
-    html << "<h2>" << f.title << "</h2>\n" << svg;
-    if (!f.table_x.empty()) {
-      const std::string curve = CurveTable(*f.series, f.table_x, "%");
-      md << "Held-out accuracy:\n\n" << curve << "\n";
-      html << "<p>Held-out accuracy:</p>\n" << MarkdownTableToHtml(curve);
-    }
-  }
+  WriteProvenance(*report, &text);
+  WriteFigures(Figures(groups), root, &text);
   const HeatMapSection heat_map = WriteHeatMapSection(root, report->variants);
-  md << heat_map.markdown;
-  html << heat_map.html;
-  html << "</body></html>\n";
+  text.md << heat_map.markdown;
+  text.html << heat_map.html << "</body></html>\n";
   report->markdown_path = root + "/report.md";
   report->html_path = root + "/report.html";
-  WriteTextFile(report->markdown_path, md.str());
-  WriteTextFile(report->html_path, html.str());
+  WriteTextFile(report->markdown_path, text.md.str());
+  WriteTextFile(report->html_path, text.html.str());
 }
 
 void SaveVariantResult(const VariantResult& v) {

@@ -16,6 +16,38 @@ namespace {
 
 constexpr int64_t kBig = int64_t{1} << 40;
 
+// compare.variants' default: the kinds that run a cell (energy needs an
+// energy attention, so it is not a default variant).
+std::vector<std::string> CellModelKindNames() {
+  std::vector<std::string> names;
+  for (ModelKind kind : AllModelKinds()) {
+    if (kind != ModelKind::kEnergy) names.push_back(ToString(kind));
+  }
+  return names;
+}
+
+// compare.variants' doc (from the model kinds' list).
+std::string CompareVariantsDoc() {
+  std::string doc = "Variants trained by `stillpoint compare`: ";
+  for (const std::string& kind : ModelKindNames()) {
+    doc += kind;
+    if (kind == "implicit") doc += ", implicit_<backward mode> (e.g. implicit_jfb)";
+    if (kind == "energy") doc += " (model.energy.layer), energy_<layer> (e.g. energy_hopfield)";
+    doc += ", ";
+  }
+  return doc.substr(0, doc.size() - 2);
+}
+
+// compare.kinds' doc: "The kinds of the grid: explicit, tied, implicit,
+// implicit_<backward mode>, energy" (from the model kinds' list).
+std::string CompareKindsDoc() {
+  std::string doc = "The kinds of the grid: ";
+  for (const std::string& kind : ModelKindNames()) {
+    doc += kind + (kind == "implicit" ? ", implicit_<backward mode>" : "") + ", ";
+  }
+  return doc.substr(0, doc.size() - 2);
+}
+
 // Whether a solver key exists under prefix: the inner solve of an energy
 // attention has no adjoint warm start (one call site serves every
 // evaluation of the cell, so there is no previous adjoint of the same
@@ -153,18 +185,14 @@ ConfigSchema BuildSchema() {
   AddOptionKeys(s, "health.", HealthOptions::Fields());
 
   // ---- compare
-  s.StringList("compare.variants", {"explicit", "tied", "implicit"}, {},
-               "Variants trained by `stillpoint compare`: explicit, tied, implicit, "
-               "implicit_<backward mode> (e.g. implicit_jfb), energy (model.energy.layer), "
-               "energy_<layer> (e.g. energy_hopfield)")
+  s.StringList("compare.variants", CellModelKindNames(), {},
+               CompareVariantsDoc())
       .StringList("compare.attention", {}, {},
                   "The attention x kind grid: attentions (softmax or registered energy "
                   "attentions) crossed with compare.kinds, variants named ATTENTION/KIND (e.g. "
                   "probabilistic/implicit; softmax/energy is skipped). When set, it replaces "
                   "compare.variants")
-      .StringList("compare.kinds", {"explicit", "tied", "implicit", "energy"}, {},
-                  "The kinds of the grid: explicit, tied, implicit, implicit_<backward mode>, "
-                  "energy")
+      .StringList("compare.kinds", ModelKindNames(), {}, CompareKindsDoc())
       .DoubleList("compare.seeds", {},
                   "Train each variant once per seed (whole numbers, each replacing `seed`) and "
                   "report mean ± standard deviation over them; empty: once, with `seed`",
@@ -402,9 +430,7 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   m.energy.dim = m.dim;
   m.energy.heads = m.cell_options.heads;
   m.energy.dtype = m.dtype;
-  std::vector<std::string> attentions = {"softmax"};
-  for (const std::string& name : EnergyBlockRegistry().Names()) attentions.push_back(name);
-  CheckName(c, "model.attention", "attention", m.cell_options.attention, attentions);
+  CheckName(c, "model.attention", "attention", m.cell_options.attention, AttentionKindNames());
   m.cell_options.energy = m.energy;
   CheckEnergyKeysAreRead(c);
   CheckReadoutKeysAreRead(c, m);

@@ -21,7 +21,7 @@
 #include "layers/models.h"
 #include "training/checkpoint.h"
 #include "training/config.h"
-#include "training/experiment.h"
+#include "training/solver_stats.h"
 
 namespace stillpoint {
 

@@ -1,7 +1,9 @@
 // An experiment: what one config describes before training starts — the
-// datasets, the model built for them, and how a batch becomes logits, a loss
-// and an accuracy. The trainer, `stillpoint eval` and `stillpoint compare`
-// all start from here, so they agree on what a config means.
+// datasets and the model built for them — and its evaluation on a held-out
+// set. The trainer, `stillpoint eval` and `stillpoint compare` all start from
+// here, so they agree on what a config means. How a batch becomes logits, a
+// loss and an accuracy is training/batch_loss.h; the solver statistics,
+// training/solver_stats.h.
 #pragma once
 
 #include <cmath>
@@ -12,8 +14,10 @@
 
 #include "layers/models.h"
 #include "solvers/summary.h"
+#include "training/batch_loss.h"
 #include "training/config.h"
 #include "training/dataset.h"
+#include "training/solver_stats.h"
 
 namespace stillpoint {
 
@@ -50,65 +54,6 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
 // causal mask (model.attention_mask none becomes causal, a causal window is
 // kept; local is a ConfigError).
 void MakeCausal(const Config& config, ModelOptions* options);
-
-// The logits of a batch, flattened to [rows, classes] in target order.
-Var ForwardBatch(SequenceModel& model, const Batch& batch);
-// The injection u [B, T, d] of a batch: its features or its tokens embedded.
-Var EmbedBatch(const SequenceModel& model, const Batch& batch);
-// Mean cross-entropy over the batch's non-ignored targets.
-Var BatchLoss(const Var& logits, const Batch& batch);
-// (correct, counted) predictions of the argmax over classes.
-std::pair<int64_t, int64_t> CountCorrect(const Tensor& logits, const Batch& batch);
-// (solved, counted) examples: an example is solved when the argmax is right
-// at every one of its targets; examples without a target are not counted.
-std::pair<int64_t, int64_t> CountSolved(const Tensor& logits, const Batch& batch);
-
-// Forward-solver statistics of the last Forward of an implicit model (all
-// zero for explicit and tied models).
-struct SolverStats {
-  double iterations_mean = 0;
-  double iterations_max = 0;
-  // Relative residual, max over samples; NaN when none was measured (the
-  // inexact backward modes jfb, phantom and unrolled).
-  double residual_max = 0;
-  // The relative tolerance the residual had to meet (the forward solver's
-  // relative_tolerance in stop_mode relative, the adjoint's tolerance); 0
-  // when there was none (a fixed budget, an inexact mode, or a forward solve
-  // judged by its absolute tolerance).
-  double tolerance = 0;
-  int64_t converged = 0;      // samples
-  int64_t not_converged = 0;  // samples that missed their tolerance or failed
-  int64_t inexact = 0;        // samples ended INEXACT: an approximation by design
-  // Samples per termination status ("CONVERGED", "MAX_ITERATIONS", ...),
-  // only the statuses that occurred.
-  std::map<std::string, int64_t> status_counts;
-  std::string brief;        // the summary's BriefReport()
-
-  // Whether residual_max was measured.
-  bool HasResidual() const { return !std::isnan(residual_max); }
-  // Whether a tolerance was set and the worst residual is above it.
-  bool ToleranceMissed() const {
-    return tolerance > 0 && HasResidual() && residual_max > tolerance;
-  }
-  // Adds another batch's (or shard's) statistics: sums the counts, takes
-  // maxima of the maxima (a measured residual wins over an unmeasured one)
-  // and weighs the means by sample count; keeps this brief unless empty.
-  void Merge(const SolverStats& other);
-};
-SolverStats ForwardStats(const SequenceModel& model);
-SolverStats BackwardStats(const SequenceModel& model);
-// The inner solves of the model's energy attentions (energy_attention.h),
-// each as its last Forward left it, combined (mean of the iteration means,
-// worst maxima and residuals, sample counts added); empty without them.
-SolverStats AttentionForwardStats(const SequenceModel& model);
-SolverStats AttentionBackwardStats(const SequenceModel& model);
-
-// The worst residual beside its tolerance, for tables and summaries:
-// "3.10e-09 <= 1e-05", "5.80e-03 > 1e-05 NOT MET", "5.80e-03" (no
-// tolerance), "n/a" (not measured: an inexact mode), "-" (no solve).
-std::string ResidualCell(const SolverStats& stats);
-// Samples per status: "CONVERGED 30, MAX_ITERATIONS 2"; "-" (no solve).
-std::string StatusCell(const SolverStats& stats);
 
 struct EvalResult {
   double loss = 0;

@@ -107,6 +107,41 @@ class WarmStartsForProbe {
 
 }  // namespace
 
+namespace {
+
+// The reference solves' worst status (returned, and as reference_status)
+// and worst residual.
+TerminationType SetReferenceOutcome(
+    const std::vector<std::shared_ptr<const AdjointSummary>>& summaries, GradientCheck* check) {
+  TerminationType worst = TerminationType::kConverged;
+  for (const auto& summary : summaries) {
+    if (!summary) continue;
+    worst = std::max(worst, summary->termination_type);
+    if (summary->HasResiduals() && !(summary->MaxRelResidual() <= check->reference_residual)) {
+      check->reference_residual = summary->MaxRelResidual();
+    }
+  }
+  check->reference_status = ToString(worst);
+  return worst;
+}
+
+// The cosine and the relative error of the gradient used against the
+// reference (left NaN when a norm is 0).
+void CompareGradients(const std::vector<double>& used, const std::vector<double>& reference,
+                      GradientCheck* check) {
+  double dot = 0, used_sq = 0, reference_sq = 0, diff_sq = 0;
+  for (std::size_t i = 0; i < used.size(); ++i) {
+    dot += used[i] * reference[i];
+    used_sq += used[i] * used[i];
+    reference_sq += reference[i] * reference[i];
+    diff_sq += (used[i] - reference[i]) * (used[i] - reference[i]);
+  }
+  if (used_sq > 0 && reference_sq > 0) check->cosine = dot / std::sqrt(used_sq * reference_sq);
+  if (reference_sq > 0) check->relative_error = std::sqrt(diff_sq / reference_sq);
+}
+
+}  // namespace
+
 GradientCheck CheckGradient(SequenceModel& model, const Batch& batch, int64_t used_depth) {
   GradientCheck check;
   // Every implicit layer: the model's own (implicit and energy kinds) and
@@ -160,15 +195,7 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch, int64_t us
   for (const auto& [name, hopfield] : model.HopfieldReadouts()) {
     summaries.push_back(hopfield->last_solve().implicit.backward);
   }
-  TerminationType worst = TerminationType::kConverged;
-  for (const auto& summary : summaries) {
-    if (!summary) continue;
-    worst = std::max(worst, summary->termination_type);
-    if (summary->HasResiduals() && !(summary->MaxRelResidual() <= check.reference_residual)) {
-      check.reference_residual = summary->MaxRelResidual();
-    }
-  }
-  check.reference_status = ToString(worst);
+  const TerminationType worst = SetReferenceOutcome(summaries, &check);
   for (std::size_t i = 0; i < layers.size(); ++i) layers[i]->mutable_options() = saved[i];
   for (std::size_t i = 0; i < readouts.size(); ++i) *readouts[i] = saved_readouts[i];
   model.SetDepthOverride(depth);
@@ -183,16 +210,7 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch, int64_t us
     check.no_reference = buffer;
     return check;
   }
-
-  double dot = 0, used_sq = 0, reference_sq = 0, diff_sq = 0;
-  for (std::size_t i = 0; i < used.size(); ++i) {
-    dot += used[i] * reference[i];
-    used_sq += used[i] * used[i];
-    reference_sq += reference[i] * reference[i];
-    diff_sq += (used[i] - reference[i]) * (used[i] - reference[i]);
-  }
-  if (used_sq > 0 && reference_sq > 0) check.cosine = dot / std::sqrt(used_sq * reference_sq);
-  if (reference_sq > 0) check.relative_error = std::sqrt(diff_sq / reference_sq);
+  CompareGradients(used, reference, &check);
   return check;
 }
 

@@ -29,13 +29,8 @@ std::string TallyJson(const SolveTally& t) {
                     ", \"converged_samples\": " + std::to_string(t.converged_samples) +
                     ", \"inexact_samples\": " + std::to_string(t.inexact_samples) +
                     ", \"converged_fraction\": " + JsonNumber(t.ConvergedFraction()) +
-                    ", \"status\": {";
-  bool first = true;
-  for (const auto& [status, count] : t.status_counts) {
-    out += (first ? "" : ", ") + JsonString(status) + ": " + std::to_string(count);
-    first = false;
-  }
-  return out + "}}";
+                    ", \"status\": " + StatusCountsJson(t.status_counts);
+  return out + "}";
 }
 
 }  // namespace

@@ -28,6 +28,15 @@ std::string FormatDouble(double value) {
 
 std::string JsonNumber(double value) { return std::isfinite(value) ? FormatDouble(value) : "null"; }
 
+std::string StatusCountsJson(const std::map<std::string, int64_t>& counts) {
+  std::string out = "{";
+  for (const auto& [status, count] : counts) {
+    if (out.size() > 1) out += ", ";
+    out += JsonString(status) + ": " + std::to_string(count);
+  }
+  return out + "}";
+}
+
 std::string JsonString(const std::string& text) {
   std::string out = "\"";
   for (char c : text) {

@@ -63,5 +63,9 @@ void DropMetricsAfterStep(const std::string& run_dir, int64_t step);
 std::string JsonNumber(double value);
 // A string as a JSON string literal (quoted, escaped).
 std::string JsonString(const std::string& text);
+// Samples (or solves) per termination status as a JSON object,
+// {"CONVERGED": 30, "MAX_ITERATIONS": 2}: the "status" of summary.json's
+// solver statistics and solve counts, and of health's tallies.
+std::string StatusCountsJson(const std::map<std::string, int64_t>& counts);
 
 }  // namespace stillpoint

@@ -40,16 +40,6 @@ SolverStats StatsFromJson(const YAML::Node& node) {
   return stats;
 }
 
-// {"CONVERGED": 30, "MAX_ITERATIONS": 2}
-std::string StatusJson(const SolverStats& stats) {
-  std::string out = "{";
-  for (const auto& [status, count] : stats.status_counts) {
-    if (out.size() > 1) out += ", ";
-    out += JsonString(status) + ": " + std::to_string(count);
-  }
-  return out + "}";
-}
-
 // true / false, or null when there was no tolerance or no measured residual.
 std::string ToleranceMetJson(const SolverStats& stats) {
   if (stats.tolerance <= 0 || !stats.HasResidual()) return "null";
@@ -73,13 +63,8 @@ std::string FamilyJson(const ImplicitTally& t) {
                       ", \"samples\": " + std::to_string(x.samples) +
                       ", \"converged_samples\": " + std::to_string(x.converged_samples) +
                       ", \"inexact_samples\": " + std::to_string(x.inexact_samples) +
-                      ", \"status\": {";
-    bool first = true;
-    for (const auto& [status, count] : x.status_counts) {
-      out += (first ? "" : ", ") + JsonString(status) + ": " + std::to_string(count);
-      first = false;
-    }
-    return out + "}}";
+                      ", \"status\": " + StatusCountsJson(x.status_counts);
+    return out + "}";
   };
   return "{\"forward\": " + tally(t.forward) + ", \"backward\": " + tally(t.backward) + "}";
 }
@@ -93,6 +78,23 @@ std::string RunSolveCountsJson(const RunSolveCounts& counts) {
            FamilyJson(counts.solves[f]);
   }
   return out + "}";
+}
+
+// The last gradient check with its step, or null when none ran.
+std::string GradientCheckJson(const TrainSummary& s) {
+  if (!s.gradient_check.ran) return "null";
+  const GradientCheck& g = s.gradient_check;
+  std::ostringstream out;
+  out << "{\"step\": " << s.gradient_check_step << ", \"cosine\": " << JsonNumber(g.cosine)
+      << ", \"relative_error\": " << JsonNumber(g.relative_error) << ", \"no_reference\": "
+      << (g.no_reference.empty() ? "null" : JsonString(g.no_reference))
+      << ", \"used_depth\": " << g.used_depth
+      << ", \"reference\": \"ift/gmres\", \"reference_tolerance\": "
+      << JsonNumber(g.reference_tolerance)
+      << ", \"reference_residual\": " << JsonNumber(g.reference_residual)
+      << ", \"reference_status\": " << JsonString(g.reference_status)
+      << ", \"spectral_radius\": " << JsonNumber(g.spectral_radius) << "}";
+  return out.str();
 }
 
 }  // namespace
@@ -138,10 +140,10 @@ std::string SummaryJson(const TrainSummary& s) {
       << JsonNumber(s.attention_backward.residual_max)
       << ",\n  \"forward_tolerance\": " << JsonNumber(s.forward.tolerance)
       << ",\n  \"forward_tolerance_met\": " << ToleranceMetJson(s.forward)
-      << ",\n  \"forward_status\": " << StatusJson(s.forward)
+      << ",\n  \"forward_status\": " << StatusCountsJson(s.forward.status_counts)
       << ",\n  \"backward_tolerance\": " << JsonNumber(s.backward.tolerance)
       << ",\n  \"backward_tolerance_met\": " << ToleranceMetJson(s.backward)
-      << ",\n  \"backward_status\": " << StatusJson(s.backward)
+      << ",\n  \"backward_status\": " << StatusCountsJson(s.backward.status_counts)
       << ",\n  \"forward_unconverged_steps\": " << counts.forward_unconverged(SolveFamily::kModel)
       << ",\n  \"backward_unconverged_steps\": "
       << counts.backward_unconverged(SolveFamily::kModel)
@@ -161,22 +163,8 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"per_class_accuracy\": "
       << (s.confusion.classes() > 0 ? PerClassAccuracyJson(s.confusion) : "null")
       << ",\n  \"provenance\": " << ProvenanceJson(s.provenance)
-      << ",\n  \"gradient_check\": ";
-  if (s.gradient_check.ran) {
-    const GradientCheck& g = s.gradient_check;
-    out << "{\"step\": " << s.gradient_check_step << ", \"cosine\": " << JsonNumber(g.cosine)
-        << ", \"relative_error\": " << JsonNumber(g.relative_error) << ", \"no_reference\": "
-        << (g.no_reference.empty() ? "null" : JsonString(g.no_reference))
-        << ", \"used_depth\": " << g.used_depth
-        << ", \"reference\": \"ift/gmres\", \"reference_tolerance\": "
-        << JsonNumber(g.reference_tolerance)
-        << ", \"reference_residual\": " << JsonNumber(g.reference_residual)
-        << ", \"reference_status\": " << JsonString(g.reference_status)
-        << ", \"spectral_radius\": " << JsonNumber(g.spectral_radius) << "}";
-  } else {
-    out << "null";
-  }
-  out << ",\n  \"equilibrium\": " << s.equilibrium.Json() << "\n}\n";
+      << ",\n  \"gradient_check\": " << GradientCheckJson(s)
+      << ",\n  \"equilibrium\": " << s.equilibrium.Json() << "\n}\n";
   return out.str();
 }
 
@@ -188,13 +176,9 @@ std::string SolverStatsJson(const SolverStats& stats) {
                     ", \"tolerance\": " + JsonNumber(stats.tolerance) +
                     ", \"converged\": " + std::to_string(stats.converged) +
                     ", \"not_converged\": " + std::to_string(stats.not_converged) +
-                    ", \"inexact\": " + std::to_string(stats.inexact) + ", \"status\": {";
-  bool first = true;
-  for (const auto& [status, count] : stats.status_counts) {
-    out += (first ? "" : ", ") + JsonString(status) + ": " + std::to_string(count);
-    first = false;
-  }
-  return out + "}}";
+                    ", \"inexact\": " + std::to_string(stats.inexact) +
+                    ", \"status\": " + StatusCountsJson(stats.status_counts);
+  return out + "}";
 }
 
 TrainSummary ReadTrainSummary(const std::string& run_dir) {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "training/experiment.h"
-#include "training/trainer.h"
+#include "training/train_summary.h"
 
 namespace stillpoint {
 

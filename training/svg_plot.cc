@@ -121,47 +121,64 @@ PlotSeries EvaluatedPoints(const std::string& name,
   return series;
 }
 
-std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions& options) {
-  const double left = 70, top = 40, bottom = 50;
+namespace {
+
+// A line plot's geometry: where the plot and its legend sit, and the axes'
+// ranges (on the log10 scale for a log axis) that data maps onto.
+struct PlotFrame {
+  double left = 70, top = 40, bottom = 50;
+  double plot_w = 0, plot_h = 0, total_w = 0, total_h = 0;
+  bool legend_below = false;
+  bool log_x = false, log_y = false;
+  double x_min = 0, x_max = 1, y_min = 0, y_max = 1;
+  bool empty = true;  // no finite data
+
+  double tx(double x) const { return log_x ? std::log10(x) : x; }
+  double ty(double y) const { return log_y ? std::log10(y) : y; }
+  bool usable(double x, double y) const {
+    return std::isfinite(x) && std::isfinite(y) && (!log_y || y > 0) && (!log_x || x > 0);
+  }
+  // x and y in data units (not log10 of them).
+  double px(double x) const { return left + (tx(x) - x_min) / (x_max - x_min) * plot_w; }
+  double py(double y) const { return top + (1 - (ty(y) - y_min) / (y_max - y_min)) * plot_h; }
+};
+
+PlotFrame MakeFrame(const std::vector<PlotSeries>& series, const PlotOptions& options) {
+  PlotFrame f;
+  f.log_x = options.log_x;
+  f.log_y = options.log_y;
   std::size_t longest = 0;
   for (const PlotSeries& s : series) longest = std::max(longest, s.name.size());
   const double legend_w = 50 + kCharWidth * static_cast<double>(longest);
-  const double plot_w = options.width - left - 20;
-  const double plot_h = options.height - top - bottom;
+  f.plot_w = options.width - f.left - 20;
+  f.plot_h = options.height - f.top - f.bottom;
   // Beside the plot when it fits in half the width, else below it.
-  const bool legend_below = legend_w > 0.5 * options.width;
-  const double total_w =
-      legend_below ? std::max<double>(options.width, left + legend_w) : options.width + legend_w;
-  const double total_h =
-      options.height + (legend_below ? kLegendRow * static_cast<double>(series.size()) + 8 : 0);
-
-  auto ty = [&](double y) { return options.log_y ? std::log10(y) : y; };
-  auto tx = [&](double x) { return options.log_x ? std::log10(x) : x; };
-  auto usable = [&](double x, double y) {
-    return std::isfinite(x) && std::isfinite(y) && (!options.log_y || y > 0) &&
-           (!options.log_x || x > 0);
-  };
+  f.legend_below = legend_w > 0.5 * options.width;
+  f.total_w = f.legend_below ? std::max<double>(options.width, f.left + legend_w)
+                             : options.width + legend_w;
+  f.total_h =
+      options.height + (f.legend_below ? kLegendRow * static_cast<double>(series.size()) + 8 : 0);
   double x_min = std::numeric_limits<double>::infinity(), x_max = -x_min;
   double y_min = x_min, y_max = -x_min;
   auto include_y = [&](double y) {
-    y_min = std::min(y_min, ty(y));
-    y_max = std::max(y_max, ty(y));
+    y_min = std::min(y_min, f.ty(y));
+    y_max = std::max(y_max, f.ty(y));
   };
   for (const PlotSeries& s : series) {
     for (std::size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
-      if (!usable(s.x[i], s.y[i])) continue;
-      x_min = std::min(x_min, tx(s.x[i]));
-      x_max = std::max(x_max, tx(s.x[i]));
+      if (!f.usable(s.x[i], s.y[i])) continue;
+      x_min = std::min(x_min, f.tx(s.x[i]));
+      x_max = std::max(x_max, f.tx(s.x[i]));
       include_y(s.y[i]);
-      if (i < s.y_low.size() && i < s.y_high.size() && usable(s.x[i], s.y_low[i]) &&
-          usable(s.x[i], s.y_high[i])) {
+      if (i < s.y_low.size() && i < s.y_high.size() && f.usable(s.x[i], s.y_low[i]) &&
+          f.usable(s.x[i], s.y_high[i])) {
         include_y(s.y_low[i]);
         include_y(s.y_high[i]);
       }
     }
   }
-  const bool empty = !std::isfinite(x_min);
-  if (empty) x_min = 0, x_max = 1, y_min = 0, y_max = 1;
+  f.empty = !std::isfinite(x_min);
+  if (f.empty) x_min = 0, x_max = 1, y_min = 0, y_max = 1;
   if (x_max == x_min) {
     x_min -= 0.5;
     x_max += 0.5;
@@ -171,37 +188,38 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
     y_max += 0.5;
   }
   const double pad = 0.05 * (y_max - y_min);
-  y_min -= pad;
-  y_max += pad;
-  // x and y in data units (not log10 of them); x_min .. y_max are on the
-  // (possibly log) axes.
-  auto px = [&](double x) { return left + (tx(x) - x_min) / (x_max - x_min) * plot_w; };
-  auto py = [&](double y) { return top + (1 - (ty(y) - y_min) / (y_max - y_min)) * plot_h; };
+  f.x_min = x_min;
+  f.x_max = x_max;
+  f.y_min = y_min - pad;
+  f.y_max = y_max + pad;
+  return f;
+}
 
-  std::ostringstream svg;
-  svg.precision(6);
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << total_w << "\" height=\""
-      << total_h << "\" viewBox=\"0 0 " << total_w << " " << total_h
+// The canvas, title, grid, ticks, frame and axis labels.
+void WriteFrame(std::ostringstream& svg, const PlotFrame& f, const PlotOptions& options) {
+  const double left = f.left, top = f.top, plot_w = f.plot_w, plot_h = f.plot_h;
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << f.total_w << "\" height=\""
+      << f.total_h << "\" viewBox=\"0 0 " << f.total_w << " " << f.total_h
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
       << "<text x=\"" << left + plot_w / 2 << "\" y=\"22\" text-anchor=\"middle\" "
       << "font-size=\"15\">" << Escape(options.title) << "</text>\n";
   // Grid and ticks.
   const std::vector<double> x_ticks = options.log_x
-                                          ? LogTicks(std::pow(10.0, x_min), std::pow(10.0, x_max))
-                                          : LinearTicks(x_min, x_max);
+                                          ? LogTicks(std::pow(10.0, f.x_min), std::pow(10.0, f.x_max))
+                                          : LinearTicks(f.x_min, f.x_max);
   for (double t : x_ticks) {
-    svg << "<line x1=\"" << px(t) << "\" y1=\"" << top << "\" x2=\"" << px(t) << "\" y2=\""
-        << top + plot_h << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << px(t) << "\" y=\""
+    svg << "<line x1=\"" << f.px(t) << "\" y1=\"" << top << "\" x2=\"" << f.px(t) << "\" y2=\""
+        << top + plot_h << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << f.px(t) << "\" y=\""
         << top + plot_h + 16 << "\" text-anchor=\"middle\">" << TickLabel(t)
         << "</text>\n";
   }
   const std::vector<double> y_ticks = options.log_y
-                                          ? LogTicks(std::pow(10.0, y_min), std::pow(10.0, y_max))
-                                          : LinearTicks(y_min, y_max);
+                                          ? LogTicks(std::pow(10.0, f.y_min), std::pow(10.0, f.y_max))
+                                          : LinearTicks(f.y_min, f.y_max);
   for (std::size_t i = 0; i < y_ticks.size(); ++i) {
     const double t = y_ticks[i];
-    const double y = py(t);
+    const double y = f.py(t);
     svg << "<line x1=\"" << left << "\" y1=\"" << y << "\" x2=\"" << left + plot_w << "\" y2=\""
         << y << "\" stroke=\"#e5e5e5\"/>\n<text x=\"" << left - 6 << "\" y=\"" << y + 4
         << "\" text-anchor=\"end\">" << TickLabel(t) << "</text>\n";
@@ -214,68 +232,92 @@ std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions
       << "<text transform=\"translate(16," << top + plot_h / 2
       << ") rotate(-90)\" text-anchor=\"middle\">" << Escape(options.y_label)
       << (options.log_y ? " (log scale)" : "") << "</text>\n";
-  if (empty) {
+  if (f.empty) {
     svg << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << top + plot_h / 2
         << "\" text-anchor=\"middle\" fill=\"#999\">no finite data</text>\n";
   }
-  for (std::size_t k = 0; k < series.size(); ++k) {
-    const PlotSeries& s = series[k];
-    const char* color = kColors[k % (sizeof(kColors) / sizeof(kColors[0]))];
-    // The band: one polygon per unbroken run of usable low/high pairs.
-    if (!s.y_low.empty() && !s.y_high.empty()) {
-      std::vector<std::size_t> run;
-      auto flush_band = [&] {
-        if (run.size() >= 2) {
-          svg << "<polygon fill=\"" << color << "\" fill-opacity=\"0.18\" stroke=\"none\" "
-              << "points=\"";
-          for (std::size_t i : run) svg << px(s.x[i]) << "," << py(s.y_high[i]) << " ";
-          for (auto it = run.rbegin(); it != run.rend(); ++it) {
-            svg << px(s.x[*it]) << "," << py(s.y_low[*it]) << " ";
-          }
-          svg << "\"/>\n";
-        }
-        run.clear();
-      };
-      for (std::size_t i = 0; i < s.x.size(); ++i) {
-        if (i < s.y_low.size() && i < s.y_high.size() && usable(s.x[i], s.y_low[i]) &&
-            usable(s.x[i], s.y_high[i])) {
-          run.push_back(i);
-        } else {
-          flush_band();
-        }
+}
+
+// A series' band: one polygon per unbroken run of usable low/high pairs.
+void WriteBand(std::ostringstream& svg, const PlotFrame& f, const PlotSeries& s,
+               const char* color) {
+  if (s.y_low.empty() || s.y_high.empty()) return;
+  std::vector<std::size_t> run;
+  auto flush_band = [&] {
+    if (run.size() >= 2) {
+      svg << "<polygon fill=\"" << color << "\" fill-opacity=\"0.18\" stroke=\"none\" "
+          << "points=\"";
+      for (std::size_t i : run) svg << f.px(s.x[i]) << "," << f.py(s.y_high[i]) << " ";
+      for (auto it = run.rbegin(); it != run.rend(); ++it) {
+        svg << f.px(s.x[*it]) << "," << f.py(s.y_low[*it]) << " ";
       }
+      svg << "\"/>\n";
+    }
+    run.clear();
+  };
+  for (std::size_t i = 0; i < s.x.size(); ++i) {
+    if (i < s.y_low.size() && i < s.y_high.size() && f.usable(s.x[i], s.y_low[i]) &&
+        f.usable(s.x[i], s.y_high[i])) {
+      run.push_back(i);
+    } else {
       flush_band();
     }
-    // The line: one polyline per unbroken run of usable points.
-    std::string points;
-    auto flush = [&] {
-      if (!points.empty()) {
-        svg << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.8\" points=\""
-            << points << "\"/>\n";
-      }
-      points.clear();
-    };
-    for (std::size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
-      if (!usable(s.x[i], s.y[i])) {
-        flush();
-        continue;
-      }
-      std::ostringstream p;
-      p.precision(6);
-      p << px(s.x[i]) << "," << py(s.y[i]) << " ";
-      points += p.str();
-      if (s.markers) {
-        svg << "<circle cx=\"" << px(s.x[i]) << "\" cy=\"" << py(s.y[i]) << "\" r=\"3\" fill=\""
-            << color << "\"/>\n";
-      }
+  }
+  flush_band();
+}
+
+// A series' line: one polyline per unbroken run of usable points (and its
+// markers).
+void WriteLine(std::ostringstream& svg, const PlotFrame& f, const PlotSeries& s,
+               const char* color) {
+  std::string points;
+  auto flush = [&] {
+    if (!points.empty()) {
+      svg << "<polyline fill=\"none\" stroke=\"" << color << "\" stroke-width=\"1.8\" points=\""
+          << points << "\"/>\n";
     }
-    flush();
-    const double lx = legend_below ? left : left + plot_w + 12;
-    const double ly = legend_below ? options.height + 8 + kLegendRow * static_cast<double>(k)
-                                   : top + 14 + kLegendRow * static_cast<double>(k);
-    svg << "<line x1=\"" << lx << "\" y1=\"" << ly - 4 << "\" x2=\"" << lx + 20 << "\" y2=\""
-        << ly - 4 << "\" stroke=\"" << color << "\" stroke-width=\"2.5\"/>\n<text x=\"" << lx + 26
-        << "\" y=\"" << ly << "\">" << Escape(s.name) << "</text>\n";
+    points.clear();
+  };
+  for (std::size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
+    if (!f.usable(s.x[i], s.y[i])) {
+      flush();
+      continue;
+    }
+    std::ostringstream p;
+    p.precision(6);
+    p << f.px(s.x[i]) << "," << f.py(s.y[i]) << " ";
+    points += p.str();
+    if (s.markers) {
+      svg << "<circle cx=\"" << f.px(s.x[i]) << "\" cy=\"" << f.py(s.y[i]) << "\" r=\"3\" fill=\""
+          << color << "\"/>\n";
+    }
+  }
+  flush();
+}
+
+// The k-th series' legend entry.
+void WriteLegendEntry(std::ostringstream& svg, const PlotFrame& f, const PlotOptions& options,
+                      std::size_t k, const std::string& name, const char* color) {
+  const double lx = f.legend_below ? f.left : f.left + f.plot_w + 12;
+  const double ly = f.legend_below ? options.height + 8 + kLegendRow * static_cast<double>(k)
+                                   : f.top + 14 + kLegendRow * static_cast<double>(k);
+  svg << "<line x1=\"" << lx << "\" y1=\"" << ly - 4 << "\" x2=\"" << lx + 20 << "\" y2=\""
+      << ly - 4 << "\" stroke=\"" << color << "\" stroke-width=\"2.5\"/>\n<text x=\"" << lx + 26
+      << "\" y=\"" << ly << "\">" << Escape(name) << "</text>\n";
+}
+
+}  // namespace
+
+std::string LinePlotSvg(const std::vector<PlotSeries>& series, const PlotOptions& options) {
+  const PlotFrame frame = MakeFrame(series, options);
+  std::ostringstream svg;
+  svg.precision(6);
+  WriteFrame(svg, frame, options);
+  for (std::size_t k = 0; k < series.size(); ++k) {
+    const char* color = kColors[k % (sizeof(kColors) / sizeof(kColors[0]))];
+    WriteBand(svg, frame, series[k], color);
+    WriteLine(svg, frame, series[k], color);
+    WriteLegendEntry(svg, frame, options, k, series[k].name, color);
   }
   svg << "</svg>\n";
   return svg.str();

@@ -12,6 +12,7 @@
 #include "training/gradient_check.h"
 #include "training/statistics.h"
 #include "training/svg_plot.h"
+#include "training/trainer.h"
 #include "training/text_corpus.h"
 
 namespace stillpoint {

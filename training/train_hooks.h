@@ -14,7 +14,7 @@
 //   CheckpointHook   a checkpoint every checkpoint_every steps
 //
 // A new per-step behaviour is a hook of its own, added to the list in
-// Train.
+// TrainSession::BuildHooks (training/train_session.cc).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@
 #include "training/metrics.h"
 #include "training/progress.h"
 #include "training/train_step.h"
-#include "training/trainer.h"
+#include "training/train_summary.h"
 #include "training/trainer_options.h"
 
 namespace stillpoint {

@@ -37,7 +37,8 @@
 #include "training/data_parallel.h"
 #include "training/dataset.h"
 #include "training/distributed_training.h"
-#include "training/experiment.h"
+#include "training/batch_loss.h"
+#include "training/solver_stats.h"
 #include "training/optimizer.h"
 #include "training/solve_counts.h"
 

@@ -1,8 +1,15 @@
 // The extension module stillpoint._stillpoint. The public API is the package
 // python/stillpoint/ (docs/python.md); this module holds what it is built on.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
 
 #include "framework/parallel.h"
+#include "layers/energy_block.h"
+#include "layers/models.h"
+#include "layers/positions.h"
 #include "python/src/bindings.h"
 #include "training/cli/cli_commands.h"
 
@@ -27,4 +34,21 @@ PYBIND11_MODULE(_stillpoint, m) {
       "Worker threads of stillpoint's parallel loops (default 1; train and compare set them "
       "from the config's threads key).");
   m.def("num_threads", &stillpoint::NumThreads, "Worker threads of stillpoint's parallel loops.");
+  // The families' names, made from their lists (layers/energy_block_list.h,
+  // SP_MODEL_KINDS and SP_POSITION_SCHEMES), so Python never copies them.
+  m.def("energy_blocks", [] { return stillpoint::EnergyBlockRegistry().Names(); },
+        "The registered energy blocks (model.energy.layer, EnergyAttention's kind).");
+  m.def("attention_kinds", &stillpoint::AttentionKindNames,
+        "The attentions of model.attention: softmax, then every energy block.");
+  m.def("model_kinds", &stillpoint::ModelKindNames, "The model kinds of model.kind.");
+  m.def(
+      "position_schemes",
+      [] {
+        std::vector<std::string> names;
+        for (auto scheme : stillpoint::AllPositionSchemes()) {
+          names.push_back(stillpoint::ToString(scheme));
+        }
+        return names;
+      },
+      "The position schemes of model.positions.");
 }

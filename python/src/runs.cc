@@ -154,151 +154,163 @@ py::dict VariantDict(const VariantResult& v) {
   return d;
 }
 
+// stillpoint.train: `stillpoint train` in-process; progress to sys.stderr.
+py::tuple TrainRun(const std::string& config_path,
+                   const std::vector<std::string>& overrides,
+                   bool resume,
+                   bool force,
+                   bool overwrite,
+                   int64_t stop_after_steps) {
+  TrainArgs args;
+  args.config_path = config_path;
+  args.overrides = overrides;
+  args.resume = resume;
+  args.force = force;
+  args.overwrite = overwrite;
+  args.stop_after_steps = stop_after_steps;
+  std::ostringstream err;
+  TrainSummary summary;
+  int code;
+  {
+    py::gil_scoped_release release;
+    PythonStderrBuffer buffer;
+    std::ostream out(&buffer);
+    code = RunTrain(args, out, err, &summary);
+  }
+  return py::make_tuple(code, err.str(), summary.run_dir);
+}
+
+// stillpoint.compare: `stillpoint compare` in-process, and its report as a dict.
+py::tuple CompareRuns(const std::string& config_path,
+                      const std::vector<std::string>& overrides,
+                      bool overwrite) {
+  CompareArgs args;
+  args.config_path = config_path;
+  args.overrides = overrides;
+  args.overwrite = overwrite;
+  std::ostringstream err;
+  CompareReport report;
+  int code;
+  {
+    py::gil_scoped_release release;
+    PythonStderrBuffer buffer;
+    std::ostream out(&buffer);
+    code = RunCompare(args, out, err, &report);
+  }
+  py::dict result;
+  result["report"] = report.markdown_path;
+  result["html"] = report.html_path;
+  result["table"] = report.table;
+  result["grid"] = report.grid;
+  py::list variants;
+  for (const VariantResult& v : report.variants) variants.append(VariantDict(v));
+  result["variants"] = variants;
+  return py::make_tuple(code, err.str(), result);
+}
+
+// stillpoint.evaluate: `stillpoint eval --json` in-process.
+py::tuple EvaluateRun(const std::string& run,
+                      const std::vector<std::string>& overrides,
+                      int64_t iterations,
+                      int64_t length,
+                      bool gradient_check) {
+  EvalArgs args;
+  args.run = run;
+  args.overrides = overrides;
+  args.iterations = iterations;
+  args.length = length;
+  args.gradient_check = gradient_check;
+  args.json = true;
+  std::ostringstream out, err;
+  int code;
+  {
+    py::gil_scoped_release release;
+    code = RunEval(args, out, err);
+  }
+  return py::make_tuple(code, err.str(), out.str());
+}
+
+// stillpoint.generate: `stillpoint generate --json` in-process.
+py::tuple GenerateText(const std::string& run,
+                       const std::string& prompt,
+                       int64_t tokens,
+                       double temperature,
+                       int64_t top_k,
+                       int64_t seed,
+                       bool warm_start) {
+  GenerateArgs args;
+  args.run = run;
+  args.prompt = prompt;
+  args.tokens = tokens;
+  args.temperature = temperature;
+  args.top_k = top_k;
+  args.seed = seed;
+  args.no_warm_start = !warm_start;
+  args.json = true;
+  std::ostringstream out, err;
+  int code;
+  {
+    py::gil_scoped_release release;
+    code = RunGenerate(args, out, err);
+  }
+  return py::make_tuple(code, err.str(), out.str());
+}
+
+// stillpoint.sequence_task: a synthetic task of the trainer as arrays.
+py::tuple SequenceTask(
+    const std::string& kind, int64_t length, int64_t vocab_size, int64_t examples, uint64_t seed) {
+  // The synthetic tasks of the trainer's list (training/data/task_list.h).
+  std::string known;
+  for (const std::string& name : TaskNames()) {
+    if (DatasetRegistry().Get(name).generate) known += (known.empty() ? "" : ", ") + name;
+  }
+  if (!DatasetRegistry().Has(kind) || !DatasetRegistry().Get(kind).generate) {
+    throw py::value_error("kind: unknown sequence task '" + kind + "' (known: " + known + ")");
+  }
+  if (examples < 1) throw py::value_error("sequence_task: examples must be >= 1");
+  std::unique_ptr<InMemoryDataset> data;
+  try {
+    const Config config =
+        Config::FromYaml(StillpointSchema(), "", "sequence_task",
+                         {"task.kind=" + kind, "task.length=" + std::to_string(length),
+                          "task.vocab_size=" + std::to_string(vocab_size)});
+    data = GenerateTaskExamples(config, examples, seed);
+  } catch (const ConfigError& error) {
+    throw py::value_error(std::string("sequence_task: ") + error.what());
+  }
+  py::array_t<int64_t> tokens({examples, length}), targets({examples, length});
+  int64_t* x = tokens.mutable_data();
+  int64_t* y = targets.mutable_data();
+  for (int64_t i = 0; i < examples; ++i) {
+    const Example& example = data->Get(i);
+    std::copy(example.tokens.begin(), example.tokens.end(), x + i * length);
+    std::copy(example.targets.begin(), example.targets.end(), y + i * length);
+  }
+  return py::make_tuple(tokens, targets);
+}
+
 }  // namespace
 
 void RegisterRuns(py::module_& m) {
   // Each returns (exit code as the CLI's, what the CLI writes to stderr,
   // result); progress goes to sys.stderr as it happens.
-  m.def(
-      "_train",
-      [](const std::string& config_path, const std::vector<std::string>& overrides, bool resume,
-         bool force, bool overwrite, int64_t stop_after_steps) {
-        TrainArgs args;
-        args.config_path = config_path;
-        args.overrides = overrides;
-        args.resume = resume;
-        args.force = force;
-        args.overwrite = overwrite;
-        args.stop_after_steps = stop_after_steps;
-        std::ostringstream err;
-        TrainSummary summary;
-        int code;
-        {
-          py::gil_scoped_release release;
-          PythonStderrBuffer buffer;
-          std::ostream out(&buffer);
-          code = RunTrain(args, out, err, &summary);
-        }
-        return py::make_tuple(code, err.str(), summary.run_dir);
-      },
-      py::arg("config"), py::arg("overrides"), py::arg("resume"), py::arg("force"),
-      py::arg("overwrite"), py::arg("stop_after_steps"));
+  m.def("_train", &TrainRun, py::arg("config"), py::arg("overrides"), py::arg("resume"),
+        py::arg("force"), py::arg("overwrite"), py::arg("stop_after_steps"));
 
-  m.def(
-      "_compare",
-      [](const std::string& config_path, const std::vector<std::string>& overrides,
-         bool overwrite) {
-        CompareArgs args;
-        args.config_path = config_path;
-        args.overrides = overrides;
-        args.overwrite = overwrite;
-        std::ostringstream err;
-        CompareReport report;
-        int code;
-        {
-          py::gil_scoped_release release;
-          PythonStderrBuffer buffer;
-          std::ostream out(&buffer);
-          code = RunCompare(args, out, err, &report);
-        }
-        py::dict result;
-        result["report"] = report.markdown_path;
-        result["html"] = report.html_path;
-        result["table"] = report.table;
-        result["grid"] = report.grid;
-        py::list variants;
-        for (const VariantResult& v : report.variants) variants.append(VariantDict(v));
-        result["variants"] = variants;
-        return py::make_tuple(code, err.str(), result);
-      },
-      py::arg("config"), py::arg("overrides"), py::arg("overwrite"));
+  m.def("_compare", &CompareRuns, py::arg("config"), py::arg("overrides"), py::arg("overwrite"));
 
-  m.def(
-      "_evaluate",
-      [](const std::string& run, const std::vector<std::string>& overrides, int64_t iterations,
-         int64_t length, bool gradient_check) {
-        EvalArgs args;
-        args.run = run;
-        args.overrides = overrides;
-        args.iterations = iterations;
-        args.length = length;
-        args.gradient_check = gradient_check;
-        args.json = true;
-        std::ostringstream out, err;
-        int code;
-        {
-          py::gil_scoped_release release;
-          code = RunEval(args, out, err);
-        }
-        return py::make_tuple(code, err.str(), out.str());
-      },
-      py::arg("run"), py::arg("overrides"), py::arg("iterations"), py::arg("length"),
-      py::arg("gradient_check"));
+  m.def("_evaluate", &EvaluateRun, py::arg("run"), py::arg("overrides"), py::arg("iterations"),
+        py::arg("length"), py::arg("gradient_check"));
 
-  m.def(
-      "_generate",
-      [](const std::string& run, const std::string& prompt, int64_t tokens, double temperature,
-         int64_t top_k, int64_t seed, bool warm_start) {
-        GenerateArgs args;
-        args.run = run;
-        args.prompt = prompt;
-        args.tokens = tokens;
-        args.temperature = temperature;
-        args.top_k = top_k;
-        args.seed = seed;
-        args.no_warm_start = !warm_start;
-        args.json = true;
-        std::ostringstream out, err;
-        int code;
-        {
-          py::gil_scoped_release release;
-          code = RunGenerate(args, out, err);
-        }
-        return py::make_tuple(code, err.str(), out.str());
-      },
-      py::arg("run"), py::arg("prompt"), py::arg("tokens"), py::arg("temperature"),
-      py::arg("top_k"), py::arg("seed"), py::arg("warm_start"));
+  m.def("_generate", &GenerateText, py::arg("run"), py::arg("prompt"), py::arg("tokens"),
+        py::arg("temperature"), py::arg("top_k"), py::arg("seed"), py::arg("warm_start"));
 
   m.def("_read_config", &ReadConfig, py::arg("path"));
   m.def("_read_metrics", &ReadMetrics, py::arg("run_dir"));
   m.def("_read_parameters", &ReadParameters, py::arg("checkpoint_path"));
 
-  m.def(
-      "sequence_task",
-      [](const std::string& kind, int64_t length, int64_t vocab_size, int64_t examples,
-         uint64_t seed) {
-        // The synthetic tasks of the trainer's list (training/data/task_list.h).
-        std::string known;
-        for (const std::string& name : TaskNames()) {
-          if (DatasetRegistry().Get(name).generate) known += (known.empty() ? "" : ", ") + name;
-        }
-        if (!DatasetRegistry().Has(kind) || !DatasetRegistry().Get(kind).generate) {
-          throw py::value_error("kind: unknown sequence task '" + kind + "' (known: " + known +
-                                ")");
-        }
-        if (examples < 1) throw py::value_error("sequence_task: examples must be >= 1");
-        std::unique_ptr<InMemoryDataset> data;
-        try {
-          const Config config = Config::FromYaml(
-              StillpointSchema(), "", "sequence_task",
-              {"task.kind=" + kind, "task.length=" + std::to_string(length),
-               "task.vocab_size=" + std::to_string(vocab_size)});
-          data = GenerateTaskExamples(config, examples, seed);
-        } catch (const ConfigError& error) {
-          throw py::value_error(std::string("sequence_task: ") + error.what());
-        }
-        py::array_t<int64_t> tokens({examples, length}), targets({examples, length});
-        int64_t* x = tokens.mutable_data();
-        int64_t* y = targets.mutable_data();
-        for (int64_t i = 0; i < examples; ++i) {
-          const Example& example = data->Get(i);
-          std::copy(example.tokens.begin(), example.tokens.end(), x + i * length);
-          std::copy(example.targets.begin(), example.targets.end(), y + i * length);
-        }
-        return py::make_tuple(tokens, targets);
-      },
-      py::arg("kind"), py::arg("length") = 16, py::arg("vocab_size") = 16,
-      py::arg("examples") = 4096, py::arg("seed") = 0, R"doc(
+  m.def("sequence_task", &SequenceTask, py::arg("kind"), py::arg("length") = 16,
+        py::arg("vocab_size") = 16, py::arg("examples") = 4096, py::arg("seed") = 0, R"doc(
 A synthetic sequence task of the trainer (task.kind), as the trainer
 generates it: (tokens, targets), int64 arrays of shape [examples, length].
 Targets the task ignores are -1. A config's training set uses seed

@@ -38,15 +38,21 @@ finally:
     for _name in _set_for_load:
         _os.environ.pop(_name, None)
 from stillpoint.runs import Run, compare, evaluate, generate, load_run, train
+# The families' names, made from the C++ lists (no copy of them in Python).
+from stillpoint._stillpoint import attention_kinds, energy_blocks, model_kinds, position_schemes
 
 __all__ = [
     "Run",
     "Tensor",
+    "attention_kinds",
     "compare",
+    "energy_blocks",
     "evaluate",
     "generate",
     "load_run",
+    "model_kinds",
     "num_threads",
+    "position_schemes",
     "retrieve",
     "sequence_task",
     "set_num_threads",

@@ -5,9 +5,9 @@
     y = attention(x)            # x, y: [batch, tokens, 64] float32
 
 The forward solves the chosen energy attention (any block of stillpoint's
-registry: hopfield, probabilistic, expfam, energy_transformer) to its fixed
-point in C++; the backward is stillpoint's implicit gradient (the adjoint
-solve of the implicit function theorem), wrapped in a torch.autograd.Function.
+registry, stillpoint.energy_blocks()) to its fixed point in C++; the backward
+is stillpoint's implicit gradient (the adjoint solve of the implicit function
+theorem), wrapped in a torch.autograd.Function.
 The module's parameters are torch.nn.Parameters over the C++ block's own
 memory, so a torch optimizer's in-place update is what the next forward uses.
 """
@@ -70,9 +70,9 @@ class _EnergyAttentionFunction(torch.autograd.Function):
 class EnergyAttention(torch.nn.Module):
     """An energy attention of stillpoint as a torch.nn.Module.
 
-    kind: the block (hopfield, probabilistic, expfam, energy_transformer, or
-    any registered one); dim: token width; heads: attention heads (dim must
-    be a multiple); dtype: torch.float32 or torch.float64; seed: of the
+    kind: the block (one of stillpoint.energy_blocks(), the registered
+    ones); dim: token width; heads: attention heads (dim must be a
+    multiple); dtype: torch.float32 or torch.float64; seed: of the
     parameters' initialisation; causal: autoregressive masking.
     **options: the block's keys as in YAML under model.energy (beta,
     value_precision, normalize_input, measure, components, memories, step,

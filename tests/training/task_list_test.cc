@@ -1,4 +1,6 @@
-// The tasks' one list (training/data/task_list.h):
+// The tasks' one list (training/data/task_list.h), and the lists of the
+// layers' families (energy blocks, attention kinds, model kinds, position
+// schemes), each made into everything that names its members:
 //   - every task of the list is registered, task.kind accepts exactly the
 //     registered names (list order first, its first the default), and a
 //     misspelt task gets a did-you-mean;
@@ -8,9 +10,11 @@
 //   - the memory estimate follows each task's footprint, not its name;
 //   - no file outside the list copies the task names by hand: a line naming
 //     three tasks, or a file quoting three task names as string literals,
-//     fails the test (docs and tests may list them).
+//     fails the test (docs and tests may list them); the same for the other
+//     families (their rules are at their tests below).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -19,7 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "layers/energy_block.h"
+#include "layers/models.h"
+#include "layers/positions.h"
 #include "tests/error_text.h"
+#include "training/compare.h"
 #include "training/config_schema.h"
 #include "training/dataset_registry.h"
 #include "training/memory_estimate.h"
@@ -114,7 +122,65 @@ TEST(TaskListTest, TheMemoryEstimateFollowsTheTasksFootprint) {
   EXPECT_EQ(longer.activations, 2 * reverse.activations);
 }
 
-// ---- no hand-written copies of the list
+// ---- the lists of the layers' families (layers/energy_block_list.h,
+// SP_MODEL_KINDS in layers/models.h, SP_POSITION_SCHEMES in
+// layers/positions.h): what is made from them
+
+TEST(FamilyListsTest, EveryBuiltinEnergyBlockIsRegisteredAndNamedInTheKeysDocs) {
+  ASSERT_FALSE(BuiltinEnergyBlockNames().empty());
+  const std::vector<std::string> registered = EnergyBlockRegistry().Names();
+  for (const std::string& name : BuiltinEnergyBlockNames()) {
+    EXPECT_NE(std::find(registered.begin(), registered.end(), name), registered.end()) << name;
+    EXPECT_FALSE(EnergyBlockRegistry().Description(name).empty()) << name;
+    // Each builds, as the energy kind's block and as a cell's attention.
+    const Config config = Load("model: {kind: energy, attention: " + name + "}\n");
+    EXPECT_EQ(ModelOptionsFromConfig(config).cell_options.attention, name);
+  }
+  const std::string list = BuiltinEnergyBlockList();
+  EXPECT_NE(StillpointSchema().Find("model.energy.layer")->doc.find(list), std::string::npos);
+  EXPECT_NE(StillpointSchema().Find("model.attention")->doc.find(list), std::string::npos);
+}
+
+TEST(FamilyListsTest, AttentionKindsAreSoftmaxThenTheEnergyBlocksWithADidYouMean) {
+  std::vector<std::string> expected = {"softmax"};
+  for (const std::string& name : EnergyBlockRegistry().Names()) expected.push_back(name);
+  EXPECT_EQ(AttentionKindNames(), expected);
+  const std::string& block = BuiltinEnergyBlockNames().front();
+  const std::string misspelt = block.substr(0, block.size() - 1);
+  const std::string error = ErrorOf(
+      [&] { ModelOptionsFromConfig(Load("model: {attention: " + misspelt + "}\n")); });
+  EXPECT_NE(error.find("did you mean '" + block + "'"), std::string::npos) << error;
+}
+
+TEST(FamilyListsTest, ModelKindsMakeTheKeyItsDocAndTheComparisonsKinds) {
+  std::vector<std::string> names;
+  for (ModelKind kind : AllModelKinds()) {
+    ModelKind parsed;
+    ASSERT_TRUE(StringToModelKind(ToString(kind), &parsed));
+    EXPECT_EQ(parsed, kind);
+    names.push_back(ToString(kind));
+  }
+  EXPECT_EQ(ModelKindNames(), names);
+  const ConfigKey* kind = StillpointSchema().Find("model.kind");
+  ASSERT_NE(kind, nullptr);
+  EXPECT_EQ(kind->choices, names);
+  for (const std::string& name : names) {
+    EXPECT_NE(kind->doc.find(name + ": "), std::string::npos) << name << " is not described";
+    // Every kind is a variant of `stillpoint compare` and a kind of its grid.
+    EXPECT_EQ(VariantOverrides(name), std::vector<std::string>{"model.kind=" + name});
+  }
+  EXPECT_EQ(Load("").GetStringList("compare.kinds"), names);
+}
+
+TEST(FamilyListsTest, PositionSchemesMakeTheKey) {
+  std::vector<std::string> names;
+  for (PositionScheme scheme : AllPositionSchemes()) names.push_back(ToString(scheme));
+  const ConfigKey* positions = StillpointSchema().Find("model.positions");
+  ASSERT_NE(positions, nullptr);
+  EXPECT_EQ(positions->choices, names);
+}
+
+// ---- no hand-written copies of the lists
 
 bool IsSourceFile(const fs::path& path) {
   static const std::set<std::string> extensions = {".cc", ".h", ".py", ".sh", ".cmake", ".bash",
@@ -122,49 +188,105 @@ bool IsSourceFile(const fs::path& path) {
   return extensions.count(path.extension().string()) > 0;
 }
 
-TEST(TaskListTest, NoFileCopiesTheTaskNamesByHand) {
+// A family's names and what counts as a copy of them outside its list.
+struct Family {
+  std::vector<std::string> names;
+  std::string list;              // the list's file, relative to the source tree
+  std::size_t line_names = 0;    // a line naming this many as words
+  std::size_t line_quotes = 0;   // a line quoting this many as "name" (0: no rule)
+  std::size_t file_quotes = 0;   // a file quoting this many (0: no rule)
+  // Files with lists of their own, relative to the source tree.
+  std::set<std::string> exempt;
+};
+
+// The copies of the family's names in the project's sources (docs and tests
+// may list them), as "file:line: text" or "file: quotes ...".
+std::vector<std::string> HandCopies(const Family& family, int* files) {
   const fs::path root = STILLPOINT_SOURCE_DIR;
-  const fs::path list = root / "training" / "data" / "task_list.h";
   std::vector<std::string> offenders;
   std::vector<std::pair<std::string, std::regex>> words;
-  for (const std::string& name : TaskNames()) words.emplace_back(name, "\\b" + name + "\\b");
-  int files = 0;
+  for (const std::string& name : family.names) words.emplace_back(name, "\\b" + name + "\\b");
+  *files = 0;
   for (const char* folder : {"framework", "solvers", "layers", "training", "python", "scripts",
                              "bench", "examples", "cmake"}) {
     if (!fs::exists(root / folder)) continue;
     for (const auto& entry : fs::recursive_directory_iterator(root / folder)) {
       if (!entry.is_regular_file() || !IsSourceFile(entry.path())) continue;
-      if (fs::equivalent(entry.path(), list)) continue;
-      ++files;
+      const std::string relative = fs::relative(entry.path(), root).string();
+      if (relative == family.list || family.exempt.count(relative) > 0) continue;
+      ++*files;
       std::ifstream in(entry.path());
       std::string line;
       int line_number = 0;
-      std::set<std::string> quoted;
+      std::set<std::string> quoted_in_file;
       while (std::getline(in, line)) {
         ++line_number;
-        std::set<std::string> named;
+        std::set<std::string> named, quoted;
         for (const auto& [name, word] : words) {
           if (line.find(name) == std::string::npos) continue;
           if (std::regex_search(line, word)) named.insert(name);
           if (line.find("\"" + name + "\"") != std::string::npos) quoted.insert(name);
         }
-        if (named.size() >= 3) {
-          offenders.push_back(fs::relative(entry.path(), root).string() + ":" +
-                              std::to_string(line_number) + ": " + line);
+        quoted_in_file.insert(quoted.begin(), quoted.end());
+        if (named.size() >= family.line_names ||
+            (family.line_quotes > 0 && quoted.size() >= family.line_quotes)) {
+          offenders.push_back(relative + ":" + std::to_string(line_number) + ": " + line);
         }
       }
-      if (quoted.size() >= 3) {
-        offenders.push_back(fs::relative(entry.path(), root).string() +
-                            ": quotes the task names " + std::to_string(quoted.size()) + " times");
+      if (family.file_quotes > 0 && quoted_in_file.size() >= family.file_quotes) {
+        offenders.push_back(relative + ": quotes the names " +
+                            std::to_string(quoted_in_file.size()) + " times");
       }
     }
   }
+  return offenders;
+}
+
+void ExpectNoHandCopies(const Family& family, const std::string& make_them_from) {
+  int files = 0;
+  const std::vector<std::string> offenders = HandCopies(family, &files);
   EXPECT_GT(files, 100);  // the walk found the sources
   std::ostringstream message;
   for (const std::string& offender : offenders) message << "\n  " << offender;
-  EXPECT_TRUE(offenders.empty())
-      << "task names copied by hand (make them from SP_TASKS, training/data/task_list.h):"
-      << message.str();
+  EXPECT_TRUE(offenders.empty()) << "names copied by hand (make them from " << make_them_from
+                                 << "):" << message.str();
+}
+
+TEST(TaskListTest, NoFileCopiesTheTaskNamesByHand) {
+  ExpectNoHandCopies({TaskNames(), "training/data/task_list.h", 3, 0, 3, {}},
+                     "SP_TASKS, training/data/task_list.h");
+}
+
+// A line naming every built-in block (or attention, or kind), or quoting
+// three of them, is a copy. Lines that say which of the members an option
+// concerns name fewer (EnergyBlockOptions::Fields() quotes each block once
+// or more in its AppliesWhen, so a file quoting them all is no copy).
+TEST(FamilyListsTest, NoFileCopiesTheEnergyBlocksByHand) {
+  const std::vector<std::string>& names = BuiltinEnergyBlockNames();
+  ExpectNoHandCopies({names, "layers/energy_block_list.h", names.size(), 3, 0, {}},
+                     "SP_ENERGY_BLOCKS, layers/energy_block_list.h: BuiltinEnergyBlockNames(), "
+                     "BuiltinEnergyBlockList()");
+}
+
+TEST(FamilyListsTest, NoFileCopiesTheAttentionKindsByHand) {
+  std::vector<std::string> names = {"softmax"};
+  for (const std::string& name : BuiltinEnergyBlockNames()) names.push_back(name);
+  ExpectNoHandCopies({names, "layers/energy_block_list.h", names.size(), 3, 0, {}},
+                     "AttentionKindNames(), layers/energy_block.h");
+}
+
+TEST(FamilyListsTest, NoFileCopiesTheModelKindsByHand) {
+  // The PyTorch peer of `stillpoint bench` implements three models of its own.
+  ExpectNoHandCopies({ModelKindNames(), "layers/models.h", ModelKindNames().size(), 3, 0,
+                      {"bench/torch_peer.py"}},
+                     "SP_MODEL_KINDS, layers/models.h: AllModelKinds(), ModelKindNames()");
+}
+
+TEST(FamilyListsTest, NoFileCopiesThePositionSchemesByHand) {
+  std::vector<std::string> names;
+  for (PositionScheme scheme : AllPositionSchemes()) names.push_back(ToString(scheme));
+  ExpectNoHandCopies({names, "layers/positions.h", 4, 4, 4, {}},
+                     "SP_POSITION_SCHEMES, layers/positions.h: AllPositionSchemes()");
 }
 
 }  // namespace

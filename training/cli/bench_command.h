@@ -17,7 +17,7 @@
 //   - explicit: 6 untied cells, ordinary backprop.
 //   --attention NAME (W1, W2): the cell's attention sublayer, softmax (the
 //   default: the workload as specified) or a registered energy attention
-//   (hopfield, probabilistic, expfam, energy_transformer, or a user's) with
+//   (layers/energy_block_list.h, or a user's) with
 //   its block's default options (model.attention = NAME), read at the fixed
 //   point of its energy by a nested inner solve: Picard (for probabilistic:
 //   EM) for at most 16 iterations to a relative residual of 1e-4, the

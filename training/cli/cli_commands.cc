@@ -176,6 +176,66 @@ int RunTrain(const TrainArgs& args, std::ostream& out, std::ostream& err,
       });
 }
 
+namespace {
+
+// `stillpoint eval --json`: the evaluation (and the gradient check) as one
+// JSON object.
+void PrintEvalJson(std::ostream& out, const EvalArgs& args, const EvalResult& result,
+                   int64_t tokens, int64_t depth, const GradientCheck& check) {
+  out << "{\"loss\": " << JsonNumber(result.loss)
+      << ", \"accuracy\": " << JsonNumber(result.accuracy)
+      << ", \"solved_fraction\": " << JsonNumber(result.solved_fraction)
+      << ", \"examples\": " << result.examples
+      << ", \"length\": " << tokens
+      << ", \"iterations_budget\": " << depth
+      << ", \"forward_iterations_mean\": " << JsonNumber(result.forward.iterations_mean)
+      << ", \"forward_iterations_max\": " << JsonNumber(result.forward.iterations_max)
+      << ", \"forward_residual_max\": " << JsonNumber(result.forward.residual_max)
+      << ", \"unconverged_samples\": " << result.forward.not_converged;
+  if (args.gradient_check) {
+    out << ", \"gradient_check\": ";
+    if (check.ran) {
+      out << "{\"cosine\": " << JsonNumber(check.cosine)
+          << ", \"relative_error\": " << JsonNumber(check.relative_error)
+          << ", \"reference_residual\": " << JsonNumber(check.reference_residual)
+          << ", \"reference_tolerance\": " << JsonNumber(check.reference_tolerance)
+          << ", \"reference_status\": " << JsonString(check.reference_status)
+          << ", \"no_reference\": "
+          << (check.no_reference.empty() ? "null" : JsonString(check.no_reference))
+          << ", \"spectral_radius\": " << JsonNumber(check.spectral_radius)
+          << ", \"used\": " << JsonString(check.used_brief) << "}";
+    } else {
+      out << "null";
+    }
+  }
+  out << "}\n";
+}
+
+// `stillpoint eval`: the evaluation (and the gradient check) as text.
+void PrintEvalText(std::ostream& out, const EvalArgs& args, const EvalResult& result,
+                   int64_t tokens, int64_t depth, const GradientCheck& check,
+                   const std::string& checkpoint_path, int64_t step) {
+  out << std::fixed << std::setprecision(4) << checkpoint_path << " (step " << step
+      << "): test loss " << result.loss << ", test accuracy " << std::setprecision(2)
+      << 100.0 * result.accuracy << "%, solved " << 100.0 * result.solved_fraction
+      << "% over " << result.examples << " examples of length " << tokens
+      << ", test-time depth " << depth;
+  if (result.forward.iterations_max > 0) {
+    out << std::setprecision(1) << ", forward iterations " << result.forward.iterations_mean
+        << " (max " << result.forward.iterations_max << "), "
+        << result.forward.not_converged << " samples unconverged";
+  }
+  out << "\n";
+  if (args.gradient_check) {
+    out << check.Line() << "\n";
+    if (!check.used_brief.empty()) {
+      out << "  the gradient used: " << check.used_brief << "\n";
+    }
+  }
+}
+
+}  // namespace
+
 int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
   Experiment experiment;
   CheckpointState state;
@@ -229,52 +289,11 @@ int RunEval(const EvalArgs& args, std::ostream& out, std::ostream& err) {
               *experiment.model,
               GradientProbeBatch(*experiment.train, size > 0 ? size : 8, experiment.dtype));
         }
+        const int64_t depth = TestTimeDepth(*experiment.model);
         if (args.json) {
-          out << "{\"loss\": " << JsonNumber(result.loss)
-              << ", \"accuracy\": " << JsonNumber(result.accuracy)
-              << ", \"solved_fraction\": " << JsonNumber(result.solved_fraction)
-              << ", \"examples\": " << result.examples
-              << ", \"length\": " << tokens
-              << ", \"iterations_budget\": " << TestTimeDepth(*experiment.model)
-              << ", \"forward_iterations_mean\": " << JsonNumber(result.forward.iterations_mean)
-              << ", \"forward_iterations_max\": " << JsonNumber(result.forward.iterations_max)
-              << ", \"forward_residual_max\": " << JsonNumber(result.forward.residual_max)
-              << ", \"unconverged_samples\": " << result.forward.not_converged;
-          if (args.gradient_check) {
-            out << ", \"gradient_check\": ";
-            if (check.ran) {
-              out << "{\"cosine\": " << JsonNumber(check.cosine)
-                  << ", \"relative_error\": " << JsonNumber(check.relative_error)
-                  << ", \"reference_residual\": " << JsonNumber(check.reference_residual)
-                  << ", \"reference_tolerance\": " << JsonNumber(check.reference_tolerance)
-                  << ", \"reference_status\": " << JsonString(check.reference_status)
-                  << ", \"no_reference\": "
-                  << (check.no_reference.empty() ? "null" : JsonString(check.no_reference))
-                  << ", \"spectral_radius\": " << JsonNumber(check.spectral_radius)
-                  << ", \"used\": " << JsonString(check.used_brief) << "}";
-            } else {
-              out << "null";
-            }
-          }
-          out << "}\n";
+          PrintEvalJson(out, args, result, tokens, depth, check);
         } else {
-          out << std::fixed << std::setprecision(4) << checkpoint_path << " (step " << state.step
-              << "): test loss " << result.loss << ", test accuracy " << std::setprecision(2)
-              << 100.0 * result.accuracy << "%, solved " << 100.0 * result.solved_fraction
-              << "% over " << result.examples << " examples of length " << tokens
-              << ", test-time depth " << TestTimeDepth(*experiment.model);
-          if (result.forward.iterations_max > 0) {
-            out << std::setprecision(1) << ", forward iterations " << result.forward.iterations_mean
-                << " (max " << result.forward.iterations_max << "), "
-                << result.forward.not_converged << " samples unconverged";
-          }
-          out << "\n";
-          if (args.gradient_check) {
-            out << check.Line() << "\n";
-            if (!check.used_brief.empty()) {
-              out << "  the gradient used: " << check.used_brief << "\n";
-            }
-          }
+          PrintEvalText(out, args, result, tokens, depth, check, checkpoint_path, state.step);
         }
         return kOk;
       });

@@ -45,6 +45,105 @@ struct SeedDemoCommands::State {
   CorrectArgs correct_args;
 };
 
+namespace {
+
+CLI::App* AddExchangeableDemo(CLI::App& demo, ExchangeableDemoOptions& x) {
+  CLI::App* command = demo.add_subcommand(
+      "exchangeable",
+      "Seed 003: attention over L exchangeable tokens converges to the kernel-weighted "
+      "conditional mean like L^-1/2 (dot-product and RBF logits)");
+  command->add_option("--out", x.out_dir, "Output directory")->required();
+  command->add_flag("--overwrite", x.overwrite, "Write into an --out directory that holds files");
+  command->add_option("--min-tokens", x.min_tokens, "Smallest L")->capture_default_str();
+  command->add_option("--max-tokens", x.max_tokens, "Largest L")->capture_default_str();
+  command->add_option("--trials", x.trials, "Trials (latents) per L")
+      ->capture_default_str();
+  command->add_option("--rbf-bandwidth", x.rbf_bandwidth, "Inverse bandwidth b")
+      ->capture_default_str();
+  command->add_option("--seed", x.seed, "Random seed")->capture_default_str();
+  return command;
+}
+
+CLI::App* AddHiddenStateDemo(CLI::App& demo, HiddenStateDemoOptions& h) {
+  CLI::App* command = demo.add_subcommand(
+      "hidden-state",
+      "Seeds 000/002: hidden-state distribution over an implicit solve and the layer-norm "
+      "equilibrium's convergence rate against lambda2/lambda1");
+  command->add_option("--out", h.out_dir, "Output directory")->required();
+  command->add_flag("--overwrite", h.overwrite, "Write into an --out directory that holds files");
+  command->add_option("--run", h.run,
+                             "A trained run (directory or .ckpt) with an implicit layer; "
+                             "without it, the layer-norm equilibrium model");
+  command->add_option("--dim", h.dim, "State width D (without --run)")
+      ->capture_default_str();
+  command->add_option("--tokens", h.tokens, "Tokens (without --run)")
+      ->capture_default_str();
+  command->add_option("--iterations", h.iterations, "Iterations recorded")
+      ->capture_default_str();
+  command->add_option("--burn-in", h.burn_in, "Iterations left out of the rate")
+      ->capture_default_str();
+  command->add_option("--examples", h.examples, "Held-out examples (with --run)")
+      ->capture_default_str();
+  command->add_option("--seed", h.seed, "Random seed")->capture_default_str();
+  return command;
+}
+
+CLI::App* AddCorrectionDemo(CLI::App& demo, CorrectionDemoOptions& c) {
+  CLI::App* command = demo.add_subcommand(
+      "correction",
+      "Seed 004: clamped-value belief propagation (accuracy as positions are clamped) and "
+      "online key adaptation on shifted digits");
+  command->add_option("--out", c.out_dir, "Output directory")->required();
+  command->add_flag("--overwrite", c.overwrite, "Write into an --out directory that holds files");
+  command->add_option("--train-steps", c.train_steps, "Training steps of the segment model")
+      ->capture_default_str();
+  command->add_option("--observation-accuracy", c.observation_accuracy,
+                           "Probability that a token shows its segment's label")
+      ->capture_default_str();
+  command->add_option("--belief-iterations", c.belief_iterations,
+                           "EM iterations of the belief propagation")
+      ->capture_default_str();
+  command->add_option("--value-prior-precision", c.value_prior_precision,
+                           "lambda_mu: precision of the prior around the trained values")
+      ->capture_default_str();
+  command->add_option("--prototype-steps", c.prototype_steps,
+                           "Training steps of the digits prototype classifier")
+      ->capture_default_str();
+  command->add_option("--shift", c.shift_offset,
+                           "Offset added to every pixel of the shifted digits (max intensity 1)")
+      ->capture_default_str();
+  command->add_option("--adaptation-iterations", c.adaptation_iterations,
+                           "EM iterations of the key adaptation")
+      ->capture_default_str();
+  command->add_option("--key-prior-precision", c.key_prior_precision,
+                           "lambda_xi: precision of the prior around the trained keys")
+      ->capture_default_str();
+  command->add_option("--seed", c.seed, "Random seed")->capture_default_str();
+  return command;
+}
+
+CLI::App* AddCorrectCommand(CLI::App& app, CorrectArgs& r) {
+  CLI::App* command = app.add_subcommand(
+      "correct",
+      "Clamp the values of some positions of one sequence and propagate them (clamped-value "
+      "belief propagation) through a trained probabilistic-attention run");
+  command->add_option("run", r.run, "Run directory or .ckpt file")->required();
+  command->add_option("--input", r.input, "Token ids, separated by spaces or commas")
+      ->required();
+  command
+      ->add_option("--clamp", r.clamps,
+                   "POS=VALUE: position POS is known to be token VALUE (repeat for more)")
+      ->required();
+  command->add_option("--iterations", r.iterations, "EM iterations of the belief propagation")
+      ->capture_default_str();
+  command->add_option("--value-prior-precision", r.value_prior_precision,
+                        "lambda_mu: precision of the prior around the trained values")
+      ->capture_default_str();
+  return command;
+}
+
+}  // namespace
+
 SeedDemoCommands::SeedDemoCommands(CLI::App& app) : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.demo = app.add_subcommand(
@@ -52,93 +151,10 @@ SeedDemoCommands::SeedDemoCommands(CLI::App& app) : state_(std::make_unique<Stat
   // Not require_subcommand: an unknown demo name is kept as an extra, so
   // Run can name it (CLI11 would only say that a subcommand is required).
   s.demo->allow_extras();
-
-  ExchangeableDemoOptions& x = s.exchangeable_options;
-  s.exchangeable = s.demo->add_subcommand(
-      "exchangeable",
-      "Seed 003: attention over L exchangeable tokens converges to the kernel-weighted "
-      "conditional mean like L^-1/2 (dot-product and RBF logits)");
-  s.exchangeable->add_option("--out", x.out_dir, "Output directory")->required();
-  s.exchangeable->add_flag("--overwrite", x.overwrite, "Write into an --out directory that holds files");
-  s.exchangeable->add_option("--min-tokens", x.min_tokens, "Smallest L")->capture_default_str();
-  s.exchangeable->add_option("--max-tokens", x.max_tokens, "Largest L")->capture_default_str();
-  s.exchangeable->add_option("--trials", x.trials, "Trials (latents) per L")
-      ->capture_default_str();
-  s.exchangeable->add_option("--rbf-bandwidth", x.rbf_bandwidth, "Inverse bandwidth b")
-      ->capture_default_str();
-  s.exchangeable->add_option("--seed", x.seed, "Random seed")->capture_default_str();
-
-  HiddenStateDemoOptions& h = s.hidden_state_options;
-  s.hidden_state = s.demo->add_subcommand(
-      "hidden-state",
-      "Seeds 000/002: hidden-state distribution over an implicit solve and the layer-norm "
-      "equilibrium's convergence rate against lambda2/lambda1");
-  s.hidden_state->add_option("--out", h.out_dir, "Output directory")->required();
-  s.hidden_state->add_flag("--overwrite", h.overwrite, "Write into an --out directory that holds files");
-  s.hidden_state->add_option("--run", h.run,
-                             "A trained run (directory or .ckpt) with an implicit layer; "
-                             "without it, the layer-norm equilibrium model");
-  s.hidden_state->add_option("--dim", h.dim, "State width D (without --run)")
-      ->capture_default_str();
-  s.hidden_state->add_option("--tokens", h.tokens, "Tokens (without --run)")
-      ->capture_default_str();
-  s.hidden_state->add_option("--iterations", h.iterations, "Iterations recorded")
-      ->capture_default_str();
-  s.hidden_state->add_option("--burn-in", h.burn_in, "Iterations left out of the rate")
-      ->capture_default_str();
-  s.hidden_state->add_option("--examples", h.examples, "Held-out examples (with --run)")
-      ->capture_default_str();
-  s.hidden_state->add_option("--seed", h.seed, "Random seed")->capture_default_str();
-
-  CorrectionDemoOptions& c = s.correction_options;
-  s.correction = s.demo->add_subcommand(
-      "correction",
-      "Seed 004: clamped-value belief propagation (accuracy as positions are clamped) and "
-      "online key adaptation on shifted digits");
-  s.correction->add_option("--out", c.out_dir, "Output directory")->required();
-  s.correction->add_flag("--overwrite", c.overwrite, "Write into an --out directory that holds files");
-  s.correction->add_option("--train-steps", c.train_steps, "Training steps of the segment model")
-      ->capture_default_str();
-  s.correction->add_option("--observation-accuracy", c.observation_accuracy,
-                           "Probability that a token shows its segment's label")
-      ->capture_default_str();
-  s.correction->add_option("--belief-iterations", c.belief_iterations,
-                           "EM iterations of the belief propagation")
-      ->capture_default_str();
-  s.correction->add_option("--value-prior-precision", c.value_prior_precision,
-                           "lambda_mu: precision of the prior around the trained values")
-      ->capture_default_str();
-  s.correction->add_option("--prototype-steps", c.prototype_steps,
-                           "Training steps of the digits prototype classifier")
-      ->capture_default_str();
-  s.correction->add_option("--shift", c.shift_offset,
-                           "Offset added to every pixel of the shifted digits (max intensity 1)")
-      ->capture_default_str();
-  s.correction->add_option("--adaptation-iterations", c.adaptation_iterations,
-                           "EM iterations of the key adaptation")
-      ->capture_default_str();
-  s.correction->add_option("--key-prior-precision", c.key_prior_precision,
-                           "lambda_xi: precision of the prior around the trained keys")
-      ->capture_default_str();
-  s.correction->add_option("--seed", c.seed, "Random seed")->capture_default_str();
-
-  CorrectArgs& r = s.correct_args;
-  s.correct = app.add_subcommand(
-      "correct",
-      "Clamp the values of some positions of one sequence and propagate them (clamped-value "
-      "belief propagation) through a trained probabilistic-attention run");
-  s.correct->add_option("run", r.run, "Run directory or .ckpt file")->required();
-  s.correct->add_option("--input", r.input, "Token ids, separated by spaces or commas")
-      ->required();
-  s.correct
-      ->add_option("--clamp", r.clamps,
-                   "POS=VALUE: position POS is known to be token VALUE (repeat for more)")
-      ->required();
-  s.correct->add_option("--iterations", r.iterations, "EM iterations of the belief propagation")
-      ->capture_default_str();
-  s.correct->add_option("--value-prior-precision", r.value_prior_precision,
-                        "lambda_mu: precision of the prior around the trained values")
-      ->capture_default_str();
+  s.exchangeable = AddExchangeableDemo(*s.demo, s.exchangeable_options);
+  s.hidden_state = AddHiddenStateDemo(*s.demo, s.hidden_state_options);
+  s.correction = AddCorrectionDemo(*s.demo, s.correction_options);
+  s.correct = AddCorrectCommand(app, s.correct_args);
 }
 
 SeedDemoCommands::~SeedDemoCommands() = default;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "layers/energy_block.h"
 #include "training/cli/bench_command.h"
 #include "training/cli/cli_commands.h"
 #include "training/config.h"
@@ -65,41 +66,7 @@ void LimitBlasBeforeItLoads(int, char** argv, char** envp) {
 __attribute__((section(".preinit_array"), used)) void (*const kPreinit)(int, char**, char**) =
     &LimitBlasBeforeItLoads;
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace stillpoint;
-  // Under mpirun or srun each process is one rank of the job (training/
-  // distributed.h); rank 0 speaks for the job, the others print nothing.
-  try {
-    InitializeDistributed(&argc, &argv);
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
-  // stdout through a buffer that keeps the reason of a failed write
-  // (training/output_policy.h); &std::cout stays the stream commands see.
-  CheckedOutputBuffer stdout_buffer(STDOUT_FILENO);
-  struct RestoreCout {  // on every return: std::cout outlives main
-    std::streambuf* previous;
-    ~RestoreCout() {
-      std::cout.flush();
-      std::cout.rdbuf(previous);
-    }
-  } const restore_cout{std::cout.rdbuf(&stdout_buffer)};
-  std::ostream silent(nullptr);
-  std::ostream& out = IsMainRank() ? std::cout : silent;
-  std::ostream& err = IsMainRank() ? std::cerr : silent;
-  SetCommandLine(argc, argv);
-  CLI::App app{
-      "stillpoint: deep implicit layers. Attention as an energy, solved to its fixed point, "
-      "differentiated implicitly; train, evaluate and compare from YAML configs.\n"
-      "Exit codes: 0 ok, 1 runtime failure, 2 bad input, 130/143 stopped by SIGINT/SIGTERM "
-      "(with a checkpoint)."};
-  app.set_version_flag("--version", std::string("stillpoint ") + StillpointVersion());
-  app.require_subcommand(1);
-
-  TrainArgs train;
+CLI::App* AddTrainCommand(CLI::App& app, stillpoint::TrainArgs& train) {
   CLI::App* train_cmd = app.add_subcommand("train", "Train the model a config describes");
   train_cmd->add_option("config", train.config_path, "YAML config file")->required();
   train_cmd->add_option("overrides", train.overrides,
@@ -114,8 +81,10 @@ int main(int argc, char** argv) {
                       "with no log.dir a new runs/<config name>-N is used)");
   train_cmd->add_option("--stop-after", train.stop_after_steps,
                         "Stop (with a checkpoint) after this many steps of this invocation");
+  return train_cmd;
+}
 
-  EvalArgs eval;
+CLI::App* AddEvalCommand(CLI::App& app, stillpoint::EvalArgs& eval) {
   CLI::App* eval_cmd = app.add_subcommand(
       "eval", "Evaluate a trained run (run directory or checkpoint file) on held-out data");
   eval_cmd->add_option("run", eval.run, "Run directory or .ckpt file")->required();
@@ -137,8 +106,10 @@ int main(int argc, char** argv) {
   eval_cmd->add_flag("--gradient-check", eval.gradient_check,
                      "Also compare the gradient the model trains with against a reference "
                      "(ift, GMRES to 1e-10) on a fixed probe batch of training examples");
+  return eval_cmd;
+}
 
-  CompareArgs compare;
+CLI::App* AddCompareCommand(CLI::App& app, stillpoint::CompareArgs& compare) {
   CLI::App* compare_cmd = app.add_subcommand(
       "compare", "Train the variants of compare.variants on one task and write a report");
   compare_cmd->add_option("config", compare.config_path, "YAML config file")->required();
@@ -146,8 +117,10 @@ int main(int argc, char** argv) {
   compare_cmd->add_flag("--overwrite", compare.overwrite,
                         "Replace the comparison in log.dir (without it a non-empty log.dir is "
                         "refused; with no log.dir a new runs/<config name>-N is used)");
+  return compare_cmd;
+}
 
-  ReportArgs report;
+CLI::App* AddReportCommand(CLI::App& app, stillpoint::ReportArgs& report) {
   CLI::App* report_cmd = app.add_subcommand(
       "report", "Write a comparison report (report.md, report.html) of existing run directories");
   report_cmd->add_option("runs", report.runs,
@@ -157,8 +130,10 @@ int main(int argc, char** argv) {
                          "Directory of the report (default: the first free runs/report[-N])");
   report_cmd->add_flag("--overwrite", report.overwrite,
                        "Write into an --out directory that holds files (never a run directory)");
+  return report_cmd;
+}
 
-  ExportArgs export_args;
+CLI::App* AddExportCommand(CLI::App& app, stillpoint::ExportArgs& export_args) {
   CLI::App* export_cmd = app.add_subcommand(
       "export", "Write a run's parameters as safetensors (PyTorch) or npz (NumPy)");
   export_cmd->add_option("run", export_args.run, "Run directory or .ckpt file")->required();
@@ -167,8 +142,10 @@ int main(int argc, char** argv) {
   export_cmd->add_flag("--overwrite", export_args.overwrite,
                        "Replace an existing output file (never a run's own file, a device or a "
                        "FIFO; a symlink is replaced as a link)");
+  return export_cmd;
+}
 
-  RetrieveArgs retrieve;
+CLI::App* AddRetrieveCommand(CLI::App& app, stillpoint::RetrieveArgs& retrieve) {
   CLI::App* retrieve_cmd = app.add_subcommand(
       "retrieve", "Solve the Hopfield fixed point xi = X softmax(beta X^T xi) for each query");
   retrieve_cmd->add_option("--patterns", retrieve.patterns_path,
@@ -195,8 +172,25 @@ int main(int argc, char** argv) {
   retrieve_cmd->add_option("--max-file-mib", retrieve.max_file_mib,
                            "The most MiB read from each CSV (after decompression)")
       ->capture_default_str();
+  return retrieve_cmd;
+}
 
-  BenchArgs bench;
+CLI::App* AddConfigCommand(CLI::App& app, stillpoint::ConfigArgs& config) {
+  CLI::App* config_cmd = app.add_subcommand(
+      "config", "Print a config resolved (every default filled in), or the reference of every key");
+  config_cmd->add_option("config", config.config_path,
+                         "YAML config file: print it resolved, overrides applied");
+  config_cmd->add_option("overrides", config.overrides, "Dotted overrides");
+  config_cmd->add_flag("--resolved", config.resolved,
+                       "Print the resolved config of CONFIG (the default when one is given)");
+  config_cmd->add_flag("--doc", config.doc, "The reference as Markdown, as in docs/config.md");
+  config_cmd->add_flag("--json-schema", config.json_schema,
+                       "A JSON Schema of config files, for editors' YAML support");
+  config_cmd->add_flag("--keys", config.keys, "Every key path, one a line");
+  return config_cmd;
+}
+
+CLI::App* AddBenchCommand(CLI::App& app, stillpoint::BenchArgs& bench) {
   CLI::App* bench_cmd = app.add_subcommand(
       "bench", "Time a workload of bench/SPEC.md (w1, w2, w4: training steps; w3: retrieval; "
                "allreduce: the gradient reduction across mpirun ranks)");
@@ -204,7 +198,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--model", bench.model, "implicit (default) or explicit (w1, w2)");
   bench_cmd->add_option("--attention", bench.attention,
                         "The cell's attention (w1, w2): softmax (default) or an energy attention "
-                        "(hopfield, probabilistic, expfam, energy_transformer), nested solve");
+                        "(" + stillpoint::BuiltinEnergyBlockList() + "), nested solve");
   bench_cmd->add_flag("--no-warm-start", bench.no_warm_start,
                       "With an energy --attention: start every inner solve cold");
   bench_cmd->add_option("--iters", bench.iterations,
@@ -230,43 +224,89 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--bucket-kb", bench.bucket_kb,
                         "Under mpirun: KiB of gradient per reduction bucket")
       ->capture_default_str();
+  return bench_cmd;
+}
 
+// std::cout written through a CheckedOutputBuffer for the guard's life; on
+// every return from main std::cout gets its own buffer back (it outlives
+// main).
+struct CheckedStdout {
+  stillpoint::CheckedOutputBuffer buffer{STDOUT_FILENO};
+  std::streambuf* previous = std::cout.rdbuf(&buffer);
+  ~CheckedStdout() {
+    std::cout.flush();
+    std::cout.rdbuf(previous);
+  }
+};
+
+// Whether `name` is one of the app's commands; if not, says so (with a
+// did-you-mean and the list of commands) on stderr.
+bool IsCommand(const CLI::App& app, const std::string& name) {
+  std::vector<std::string> commands;
+  for (const CLI::App* command : app.get_subcommands({})) {
+    commands.push_back(command->get_name());
+  }
+  if (std::find(commands.begin(), commands.end(), name) != commands.end()) return true;
+  std::string known;
+  for (const std::string& command : commands) known += (known.empty() ? "" : ", ") + command;
+  const std::string closest = stillpoint::ClosestName(name, commands);
+  std::cerr << "error: unknown command '" << name << "'"
+            << (closest.empty() ? "" : " (did you mean '" + closest + "'?)")
+            << "; the commands are " << known << " (stillpoint --help)\n";
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace stillpoint;
+  // Under mpirun or srun each process is one rank of the job (training/
+  // distributed.h); rank 0 speaks for the job, the others print nothing.
+  try {
+    InitializeDistributed(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  // stdout through a buffer that keeps the reason of a failed write
+  // (training/output_policy.h); &std::cout stays the stream commands see.
+  CheckedStdout stdout_guard;
+  std::ostream silent(nullptr);
+  std::ostream& out = IsMainRank() ? std::cout : silent;
+  std::ostream& err = IsMainRank() ? std::cerr : silent;
+  SetCommandLine(argc, argv);
+  CLI::App app{
+      "stillpoint: deep implicit layers. Attention as an energy, solved to its fixed point, "
+      "differentiated implicitly; train, evaluate and compare from YAML configs.\n"
+      "Exit codes: 0 ok, 1 runtime failure, 2 bad input, 130/143 stopped by SIGINT/SIGTERM "
+      "(with a checkpoint)."};
+  app.set_version_flag("--version", std::string("stillpoint ") + StillpointVersion());
+  app.require_subcommand(1);
+
+  TrainArgs train;
+  CLI::App* train_cmd = AddTrainCommand(app, train);
+  EvalArgs eval;
+  CLI::App* eval_cmd = AddEvalCommand(app, eval);
+  CompareArgs compare;
+  CLI::App* compare_cmd = AddCompareCommand(app, compare);
+  ReportArgs report;
+  CLI::App* report_cmd = AddReportCommand(app, report);
+  ExportArgs export_args;
+  CLI::App* export_cmd = AddExportCommand(app, export_args);
+  RetrieveArgs retrieve;
+  CLI::App* retrieve_cmd = AddRetrieveCommand(app, retrieve);
+  BenchArgs bench;
+  CLI::App* bench_cmd = AddBenchCommand(app, bench);
   GenerateArgs generate;
   CLI::App* generate_cmd = AddGenerateCommand(app, generate);
 
   ConfigArgs config;
-  CLI::App* config_cmd = app.add_subcommand(
-      "config", "Print a config resolved (every default filled in), or the reference of every key");
-  config_cmd->add_option("config", config.config_path,
-                         "YAML config file: print it resolved, overrides applied");
-  config_cmd->add_option("overrides", config.overrides, "Dotted overrides");
-  config_cmd->add_flag("--resolved", config.resolved,
-                       "Print the resolved config of CONFIG (the default when one is given)");
-  config_cmd->add_flag("--doc", config.doc, "The reference as Markdown, as in docs/config.md");
-  config_cmd->add_flag("--json-schema", config.json_schema,
-                       "A JSON Schema of config files, for editors' YAML support");
-  config_cmd->add_flag("--keys", config.keys, "Every key path, one a line");
-
+  CLI::App* config_cmd = AddConfigCommand(app, config);
   const SeedDemoCommands seed_demos(app);  // demo, correct
 
   // A misspelt command would otherwise read as a stray argument, and CLI11
   // says only "A subcommand is required".
-  if (argc >= 2 && argv[1][0] != '-') {
-    const std::string name = argv[1];
-    std::vector<std::string> commands;
-    for (const CLI::App* command : app.get_subcommands({})) {
-      commands.push_back(command->get_name());
-    }
-    if (std::find(commands.begin(), commands.end(), name) == commands.end()) {
-      std::string known;
-      for (const std::string& command : commands) known += (known.empty() ? "" : ", ") + command;
-      const std::string closest = stillpoint::ClosestName(name, commands);
-      std::cerr << "error: unknown command '" << name << "'"
-                << (closest.empty() ? "" : " (did you mean '" + closest + "'?)")
-                << "; the commands are " << known << " (stillpoint --help)\n";
-      return 2;
-    }
-  }
+  if (argc >= 2 && argv[1][0] != '-' && !IsCommand(app, argv[1])) return 2;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -289,7 +329,7 @@ int main(int argc, char** argv) {
   int code = run();
   // A failed or short write to stdout (a full disk, /dev/full) is a failure,
   // not exit 0 with truncated output (training/output_policy.h).
-  if (IsMainRank() && !CheckStandardOutput(std::cout, std::cerr, &stdout_buffer) && code == 0) {
+  if (IsMainRank() && !CheckStandardOutput(std::cout, std::cerr, &stdout_guard.buffer) && code == 0) {
     code = 1;
   }
   return code;

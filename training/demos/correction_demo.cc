@@ -390,6 +390,39 @@ void CheckCorrectionDemoOptions(const CorrectionDemoOptions& o) {
            "prototypes, adaptation_batch and the example counts are too small");
 }
 
+namespace {
+
+// clamping.csv, clamping.svg, key_adaptation.csv and key_adaptation.svg.
+void WriteCurves(const fs::path& dir, const ClampingCurve& clamping,
+                 const AdaptationCurve& adaptation) {
+  DemoTable clamp_table;
+  clamp_table.Add("clamped_positions", clamping.clamped);
+  clamp_table.Add("accuracy_unclamped", clamping.accuracy);
+  WriteTextFile((dir / "clamping.csv").string(), clamp_table.ToCsv());
+  PlotOptions plot;
+  plot.title = "Clamped-value belief propagation: accuracy of the positions not clamped";
+  plot.x_label = "positions clamped by the annotator";
+  plot.y_label = "accuracy";
+  plot.width = 760;
+  WriteTextFile((dir / "clamping.svg").string(),
+                LinePlotSvg({{"unclamped positions", clamping.clamped, clamping.accuracy, true}},
+                            plot));
+
+  DemoTable adapt_table;
+  adapt_table.Add("adaptation_iterations", adaptation.iterations);
+  adapt_table.Add("shifted_accuracy", adaptation.shifted);
+  adapt_table.Add("clean_accuracy", adaptation.clean);
+  WriteTextFile((dir / "key_adaptation.csv").string(), adapt_table.ToCsv());
+  plot.title = "Online key adaptation on digits with every pixel shifted";
+  plot.x_label = "EM iterations of key adaptation";
+  WriteTextFile((dir / "key_adaptation.svg").string(),
+                LinePlotSvg({{"shifted test set", adaptation.iterations, adaptation.shifted, true},
+                             {"clean test set", adaptation.iterations, adaptation.clean, true}},
+                            plot));
+}
+
+}  // namespace
+
 CorrectionDemoResult RunCorrectionDemo(const CorrectionDemoOptions& o, std::ostream& out) {
   CheckCorrectionDemoOptions(o);
   PrepareDemoDirectory(o.out_dir, o.overwrite);
@@ -428,30 +461,7 @@ CorrectionDemoResult RunCorrectionDemo(const CorrectionDemoOptions& o, std::ostr
   r.clean_accuracy_before = adaptation.clean.front();
   r.clean_accuracy_after = adaptation.clean.back();
 
-  DemoTable clamp_table;
-  clamp_table.Add("clamped_positions", clamping.clamped);
-  clamp_table.Add("accuracy_unclamped", clamping.accuracy);
-  WriteTextFile((dir / "clamping.csv").string(), clamp_table.ToCsv());
-  PlotOptions plot;
-  plot.title = "Clamped-value belief propagation: accuracy of the positions not clamped";
-  plot.x_label = "positions clamped by the annotator";
-  plot.y_label = "accuracy";
-  plot.width = 760;
-  WriteTextFile((dir / "clamping.svg").string(),
-                LinePlotSvg({{"unclamped positions", clamping.clamped, clamping.accuracy, true}},
-                            plot));
-
-  DemoTable adapt_table;
-  adapt_table.Add("adaptation_iterations", adaptation.iterations);
-  adapt_table.Add("shifted_accuracy", adaptation.shifted);
-  adapt_table.Add("clean_accuracy", adaptation.clean);
-  WriteTextFile((dir / "key_adaptation.csv").string(), adapt_table.ToCsv());
-  plot.title = "Online key adaptation on digits with every pixel shifted";
-  plot.x_label = "EM iterations of key adaptation";
-  WriteTextFile((dir / "key_adaptation.svg").string(),
-                LinePlotSvg({{"shifted test set", adaptation.iterations, adaptation.shifted, true},
-                             {"clean test set", adaptation.iterations, adaptation.clean, true}},
-                            plot));
+  WriteCurves(dir, clamping, adaptation);
 
   DemoSummary summary;
   summary.SetText("demo", "correction");
@@ -474,31 +484,31 @@ CorrectionDemoResult RunCorrectionDemo(const CorrectionDemoOptions& o, std::ostr
 
 // ------------------------------------------------------ stillpoint correct
 
-void RunCorrect(const CorrectArgs& args, std::ostream& out) {
-  if (args.iterations < 1 || args.iterations > 1000) {
-    throw ConfigError("--iterations must be in [1, 1000], got " + std::to_string(args.iterations));
-  }
-  if (!(args.value_prior_precision > 0.0) || !std::isfinite(args.value_prior_precision)) {
-    throw ConfigError("--value-prior-precision must be > 0");
-  }
+namespace {
+
+// --input: token ids separated by spaces or commas.
+std::vector<int64_t> ParseTokenIds(const std::string& input) {
   std::vector<int64_t> tokens;
-  {
-    std::string text = args.input;
-    std::replace(text.begin(), text.end(), ',', ' ');
-    std::istringstream in(text);
-    std::string word;
-    while (in >> word) {
-      char* end = nullptr;
-      const long long id = std::strtoll(word.c_str(), &end, 10);
-      if (end == word.c_str() || *end != '\0') {
-        throw ConfigError("--input: '" + word + "' is not a token id");
-      }
-      tokens.push_back(id);
+  std::string text = input;
+  std::replace(text.begin(), text.end(), ',', ' ');
+  std::istringstream in(text);
+  std::string word;
+  while (in >> word) {
+    char* end = nullptr;
+    const long long id = std::strtoll(word.c_str(), &end, 10);
+    if (end == word.c_str() || *end != '\0') {
+      throw ConfigError("--input: '" + word + "' is not a token id");
     }
+    tokens.push_back(id);
   }
   if (tokens.empty()) throw ConfigError("--input holds no token ids");
-  std::vector<std::pair<int64_t, int64_t>> clamps;  // position, token
-  for (const std::string& clamp : args.clamps) {
+  return tokens;
+}
+
+// --clamp POS=VALUE, each as (position, token).
+std::vector<std::pair<int64_t, int64_t>> ParseClamps(const std::vector<std::string>& given) {
+  std::vector<std::pair<int64_t, int64_t>> clamps;
+  for (const std::string& clamp : given) {
     const std::size_t eq = clamp.find('=');
     const std::string pos_text = clamp.substr(0, eq);
     const std::string value_text = eq == std::string::npos ? "" : clamp.substr(eq + 1);
@@ -512,6 +522,41 @@ void RunCorrect(const CorrectArgs& args, std::ostream& out) {
     }
     clamps.emplace_back(pos, value);
   }
+  return clamps;
+}
+
+// The clamped token of each of `length` positions (-1: free), after
+// checking each clamp's position and token.
+std::vector<int64_t> ClampLabels(const std::vector<std::pair<int64_t, int64_t>>& clamps,
+                                 int64_t length, int64_t vocab_size) {
+  std::vector<int64_t> labels(length, -1);
+  for (const auto& [pos, value] : clamps) {
+    if (pos < 0 || pos >= length) {
+      throw ConfigError("--clamp " + std::to_string(pos) + "=" + std::to_string(value) +
+                        ": position " + std::to_string(pos) + " is outside the input [0, " +
+                        std::to_string(length) + ")");
+    }
+    if (value < 0 || value >= vocab_size) {
+      throw ConfigError("--clamp " + std::to_string(pos) + "=" + std::to_string(value) +
+                        ": value " + std::to_string(value) + " is not a token in [0, " +
+                        std::to_string(vocab_size) + ")");
+    }
+    labels[pos] = value;
+  }
+  return labels;
+}
+
+}  // namespace
+
+void RunCorrect(const CorrectArgs& args, std::ostream& out) {
+  if (args.iterations < 1 || args.iterations > 1000) {
+    throw ConfigError("--iterations must be in [1, 1000], got " + std::to_string(args.iterations));
+  }
+  if (!(args.value_prior_precision > 0.0) || !std::isfinite(args.value_prior_precision)) {
+    throw ConfigError("--value-prior-precision must be > 0");
+  }
+  const std::vector<int64_t> tokens = ParseTokenIds(args.input);
+  const std::vector<std::pair<int64_t, int64_t>> clamps = ParseClamps(args.clamps);
 
   Experiment experiment = LoadTrainedRun(args.run);
   SequenceModel& model = *experiment.model;
@@ -540,20 +585,7 @@ void RunCorrect(const CorrectArgs& args, std::ostream& out) {
                         std::to_string(info.vocab_size) + ")");
     }
   }
-  std::vector<int64_t> labels(length, -1);
-  for (const auto& [pos, value] : clamps) {
-    if (pos < 0 || pos >= length) {
-      throw ConfigError("--clamp " + std::to_string(pos) + "=" + std::to_string(value) +
-                        ": position " + std::to_string(pos) + " is outside the input [0, " +
-                        std::to_string(length) + ")");
-    }
-    if (value < 0 || value >= info.vocab_size) {
-      throw ConfigError("--clamp " + std::to_string(pos) + "=" + std::to_string(value) +
-                        ": value " + std::to_string(value) + " is not a token in [0, " +
-                        std::to_string(info.vocab_size) + ")");
-    }
-    labels[pos] = value;
-  }
+  const std::vector<int64_t> labels = ClampLabels(clamps, length, info.vocab_size);
 
   ValueBeliefOptions belief;
   belief.iterations = args.iterations;
