@@ -14,6 +14,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "framework/autograd.h"
 #include "framework/buffer_pool.h"
 #include "framework/parallel.h"
 #include "training/cli/bench_command.h"
@@ -136,7 +137,8 @@ ScaleRow MeasurePoint(const ScalePoint& point, const BenchArgs& args, DType dtyp
   // point's pool and resident figures start from what it holds itself.
   ReleaseCachedBuffers();
   row.rss_base_mb = static_cast<double>(ResidentBytes()) / kMiB;
-  TransformerBench bench(options, ReversalBatch(shapes, args.seed));
+  const TokenBatch batch = ReversalBatch(shapes, args.seed);
+  TransformerBench bench(options, batch);
   ResetBufferPoolStats();
   std::vector<double> wall, cpu;
   for (int64_t step = 0; step < args.warmup + args.scale.repeats; ++step) {
@@ -157,6 +159,16 @@ ScaleRow MeasurePoint(const ScalePoint& point, const BenchArgs& args, DType dtyp
   row.cpu_median_ms = Quartile(cpu, 0.5);
   row.pool_peak_mb = static_cast<double>(GetBufferPoolStats().peak_bytes_in_use) / kMiB;
   row.rss_peak_mb = static_cast<double>(PeakResidentBytes()) / kMiB;
+  {
+    // The forward pass alone with no tape (every solver iteration then
+    // records nothing: inference), after the steps, so the resident peak
+    // above is the step's.
+    NoGrad no_tape;
+    ReleaseCachedBuffers();
+    ResetBufferPoolStats();
+    bench.model().Forward(batch.ids, batch.shape);
+    row.forward_pool_peak_mb = static_cast<double>(GetBufferPoolStats().peak_bytes_in_use) / kMiB;
+  }
   return row;
 }
 

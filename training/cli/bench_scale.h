@@ -23,7 +23,9 @@
 // peak of the tensor pool over the steps (framework/buffer_pool.h: parameters,
 // optimizer state and every step's tensors, after the model is built) and the
 // peak resident set (VmHWM) together with the resident set just before the
-// model was built, so the growth is peak minus base.
+// model was built, so the growth is peak minus base; then the pool peak of one
+// forward pass with no tape (inference: every iteration of the solve
+// tape-off), beside the training step's.
 //
 // Isolation: by default every point runs in a child process (this program,
 // `bench scale --in-process` restricted to the point), so its VmHWM is its
@@ -123,6 +125,9 @@ struct ScaleRow {
   std::string error;  // non-empty: the point failed; its figures are NaN
   double median_ms = kNone, p25_ms = kNone, p75_ms = kNone, cpu_median_ms = kNone;
   double pool_peak_mb = kNone, rss_peak_mb = kNone, rss_base_mb = kNone;
+  // The pool's peak over one forward pass with no tape (every solver
+  // iteration tape-off), parameters and optimizer state included.
+  double forward_pool_peak_mb = kNone;
   bool rss_isolated = true;  // the resident peak is this point's own
   double loss_first = kNone, loss_last = kNone;
   // The PyTorch peer (softmax points with --peer); NaN when not run.

@@ -43,6 +43,7 @@ const std::vector<Field>& Fields() {
       {"p75_ms", [](const ScaleRow& r) { return r.p75_ms; }, nullptr},
       {"cpu_median_ms", [](const ScaleRow& r) { return r.cpu_median_ms; }, nullptr},
       {"pool_peak_mb", [](const ScaleRow& r) { return r.pool_peak_mb; }, nullptr},
+      {"forward_pool_peak_mb", [](const ScaleRow& r) { return r.forward_pool_peak_mb; }, nullptr},
       {"rss_peak_mb", [](const ScaleRow& r) { return r.rss_peak_mb; }, nullptr},
       {"rss_base_mb", [](const ScaleRow& r) { return r.rss_base_mb; }, nullptr},
       {"rss_isolated", [](const ScaleRow& r) { return r.rss_isolated ? 1.0 : 0.0; }, nullptr},
@@ -127,8 +128,8 @@ std::string SideBySide(const std::string& left, const std::string& right) {
 }  // namespace
 
 void PrintScaleTable(const std::vector<ScaleRow>& rows, std::ostream& out) {
-  out << "axis    model    attention      T     B  depth  median ms  pool MiB  RSS MiB (+growth)"
-         "  peer ms  peer RSS (+growth)  peer/stillpoint\n";
+  out << "axis    model    attention      T     B  depth  median ms  pool MiB  no-tape pool MiB"
+         "  RSS MiB (+growth)  peer ms  peer RSS (+growth)  peer/stillpoint\n";
   for (const ScaleRow& r : rows) {
     const ScalePoint& p = r.point;
     out << std::left << std::setw(8) << p.axis << std::setw(9) << p.model << std::setw(13)
@@ -139,7 +140,8 @@ void PrintScaleTable(const std::vector<ScaleRow>& rows, std::ostream& out) {
       continue;
     }
     out << std::fixed << std::setprecision(2) << std::setw(11) << r.median_ms << std::setw(10)
-        << r.pool_peak_mb << std::setw(9) << std::setprecision(1) << r.rss_peak_mb << " (+"
+        << r.pool_peak_mb << std::setw(18) << r.forward_pool_peak_mb << std::setw(9)
+        << std::setprecision(1) << r.rss_peak_mb << " (+"
         << RssGrowth(r) << (r.rss_isolated ? ")" : ", not isolated)");
     if (std::isfinite(r.peer_median_ms)) {
       out << std::setprecision(2) << std::setw(9) << r.peer_median_ms << std::setprecision(1)
@@ -254,6 +256,7 @@ std::vector<ScaleRow> ParseScaleJson(const std::string& text, const std::string&
       row.p75_ms = number("p75_ms");
       row.cpu_median_ms = number("cpu_median_ms");
       row.pool_peak_mb = number("pool_peak_mb");
+      row.forward_pool_peak_mb = number("forward_pool_peak_mb");
       row.rss_peak_mb = number("rss_peak_mb");
       row.rss_base_mb = number("rss_base_mb");
       row.rss_isolated = node["rss_isolated"] && node["rss_isolated"].as<bool>();
