@@ -6,13 +6,19 @@
 #
 #   bench/compare.sh [--reps N] [--steps S] [--warmup W] [--threads 2]
 #                    [--w1-shards N] [--only "w1i w2e ..."] [--peers "user tuned"]
-#                    [--out DIR] [--no-extras]
+#                    [--out DIR] [--no-extras] [--scale]
 #
 # --w1-shards (default: the thread count) runs stillpoint's W1 steps as that
 # many data-parallel shards (`stillpoint bench --shards`, docs/training.md):
 # W1's ops are too short to split well over threads, so on W1 each thread
 # runs its own share of the batch instead. W2 runs unsharded (its ops are
 # long; shards made no measurable difference there).
+#
+# --scale also runs `stillpoint bench scale` (step time and peak memory
+# against sequence length and depth; training/cli/bench_scale.h) with the
+# tuned peer beside its softmax points, its table in DIR/scale.txt and its
+# JSON, CSV and plots in DIR/scale/ (with --only "" --no-extras: that alone,
+# and the loss agreement).
 #
 # --reps defaults to 5 (about 10 minutes in all on 2 cores): a workload's
 # ratio is a median over repetitions, and on a shared machine the peer's
@@ -62,6 +68,7 @@ ONLY="w1i w1ir w1e w1er w2i w2ir w2e w2er w3 w3a w4"
 PEERS="user tuned"
 OUT=""
 EXTRAS=1
+SCALE=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --reps) REPS=$2; shift 2 ;;
@@ -73,6 +80,7 @@ while [[ $# -gt 0 ]]; do
     --peers) PEERS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-extras) EXTRAS=0; shift ;;
+    --scale) SCALE=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;p}' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -242,6 +250,15 @@ for threads in (1, 2):
           f"GFLOP/s, median {2 * n**3 / times[len(times) // 2] / 1e9:.1f} GFLOP/s")
 EOF
   cat "$OUT/gemm.txt"
+fi
+
+# ---- step time and memory against length and depth, the tuned peer beside
+if [[ $SCALE == 1 ]]; then
+  echo
+  echo "bench scale (the tuned peer beside the softmax points):"
+  "$SP" bench scale --threads "$THREADS" --repeats 5 --warmup 1 --peer "$PEER" --python "$PY" \
+    --peer-env "LD_LIBRARY_PATH=$OPENBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} OPENBLAS_CORETYPE=$PEER_CORETYPE GLIBC_TUNABLES=$TUNABLES${PEER_OMP_WAIT_POLICY:+ OMP_WAIT_POLICY=$PEER_OMP_WAIT_POLICY}" \
+    --out "$OUT/scale" 2> "$OUT/scale_progress.txt" | tee "$OUT/scale.txt"
 fi
 
 # ---- loss agreement on the shared tiny configuration

@@ -4,6 +4,8 @@
     /usr/bin/python3 bench/torch_peer.py w1|w2|w3|w4 [--model implicit|explicit] [--iters K]
         [--threads 2] [--steps 20] [--warmup 3] [--json] [--weights FILE] [--dtype float32]
         [--zero-state full|row] [--record-last]
+    /usr/bin/python3 bench/torch_peer.py scale --length T --batch B --depth D
+        [--model implicit|explicit] [--threads 2] [--steps 5] [--warmup 1] [--json]
     /usr/bin/python3 bench/torch_peer.py export FILE
 
 W1/W2 are written the way DEQ code in PyTorch is usually written: the forward Anderson solve
@@ -25,6 +27,10 @@ Anderson is the same algorithm as stillpoint's (type II, differences of iterates
 in a ring of m columns, Tikhonov lambda * trace(H) / m, mixing beta, the per-sample iterate
 with the lowest relative residual returned), batched over samples with bmm, so that the two
 sides compute the same function and the loss-agreement check is meaningful.
+
+`scale` is the W1 model at another shape, the peer of `stillpoint bench scale`: sequence length
+T, batch B, and depth D (explicit: D cells; implicit: D forward and D adjoint iterations). Its
+report adds base_rss_mb, the resident set before the model is built.
 
 `export FILE` writes a tiny configuration (the shapes of tests/data/deq_tiny.json) with
 initial weights (W as [in, out]) and a fixed batch, plus this side's loss before and after one
@@ -506,6 +512,14 @@ def peak_rss_bytes():
     return 0
 
 
+def current_rss_bytes():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def quantile(sorted_values, q):
     pos = q * (len(sorted_values) - 1)
     lo = int(math.floor(pos))
@@ -524,7 +538,7 @@ def report(args, result, out=sys.stdout):
     r["gflops_per_s"] = result["flops"] / (r["median_ms"] / 1e3) / 1e9
     r["peak_rss_mb"] = peak_rss_bytes() / (1 << 20)
     for key in ("loss_first", "loss_after_one_step", "loss_last", "accuracy", "queries",
-                "iterations_mean", "iterations_max", "evaluations", "w3_mode"):
+                "iterations_mean", "iterations_max", "evaluations", "w3_mode", "base_rss_mb"):
         if key in result:
             r[key] = result[key]
     r.update(blas_info())
@@ -580,7 +594,13 @@ def make_model(cfg, kind, params, iters, zero_state_row=False, record_last=False
 def run_transformer(args, dtype):
     kind = "energy" if args.workload == "w4" else args.model or "implicit"
     iters = args.iters or 16
-    if args.weights:
+    base_rss = current_rss_bytes()
+    if args.workload == "scale":
+        cfg = dict(W1, T=args.length, B=args.batch, layers=args.depth)
+        iters = args.depth
+        params = init_params(cfg, kind, dtype, args.seed)
+        x, y = reversal_batch(cfg, args.seed)
+    elif args.weights:
         cfg, params, x, y = load_weights(args.weights, kind, dtype)
     else:
         cfg = W2 if args.workload == "w2" else W1
@@ -603,7 +623,7 @@ def run_transformer(args, dtype):
                       step_flops(cfg, kind, iters, args.zero_state == "row", args.record_last)),
             "loss_first": losses[0],
             "loss_after_one_step": losses[1] if len(losses) > 1 else None,
-            "loss_last": losses[-1]}
+            "loss_last": losses[-1], "base_rss_mb": base_rss / (1 << 20)}
 
 
 def run_retrieval(args, dtype):
@@ -664,7 +684,7 @@ def export(path, seed):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("workload", choices=["w1", "w2", "w3", "w4", "export"])
+    parser.add_argument("workload", choices=["w1", "w2", "w3", "w4", "scale", "export"])
     parser.add_argument("path", nargs="?", help="export: the file to write")
     parser.add_argument("--model", choices=["implicit", "explicit", "energy"])
     parser.add_argument("--iters", type=int, default=0)
@@ -687,7 +707,20 @@ def main():
                         help="implicit model: record the solver's last evaluation and use it at "
                              "z* when z* is that iterate, as stillpoint does, instead of "
                              "evaluating f at z* once more")
+    parser.add_argument("--length", type=int, help="scale: sequence length T")
+    parser.add_argument("--batch", type=int, help="scale: batch B")
+    parser.add_argument("--depth", type=int,
+                        help="scale: explicit cells, or implicit forward and adjoint iterations")
     args = parser.parse_args()
+    scale_args = (args.length, args.batch, args.depth)
+    if args.workload == "scale":
+        if any(v is None or v < 1 for v in scale_args):
+            parser.error("scale needs --length, --batch and --depth, each >= 1")
+        if args.iters or args.weights or args.model == "energy":
+            parser.error("scale: --iters (the depth is --depth), --weights and --model energy "
+                         "do not apply")
+    elif any(v is not None for v in scale_args):
+        parser.error("--length, --batch and --depth apply to scale only")
     if args.iters < 0 or args.threads < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("--iters >= 0, --threads >= 1, --steps >= 1 and --warmup >= 0 are required")
     if args.workload == "w4" and args.model not in (None, "energy"):

@@ -164,7 +164,11 @@ Var masked_fill(const Var& x, const Tensor& mask, double value);
 // backward (per (b, h) block in scratch by the first call, in one pass per
 // row from each row's max and softmax sum kept by the forward pass, [B,
 // heads, Tq] each; kept by the second call through the node for all later
-// ones).
+// ones when no more than 8 times the size of q, k and v, else recomputed by
+// every call, so that the many VJPs of an implicit layer's adjoint do not
+// hold a [B, heads, Tq, Tk] tensor at long sequences). A forward pass with
+// no tape holds no [Tq, Tk] block either: each task works through its
+// queries in blocks of rows, in scratch.
 Var multi_head_attention(
     const Var& q, const Var& k, const Var& v, int64_t heads, double scale, bool causal = false);
 // Self-attention on one packed projection: qkv [B, T, 3 D] holds q, k and v

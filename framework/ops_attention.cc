@@ -8,8 +8,10 @@
 // backward, from the output gradient to the three input gradients), so the
 // work spreads over batch x heads and every output entry is written by
 // exactly one task: results are bitwise identical for any thread count.
-// In float32 a task goes through blocks of queries (see QueryBlockRows);
-// float64 works on whole [Tq, Tk] blocks.
+// A forward task goes through blocks of queries (see QueryBlockRows), so a
+// pass with no tape (an implicit layer's solver iterations) holds no
+// [Tq, Tk] block at any length; the float64 backward works on whole
+// [Tq, Tk] blocks, float32's by blocks of queries.
 //
 // The softmax runs in base 2: the product that makes the scores multiplies
 // by scale log2(e), so p = 2^(s - row max) is the same softmax as
@@ -240,45 +242,75 @@ void ScoreGradientsInPlace(const AttentionGeometry& geo,
   }
 }
 
-// One unit's [Tq, Tk] block of scores scale log2(e) q_h k_h^T, into s.
+// Queries per block: whole row tiles (6) of about score_floats scores, so
+// short sequences are one block. A task holds one block's scores at a
+// time, never a unit's [Tq, Tk] (unless it keeps the probabilities).
+int64_t QueryBlockRows(const AttentionGeometry& geo, int64_t score_floats) {
+  constexpr int64_t kTileRows = 6;
+  return std::max(kTileRows, score_floats / std::max<int64_t>(geo.tk, 1) / kTileRows * kTileRows);
+}
+// Forward: a block's scores (24 KiB in float32, 24 queries for Tk = 256)
+// stay in L1 from Q K^T to P V.
+constexpr int64_t kForwardScoreFloats = 6144;
+
+// Scores scale log2(e) q_h k_h^T of queries [i0, i0 + rows) of a unit, into
+// s (row stride Tk).
+template <typename T>
+void BlockScoresOf(const AttentionGeometry& geo, const T* q, const T* k, int64_t unit, int64_t i0,
+                   int64_t rows, T* s) {
+  const UnitOffsets at = OffsetsOf(geo, unit);
+  internal::Gemm<T>(false, true, rows, geo.tk, geo.dh, static_cast<T>(geo.ScoreScale()),
+                    q + at.q + i0 * geo.q_stride, geo.q_stride, k + at.k, geo.kv_stride, s,
+                    geo.tk);
+}
+
+// One unit's [Tq, Tk] block of scores, into s, by the forward pass's blocks
+// of queries, so each row is bitwise the score its forward pass saw (its
+// row statistics then give bitwise its probabilities).
 template <typename T>
 void UnitScores(const AttentionGeometry& geo, const T* q, const T* k, int64_t unit, T* s) {
-  const UnitOffsets at = OffsetsOf(geo, unit);
-  internal::Gemm<T>(false, true, geo.tq, geo.tk, geo.dh, static_cast<T>(geo.ScoreScale()), q + at.q,
-                    geo.q_stride, k + at.k, geo.kv_stride, s, geo.tk);
+  const int64_t block_rows = QueryBlockRows(geo, kForwardScoreFloats);
+  for (int64_t i0 = 0; i0 < geo.tq; i0 += block_rows) {
+    BlockScoresOf(geo, q, k, unit, i0, std::min(block_rows, geo.tq - i0), s + i0 * geo.tk);
+  }
 }
 
 // ------------------------------------------------- one unit, any dtype
 
-// One unit's forward on whole [Tq, Tk] blocks: out_h (unless out is null)
-// and, when p_unit is not null, the unit's probabilities there.
+// One unit's forward by blocks of queries (float32 has a packed form of it,
+// UnitForwardByQueryBlocks): out_h (unless out is null) and, when p_unit is
+// not null, the unit's probabilities there. Without p_unit a block's
+// exponentials stay in scratch ([rows, Tk], rows from QueryBlockRows) and
+// its output rows are normalised instead (dh << Tk), so a forward pass with
+// no tape holds no [Tq, Tk] block at any length.
 template <typename T>
-void UnitForwardWhole(const AttentionGeometry& geo,
-                      const T* q,
-                      const T* k,
-                      const T* v,
-                      int64_t unit,
-                      T* out,
-                      T* p_unit,
-                      const RowStats<T>& stats) {
+void UnitForwardByQueryRows(const AttentionGeometry& geo,
+                            const T* q,
+                            const T* k,
+                            const T* v,
+                            int64_t unit,
+                            T* out,
+                            T* p_unit,
+                            const RowStats<T>& stats) {
   const UnitOffsets at = OffsetsOf(geo, unit);
-  const int64_t block = geo.tq * geo.tk;
-  T* scratch = Scratch<T>(block + geo.tq);
-  T* p = p_unit ? p_unit : scratch;
-  const RowStats<T> unit_stats = stats.At(geo, unit, 0);
-  T* row_scale = unit_stats.defined() ? unit_stats.scale : scratch + block;
-  // Kept probabilities are normalised; for the output alone the
-  // normalisation is applied to the [Tq, dh] rows of O instead of the
-  // [Tq, Tk] rows of P (dh << Tk).
-  UnitScores(geo, q, k, unit, p);
-  ExponentiateRows(geo, 0, geo.tq, p_unit != nullptr, p, row_scale, unit_stats.max);
-  if (out == nullptr) return;
-  // O_h = P V_h, written into the head's columns of out.
-  T* o = out + at.out;
-  internal::Gemm<T>(false, false, geo.tq, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k, geo.kv_stride,
-                    o, geo.dim);
-  if (p_unit) return;
-  NormaliseOutputRows(geo, geo.tq, row_scale, o);
+  const int64_t block_rows = QueryBlockRows(geo, kForwardScoreFloats);
+  T* scratch = Scratch<T>(block_rows * (geo.tk + 1));
+  T* row_scale = scratch + block_rows * geo.tk;
+  for (int64_t i0 = 0; i0 < geo.tq; i0 += block_rows) {
+    const int64_t rows = std::min(block_rows, geo.tq - i0);
+    T* p = p_unit ? p_unit + i0 * geo.tk : scratch;
+    const RowStats<T> block_stats = stats.At(geo, unit, i0);
+    T* block_scale = block_stats.defined() ? block_stats.scale : row_scale;
+    BlockScoresOf(geo, q, k, unit, i0, rows, p);
+    ExponentiateRows(geo, i0, rows, p_unit != nullptr, p, block_scale, block_stats.max);
+    if (out == nullptr) continue;
+    // O_h = P V_h, written into the head's columns of out.
+    T* o = out + at.out + i0 * geo.dim;
+    internal::Gemm<T>(false, false, rows, geo.dh, geo.tk, T(1), p, geo.tk, v + at.k,
+                      geo.kv_stride, o, geo.dim);
+    if (p_unit) continue;
+    NormaliseOutputRows(geo, rows, block_scale, o);
+  }
 }
 
 // One unit's VJP on whole [Tq, Tk] blocks, given its probabilities p_unit
@@ -334,17 +366,11 @@ void UnitBackwardWhole(const AttentionGeometry& geo,
 
 // ------------------------------------------ one unit, float32, by blocks
 
-// Queries per block: whole row tiles (6) of about score_floats scores, so
-// short sequences are one block. Every product is the packed kernel's, with
-// K_h^T, V_h, V_h^T and K_h packed once per unit; forward rows are bitwise
-// what the whole-block product gives for them.
-int64_t QueryBlockRows(const AttentionGeometry& geo, int64_t score_floats) {
-  constexpr int64_t kTileRows = 6;
-  return std::max(kTileRows, score_floats / std::max<int64_t>(geo.tk, 1) / kTileRows * kTileRows);
-}
-// Forward: a block's scores (24 KiB, 24 queries for Tk = 256) stay in L1
-// from Q K^T to P V.
-constexpr int64_t kForwardScoreFloats = 6144;
+// The float32 blocks (QueryBlockRows) share the forward's query blocks;
+// every product is the packed kernel's, with K_h^T, V_h, V_h^T and K_h
+// packed once per unit; forward rows are bitwise what the whole-block
+// product gives for them.
+//
 // Backward: dK += dS^T Q and dV += P^T dO have the block's queries as their
 // depth, and a product of depth 24 spends a large share of its time loading
 // and storing its C tiles; 96 queries (Tk = 256) make them about as
@@ -370,7 +396,7 @@ void BlockScores(const AttentionGeometry& geo,
   keys_t.Multiply(false, rows, 1.0f, q_unit + i0 * geo.q_stride, geo.q_stride, s, geo.tk);
 }
 
-// The float32 UnitForwardWhole, by blocks of queries. With p_unit each
+// The float32 UnitForwardByQueryRows, packed. With p_unit each
 // block's probabilities are written there (normalised) and multiply V as
 // they are; without, the block's exponentials stay in scratch and the
 // output rows are normalised instead.
@@ -495,7 +521,7 @@ void AttentionForwardKernel(const AttentionGeometry& geo,
       if constexpr (std::is_same_v<T, float>) {
         UnitForwardByQueryBlocks(geo, q, k, v, unit, out, p_unit, stats);
       } else {
-        UnitForwardWhole(geo, q, k, v, unit, out, p_unit, stats);
+        UnitForwardByQueryRows(geo, q, k, v, unit, out, p_unit, stats);
       }
     }
   });
@@ -589,6 +615,12 @@ Var ReferenceAttention(const AttentionGeometry& geo, const VarList& in) {
   return multi_head_attention_reference(in[0], in[1], in[2], geo.heads, geo.scale, geo.causal);
 }
 
+// The probabilities a node keeps for its second and later VJPs are at most
+// this many times the size of its inputs (q, k and v): with d = heads * dh,
+// self-attention keeps them up to T = 24 d / heads (384 for W1's d = 64 and
+// 4 heads, so W2's T = 256 keeps them).
+constexpr int64_t kReusedProbabilitiesFactor = 8;
+
 // The row statistics held in a [2, B, heads, Tq] tensor (none if undefined).
 template <typename T>
 RowStats<T> StatsOf(Tensor& row_stats) {
@@ -611,6 +643,12 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
   // more and keeps them for every later call. The forward pass then keeps
   // each query row's max and 1 / sum instead ([2, B, heads, Tq]), which
   // make the recomputation one pass per row and bitwise the forward's P.
+  // Kept from the second call, P saves each later call its recomputation,
+  // but for long sequences it is the largest tensor an implicit layer holds
+  // (at T = 1024 most of the step's peak: bench/RESULTS.md, `bench scale`),
+  // so beyond kReusedProbabilitiesFactor times the size of q, k and v every
+  // call recomputes it block by block and the peak stays that of the
+  // recorded evaluation's activations.
   struct Saved {
     Tensor probs;
     Tensor row_stats;
@@ -622,6 +660,7 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
   const bool recording = WouldRecord(inputs);
   const int64_t probs_numel = geo.batch * geo.heads * geo.tq * geo.tk;
   const bool keep_probs = recording && probs_numel <= inputs_numel;
+  const bool keep_on_reuse = probs_numel <= kReusedProbabilitiesFactor * inputs_numel;
   const Shape probs_shape{geo.batch, geo.heads, geo.tq, geo.tk};
   auto saved = std::make_shared<Saved>();
   if (keep_probs) saved->probs = Tensor(probs_shape, dtype);
@@ -638,7 +677,7 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
   });
   return RecordOp(
       inputs.size() == 1 ? "multi_head_self_attention" : "multi_head_attention", out, inputs,
-      [geo, saved, probs_shape](const VarList& in, const Var& self, const Var& g) {
+      [geo, saved, probs_shape, keep_on_reuse](const VarList& in, const Var& self, const Var& g) {
         std::vector<bool> wanted;
         for (size_t i = 0; i < in.size(); ++i) wanted.push_back(WantsInputGrad(in, i));
         if (GradModeEnabled()) {
@@ -658,7 +697,7 @@ Var RecordAttention(const AttentionGeometry& geo, const VarList& inputs) {
         const DType dtype = in[0].dtype();
         const std::vector<const Tensor*> values = ValuesOf(in);
         Tensor& probs = saved->probs;
-        if (++saved->backward_calls >= 2 && !probs.defined()) {
+        if (++saved->backward_calls >= 2 && !probs.defined() && keep_on_reuse) {
           probs = Tensor(probs_shape, dtype);
           DispatchDType(dtype, [&](auto zero) {
             using T = decltype(zero);

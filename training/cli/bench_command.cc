@@ -705,6 +705,7 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
   DType dtype = DType::kFloat32;
   int iterations = 0;
   WeightsExport weights;
+  if (args.workload == "scale") return RunBenchScale(args, out, err);
   if (args.workload == "allreduce") {
     try {
       SP_CHECK(args.steps >= 1 && args.steps <= kMaxBenchSteps && args.warmup >= 0 &&
@@ -722,7 +723,7 @@ int RunBench(const BenchArgs& args, std::ostream& out, std::ostream& err) {
     const bool transformer =
         args.workload == "w1" || args.workload == "w2" || args.workload == "w4";
     SP_CHECK(transformer || args.workload == "w3", "bench: unknown workload '", args.workload,
-             "' (expected w1, w2, w3, w4 or allreduce)");
+             "' (expected w1, w2, w3, w4, allreduce or scale)");
     SP_CHECK(args.bucket_kb >= 1, "--bucket-kb must be >= 1, got ", args.bucket_kb);
     if (!args.attention.empty()) {
       const std::vector<std::string> names = BenchAttentionNames();

@@ -1,6 +1,6 @@
 // `stillpoint bench`: the reference workloads of bench/SPEC.md, timed.
 //
-//   stillpoint bench w1|w2|w3|w4|allreduce [--model implicit|explicit] [--iters K]
+//   stillpoint bench w1|w2|w3|w4|allreduce|scale [--model implicit|explicit] [--iters K]
 //                   [--attention NAME] [--no-warm-start]
 //                   [--threads N] [--shards S] [--steps 20] [--warmup 3]
 //                   [--json] [--weights FILE] [--dtype float32|float64]
@@ -37,6 +37,8 @@
 //   K = 16 plain EM iterations after v0 (Picard, tolerance 0), the IFT
 //   backward with exactly K fixed-point adjoint iterations, then the
 //   pre-norm feed-forward sublayer and the head.
+// scale: a W1-shaped step against sequence length and depth
+//   (training/cli/bench_scale.h).
 // W3: Hopfield retrieval of 1024 corrupted patterns (forward only, Picard to
 //   a relative residual of 1e-6, at most K = 32 iterations, per-query exit).
 //
@@ -66,13 +68,14 @@
 #include "framework/tensor.h"
 #include "layers/models.h"
 #include "training/cli/bench_ranks.h"
+#include "training/cli/bench_scale.h"
 #include "training/data_parallel.h"
 #include "training/optimizer.h"
 
 namespace stillpoint {
 
 struct BenchArgs {
-  std::string workload;   // "w1", "w2", "w3" or "w4"
+  std::string workload;   // "w1", "w2", "w3", "w4", "allreduce" or "scale"
   std::string model;      // "implicit" or "explicit" (W1, W2); empty: implicit
   // W1, W2: the cell's attention (see the top); empty: softmax.
   std::string attention;
@@ -98,6 +101,8 @@ struct BenchArgs {
   // the bucket size.
   bool no_overlap = false;
   int64_t bucket_kb = 1024;
+  // `bench scale` (bench_scale.h).
+  BenchScaleArgs scale;
 };
 // Returns 0 on success, 1 on a runtime failure, 2 on bad arguments (reported
 // before any work starts).

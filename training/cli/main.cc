@@ -194,7 +194,9 @@ CLI::App* AddBenchCommand(CLI::App& app, stillpoint::BenchArgs& bench) {
   CLI::App* bench_cmd = app.add_subcommand(
       "bench", "Time a workload of bench/SPEC.md (w1, w2, w4: training steps; w3: retrieval; "
                "allreduce: the gradient reduction across mpirun ranks)");
-  bench_cmd->add_option("workload", bench.workload, "w1, w2, w3, w4 or allreduce")->required();
+  bench_cmd->add_option("workload", bench.workload,
+                        "w1, w2, w3, w4, allreduce or scale (time and memory against length, depth)")
+      ->required();
   bench_cmd->add_option("--model", bench.model, "implicit (default) or explicit (w1, w2)");
   bench_cmd->add_option("--attention", bench.attention,
                         "The cell's attention (w1, w2): softmax (default) or an energy attention "
@@ -224,6 +226,7 @@ CLI::App* AddBenchCommand(CLI::App& app, stillpoint::BenchArgs& bench) {
   bench_cmd->add_option("--bucket-kb", bench.bucket_kb,
                         "Under mpirun: KiB of gradient per reduction bucket")
       ->capture_default_str();
+  AddBenchScaleOptions(*bench_cmd, bench.scale);
   return bench_cmd;
 }
 

@@ -21,13 +21,13 @@ _stillpoint() {
     compare) options="--overwrite --help" ;;
     report) options="--out --overwrite --help" ;;
     retrieve) options="--patterns --queries --out --beta --solver --tol --max-iter --threads --dtype --max-file-mib --overwrite --help" ;;
-    bench) options="--model --attention --no-warm-start --iters --threads --shards --steps --warmup --scaling --json --weights --dtype --seed --help" ;;
+    bench) options="--model --attention --no-warm-start --iters --threads --shards --steps --warmup --scaling --json --weights --dtype --seed --lengths --depths --models --tokens --depth-length --repeats --out --peer --python --peer-env --in-process --help" ;;
     config) options="--resolved --doc --json-schema --keys --help" ;;
     generate) options="--prompt --tokens --temperature --top-k --seed --no-warm-start --json --help" ;;
     *) return ;;
   esac
   case "${prev}" in
-    --patterns|--queries|--weights)
+    --patterns|--queries|--weights|--peer|--python)
       COMPREPLY=($(compgen -f -- "${cur}"))
       return ;;
     --out)
