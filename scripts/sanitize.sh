@@ -48,12 +48,13 @@ run_asan() {
     # on 2 shared cores); the training and layers tests cover their code.
     selection=(-E '^example\.quickstart_probabilistic_(explicit|implicit)$')
   else
-    # The test executables of those folders (<folder>_<name>_test) and what
-    # they link, nothing else; ctest then runs the tests labelled so.
+    # The test executables of those folders (<folder>_tests, and those with
+    # one of their own, <folder>_<name>_test) and what they link, nothing
+    # else; ctest then runs the tests labelled so.
     local pattern targets
     pattern=$(IFS='|'; echo "${folders[*]}")
     mapfile -t targets < <(cmake --build build-asan --target help |
-      grep -oE "^($pattern)_[a-z0-9_]*_test" | sort -u)
+      sed -nE "s/^(($pattern)_[a-z0-9_]*tests?): .*/\1/p" | sort -u)
     if [[ ${#targets[@]} -eq 0 ]]; then
       echo "sanitize.sh: no test executables for SANITIZE_FOLDERS='${folders[*]}'" >&2
       return 2
@@ -67,7 +68,9 @@ run_asan() {
 }
 
 run_tsan() {
-  configure build-tsan -DSTILLPOINT_SANITIZE_THREAD=ON
+  # One test executable per file (STILLPOINT_TESTS_PER_FILE), so that only
+  # these three files are compiled under ThreadSanitizer, not their folders.
+  configure build-tsan -DSTILLPOINT_SANITIZE_THREAD=ON -DSTILLPOINT_TESTS_PER_FILE=ON
   local targets=(framework_parallel_test training_data_parallel_test training_retrieve_test)
   cmake --build build-tsan -j "$jobs" --target "${targets[@]}"
   # oneTBB is a prebuilt library without ThreadSanitizer instrumentation, so

@@ -46,16 +46,19 @@ fi
 # maps) work in packets of the build target's width: 4 floats in the build
 # above (the compiler's default, SSE2), 8 with AVX2 and 16 with AVX-512 in a
 # Release build for this machine (STILLPOINT_NATIVE). On a CPU with AVX2 the
-# framework's tests run once more, built with -march=native, so the width
-# that machine's Release build computes with is tested too. Only those tests
-# are built there (so ctest in that directory wants -L framework), and the
-# extra arguments above are not passed to this run.
+# framework's tests run once more, built as that machine's Release build is
+# (-O3 -march=native: scripts/quickstart.sh), so the width and the code it
+# computes with are tested too. Only those tests are built there (so ctest in
+# that directory wants -L framework), and the extra arguments above are not
+# passed to this run.
 if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
   native_dir="$build_dir-native"
-  cmake -S . -B "$native_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTILLPOINT_NATIVE=ON \
+  cmake -S . -B "$native_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTILLPOINT_NATIVE=ON \
     "${launcher[@]}"
+  # framework_tests (and, with STILLPOINT_TESTS_PER_FILE in that directory,
+  # the framework_<name>_test executables).
   mapfile -t native_tests < <(cmake --build "$native_dir" --target help |
-    grep -o '^framework_[a-z0-9_]*_test' | sort -u)
+    sed -n 's/^\(framework_[a-z0-9_]*tests\{0,1\}\): .*/\1/p' | sort -u)
   cmake --build "$native_dir" -j "$jobs" --target "${native_tests[@]}"
   ctest --test-dir "$native_dir" --output-on-failure -j "$jobs" -L framework
 fi
