@@ -70,18 +70,6 @@ const std::pair<const char*, const char*> kFloat64Tolerances[] = {
 
 // The keys of an implicit solve under prefix ("model.solver." or
 // "model.attention_solver."), with the defaults of `defaults`.
-// The model's own solve (model.solver.*) as a config declares it by
-// default: ImplicitOptions' defaults with an Anderson adjoint. At the radii
-// the implicit models train to (0.65-0.85 on the quickstart) fixed-point
-// adjoint iterations shrink the error by only that much each (10 leave about
-// 0.1-0.2); Anderson's 10 to 20 reach 1e-4 where the spectral-radius penalty
-// holds the radius (ImplicitModelRegularization).
-ImplicitOptions DefaultModelSolverOptions() {
-  ImplicitOptions options;
-  options.backward.solver = AdjointSolverType::kAnderson;
-  return options;
-}
-
 void AddSolverKeys(ConfigSchema& s, const std::string& prefix, const ImplicitOptions& defaults) {
   // ---- PREFIX.forward: ForwardSolverOptions
   AddOptionKeys(s, prefix + "forward.", ForwardSolverOptions::Fields(), defaults.forward,
@@ -209,6 +197,18 @@ Enum ParseEnum(const Config& config, const std::string& key, Parse parse) {
 }
 
 }  // namespace
+
+// The model's own solve (model.solver.*) as a config declares it by
+// default: ImplicitOptions' defaults with an Anderson adjoint. At the radii
+// the implicit models train to (0.65-0.85 on the quickstart) fixed-point
+// adjoint iterations shrink the error by only that much each (10 leave about
+// 0.1-0.2); Anderson's 10 to 20 reach 1e-4 where the spectral-radius penalty
+// holds the radius (ImplicitModelRegularization).
+ImplicitOptions DefaultModelSolverOptions() {
+  ImplicitOptions options;
+  options.backward.solver = AdjointSolverType::kAnderson;
+  return options;
+}
 
 // A config's positional table has 64 rows unless it says otherwise; the
 // struct's 32 serve models built by hand (their tests' initialisations

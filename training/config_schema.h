@@ -23,6 +23,10 @@ const ConfigSchema& StillpointSchema();
 // (the struct's 32 serve models built by hand).
 ModelOptions ConfigModelDefaults();
 
+// The model's own solve (model.solver.*) as a config declares it by default:
+// ImplicitOptions' defaults with an Anderson adjoint.
+ImplicitOptions DefaultModelSolverOptions();
+
 // Model options for a dataset with the given vocabulary/classes (the task
 // decides vocab_size and num_classes; the config decides the rest).
 ModelOptions ModelOptionsFromConfig(const Config& config);

@@ -157,7 +157,10 @@ TEST(BenchScaleTest, TinyRunHasOneRowPerPointAndMemoryFlatInImplicitDepth) {
     EXPECT_LE(r.p25_ms, r.median_ms);
     EXPECT_GE(r.p75_ms, r.median_ms);
     EXPECT_GT(r.pool_peak_mb, 0.0);
-    EXPECT_GE(r.rss_peak_mb, r.rss_base_mb);
+    // The base is the current resident set (statm), the peak the kernel's
+    // high-water mark (getrusage), which folds the threads' cached RSS counts
+    // in lazily: it read 0.19 MiB below the base once under load.
+    EXPECT_GE(r.rss_peak_mb, r.rss_base_mb - 1.0);
     EXPECT_EQ(r.rss_isolated, i == 0);  // in one process only the first peak is its own
     if (r.point.axis == "depth") pool_by_depth[r.point.model].push_back(r.pool_peak_mb);
   }

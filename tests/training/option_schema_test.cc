@@ -85,8 +85,16 @@ TEST(OptionSchemaTest, ForwardSolverKeysAreTheOptionsOwnFields) {
 
 TEST(OptionSchemaTest, BackwardKeysAreTheOptionsOwnFields) {
   const auto valid = [](const BackwardOptions& o) { return o.IsValid(nullptr); };
-  ExpectSchemaMatchesFields<BackwardOptions>("model.solver.backward.", ImplicitOptions{}.backward,
-                                             valid);
+  // A config's model solve differs from ImplicitOptions{} in its adjoint
+  // solver only (Anderson).
+  const BackwardOptions defaults = DefaultModelSolverOptions().backward;
+  EXPECT_EQ(defaults.solver, AdjointSolverType::kAnderson);
+  BackwardOptions struct_defaults = ImplicitOptions{}.backward;
+  struct_defaults.solver = AdjointSolverType::kAnderson;
+  for (const auto& field : BackwardOptions::Fields().fields()) {
+    EXPECT_EQ(field.Text(defaults), field.Text(struct_defaults)) << field.name;
+  }
+  ExpectSchemaMatchesFields<BackwardOptions>("model.solver.backward.", defaults, valid);
 }
 
 // A setting that does not apply to the chosen solver or mode is reported,
@@ -118,8 +126,21 @@ TEST(OptionSchemaTest, TrainerEvalLogAndRegularizationKeysAreTheirOptionsFields)
   ExpectSchemaMatchesFields<EvalOptions>(
       "eval.", EvalOptions{},
       [](const EvalOptions& o) { return EvalOptions::Fields().Check(o).empty(); });
+  // A config's defaults are those of model.kind implicit, the default kind:
+  // the struct's (all off) with ImplicitModelRegularization over them.
+  RegularizationOptions implicit_defaults;
+  int set = 0;
+  for (const auto& [name, value] : ImplicitModelRegularization()) {
+    for (const auto& field : RegularizationOptions::Fields().fields()) {
+      if (field.name != name) continue;
+      field.set_number(implicit_defaults, std::stod(value));
+      ++set;
+    }
+  }
+  EXPECT_EQ(set, 4);
+  EXPECT_EQ(implicit_defaults.spectral_radius_weight, 100.0);
   ExpectSchemaMatchesFields<RegularizationOptions>(
-      "model.regularization.", RegularizationOptions{},
+      "model.regularization.", implicit_defaults,
       [](const RegularizationOptions& o) { return RegularizationOptions::Fields().Check(o).empty(); });
 }
 
