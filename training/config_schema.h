@@ -23,8 +23,9 @@ const ConfigSchema& StillpointSchema();
 // (the struct's 32 serve models built by hand).
 ModelOptions ConfigModelDefaults();
 
-// The model's own solve (model.solver.*) as a config declares it by default:
-// ImplicitOptions' defaults with an Anderson adjoint.
+// The model's own solve (model.solver.*) as a config declares it by default
+// for model.kind implicit (the default kind): ImplicitOptions' defaults with
+// an Anderson adjoint. Other kinds keep ImplicitOptions' fixed-point adjoint.
 ImplicitOptions DefaultModelSolverOptions();
 
 // Model options for a dataset with the given vocabulary/classes (the task
