@@ -109,7 +109,9 @@ Eigen::VectorXd StretchedDirection(const Eigen::MatrixXd& extended_hessenberg,
   plane.col(0) = s.real();
   plane.col(1) = s.imag();
   const Eigen::JacobiSVD<Eigen::MatrixXd> span(plane, Eigen::ComputeThinU);
-  const Eigen::Index rank = span.singularValues()(1) > 1e-10 * span.singularValues()(0) ? 2 : 1;
+  // A one-dimensional Krylov space (the first step) has one singular value.
+  const Eigen::VectorXd& sigma = span.singularValues();
+  const Eigen::Index rank = sigma.size() > 1 && sigma(1) > 1e-10 * sigma(0) ? 2 : 1;
   const Eigen::MatrixXd basis = span.matrixU().leftCols(rank);
   const Eigen::JacobiSVD<Eigen::MatrixXd> gain(extended_hessenberg * basis, Eigen::ComputeThinV);
   return basis * gain.matrixV().col(0);
