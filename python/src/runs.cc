@@ -5,6 +5,7 @@
 // (python/stillpoint/runs.py) turns exit codes into exceptions.
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <sstream>
 #include <streambuf>
 
@@ -154,6 +155,15 @@ py::dict VariantDict(const VariantResult& v) {
   return d;
 }
 
+// Runs a command without the GIL, its progress output (`out`) written to
+// sys.stderr as it comes.
+int RunWithProgressToStderr(const std::function<int(std::ostream& out)>& command) {
+  py::gil_scoped_release release;
+  PythonStderrBuffer buffer;
+  std::ostream out(&buffer);
+  return command(out);
+}
+
 // stillpoint.train: `stillpoint train` in-process; progress to sys.stderr.
 py::tuple TrainRun(const std::string& config_path,
                    const std::vector<std::string>& overrides,
@@ -170,13 +180,8 @@ py::tuple TrainRun(const std::string& config_path,
   args.stop_after_steps = stop_after_steps;
   std::ostringstream err;
   TrainSummary summary;
-  int code;
-  {
-    py::gil_scoped_release release;
-    PythonStderrBuffer buffer;
-    std::ostream out(&buffer);
-    code = RunTrain(args, out, err, &summary);
-  }
+  const int code = RunWithProgressToStderr(
+      [&](std::ostream& out) { return RunTrain(args, out, err, &summary); });
   return py::make_tuple(code, err.str(), summary.run_dir);
 }
 
@@ -190,13 +195,8 @@ py::tuple CompareRuns(const std::string& config_path,
   args.overwrite = overwrite;
   std::ostringstream err;
   CompareReport report;
-  int code;
-  {
-    py::gil_scoped_release release;
-    PythonStderrBuffer buffer;
-    std::ostream out(&buffer);
-    code = RunCompare(args, out, err, &report);
-  }
+  const int code = RunWithProgressToStderr(
+      [&](std::ostream& out) { return RunCompare(args, out, err, &report); });
   py::dict result;
   result["report"] = report.markdown_path;
   result["html"] = report.html_path;
