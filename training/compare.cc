@@ -151,9 +151,11 @@ std::vector<std::string> VariantConfigOverrides(const Config& base, const std::s
   for (const std::string& o : overrides) probe.Set(o);
   const std::string kind = probe.GetString("model.kind");
   if (kind == "implicit" || kind == "energy") return overrides;
-  // A model without a fixed point of its own takes no regulariser: the
-  // comparison's model.regularization.* keys apply to the variants that
-  // solve one (the trainer refuses them for the others).
+  // A model without a fixed point of its own takes no regulariser and no
+  // solve start: the comparison's model.regularization.* keys and
+  // model.solver.init apply to the variants that solve one (the trainer
+  // refuses them for the others).
+  if (probe.GetString("model.solver.init") != "zeros") overrides.push_back("model.solver.init=zeros");
   const RegularizationOptions given = RegularizationOptions::FromConfig(probe);
   const RegularizationOptions defaults;
   for (const auto& field : RegularizationOptions::Fields().fields()) {
