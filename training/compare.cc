@@ -14,7 +14,7 @@
 #include "framework/ops.h"
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
-#include "solvers/adjoint/options.h"
+#include "solvers/adjoint/backward_options.h"
 #include "training/compare_report.h"
 #include "training/config_schema.h"
 #include "training/distributed.h"

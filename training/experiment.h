@@ -13,7 +13,7 @@
 #include <string>
 
 #include "layers/models.h"
-#include "solvers/summary.h"
+#include "solvers/solver_summary.h"
 #include "training/batch_loss.h"
 #include "training/config.h"
 #include "training/dataset.h"

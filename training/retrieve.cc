@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "framework/hopfield.h"
+#include "framework/ops_hopfield.h"
 #include "framework/serialize.h"
 #include "solvers/fixed_point_solver.h"
 #include "training/dataset.h"

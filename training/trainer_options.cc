@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "solvers/options.h"  // kMaxSolverIterations
+#include "solvers/forward_options.h"  // kMaxSolverIterations
 #include "training/option_schema.h"
 
 namespace stillpoint {

@@ -14,7 +14,7 @@
 #include <string_view>
 
 #include "framework/check.h"
-#include "training/fashion_mnist.h"
+#include "training/data/fashion_mnist_reader.h"
 #include "training/idx_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

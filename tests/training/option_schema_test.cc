@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "solvers/adjoint.h"
-#include "solvers/options.h"
+#include "solvers/forward_options.h"
 #include "layers/models.h"
 #include "training/config_schema.h"
 #include "training/optimizer.h"

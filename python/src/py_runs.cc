@@ -9,7 +9,7 @@
 #include <sstream>
 #include <streambuf>
 
-#include "python/src/bindings.h"
+#include "python/src/py_bindings.h"
 #include "training/checkpoint.h"
 #include "training/cli/cli_commands.h"
 #include "training/cli/generate_command.h"

@@ -1,4 +1,4 @@
-// The Hopfield map (framework/hopfield.h): the differentiable op is the
+// The Hopfield map (framework/ops_hopfield.h): the differentiable op is the
 // composition the layer uses, bitwise; the values-only kernels agree with it
 // (float64 to rounding, float32 to float32 rounding); its gradients match
 // finite differences; stored patterns are fixed points with energy and
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "framework/gradcheck.h"
-#include "framework/hopfield.h"
+#include "framework/ops_hopfield.h"
 #include "framework/init.h"
 #include "framework/ops.h"
 #include "framework/random.h"

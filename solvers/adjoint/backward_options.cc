@@ -1,4 +1,4 @@
-#include "solvers/adjoint/options.h"
+#include "solvers/adjoint/backward_options.h"
 
 #include <cmath>
 #include <limits>
@@ -10,7 +10,7 @@ namespace stillpoint {
 
 // ------------------------------------------------------------------- enums
 
-// The names and the lists of values come from solvers/implicit/mode_list.h
+// The names and the lists of values come from solvers/implicit_solve/mode_list.h
 // and solvers/adjoint/method_list.h.
 
 const char* ToString(BackwardMode mode) {
@@ -64,7 +64,7 @@ bool StringToAdjointSolverType(const std::string& text, AdjointSolverType* type)
 namespace {
 
 // The doc of the key backward.mode, "ift: ...; jfb: ...", from the
-// summaries of solvers/implicit/mode_list.h.
+// summaries of solvers/implicit_solve/mode_list.h.
 std::string BackwardModeDoc() {
   std::string doc;
 #define SP_BACKWARD_MODE_DOC(value, name, function, summary) \

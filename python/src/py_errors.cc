@@ -3,7 +3,7 @@
 // library throws past those checks is translated here.
 #include <exception>
 
-#include "python/src/bindings.h"
+#include "python/src/py_bindings.h"
 #include "training/config.h"
 
 namespace stillpoint::python {

@@ -50,8 +50,8 @@
 #include "framework/autograd.h"
 #include "framework/tensor.h"
 #include "solvers/adjoint.h"
-#include "solvers/options.h"
-#include "solvers/summary.h"
+#include "solvers/forward_options.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "solvers/options.h"
+#include "solvers/forward_options.h"
 
 namespace stillpoint {
 

@@ -10,7 +10,7 @@
 #include "layers/energy_block.h"
 #include "layers/models.h"
 #include "layers/positions.h"
-#include "python/src/bindings.h"
+#include "python/src/py_bindings.h"
 #include "training/cli/cli_commands.h"
 
 PYBIND11_MODULE(_stillpoint, m) {

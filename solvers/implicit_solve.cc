@@ -1,8 +1,8 @@
 // SolveImplicit checks its inputs and hands them to the function of the
-// backward mode (one per line of solvers/implicit/mode_list.h, in
-// solvers/implicit/: unrolled.cc, phantom.cc, ift.cc for kIft and kJfb; what
+// backward mode (one per line of solvers/implicit_solve/mode_list.h, in
+// solvers/implicit_solve/: unrolled.cc, phantom.cc, ift.cc for kIft and kJfb; what
 // they share is in common.cc).
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 
 #include <numeric>
 #include <string>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "framework/check.h"
-#include "solvers/implicit/modes.h"
+#include "solvers/implicit_solve/modes.h"
 
 namespace stillpoint {
 
@@ -71,7 +71,7 @@ ImplicitResult SolveImplicit(const CellFn& f,
            "size n = ",
            in.n, " exceeds backward.dense_max_state_size = ", backward.dense_max_state_size);
 
-  // One case per line of solvers/implicit/mode_list.h.
+  // One case per line of solvers/implicit_solve/mode_list.h.
   switch (backward.mode) {
 #define SP_SOLVE_BACKWARD_MODE(value, name, function, summary) \
   case BackwardMode::value:                                    \

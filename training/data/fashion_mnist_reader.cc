@@ -1,4 +1,4 @@
-#include "training/fashion_mnist.h"
+#include "training/data/fashion_mnist_reader.h"
 
 #include <filesystem>
 

@@ -8,7 +8,7 @@
 #include <pybind11/stl.h>
 
 #include "framework/autograd.h"
-#include "python/src/bindings.h"
+#include "python/src/py_bindings.h"
 #include "training/config_schema.h"
 
 namespace stillpoint::python {

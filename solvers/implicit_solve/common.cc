@@ -7,7 +7,7 @@
 #include "framework/check.h"
 #include "framework/ops.h"
 #include "solvers/fixed_point_solver.h"
-#include "solvers/implicit/modes.h"
+#include "solvers/implicit_solve/modes.h"
 #include "solvers/solve_scope.h"
 
 namespace stillpoint::implicit {

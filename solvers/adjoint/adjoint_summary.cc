@@ -1,4 +1,4 @@
-#include "solvers/adjoint/summary.h"
+#include "solvers/adjoint/adjoint_summary.h"
 
 #include <algorithm>
 #include <sstream>

@@ -8,8 +8,8 @@
 #include <climits>
 #include <cmath>
 
-#include "python/src/bindings.h"
-#include "solvers/options.h"
+#include "python/src/py_bindings.h"
+#include "solvers/forward_options.h"
 
 namespace stillpoint::python {
 namespace {

@@ -20,7 +20,7 @@
 // Rows must not interact (no batch statistics).
 //
 // Forward, backward and what they cost are those of SolveImplicit
-// (solvers/implicit.h): the solver runs with the tape off; for the ift and
+// (solvers/implicit_solve.h): the solver runs with the tape off; for the ift and
 // jfb modes one evaluation of f at z* is recorded and the adjoint equation
 // w = g + J_f(z*)^T w is solved when backward reaches it. The returned Var is
 // f(z*) (equal to z* at a fixed point); with the tape off it is z*.
@@ -64,9 +64,9 @@
 #include "framework/tensor.h"
 #include "layers/cell.h"
 #include "layers/energy_layer.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 #include "solvers/solve_tally.h"
-#include "solvers/summary.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint {
 

@@ -7,7 +7,7 @@
 
 #include <sstream>
 
-#include "python/src/bindings.h"
+#include "python/src/py_bindings.h"
 
 namespace stillpoint::python {
 namespace {

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "framework/ops.h"
-#include "solvers/implicit/modes.h"
+#include "solvers/implicit_solve/modes.h"
 
 namespace stillpoint::implicit {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "solvers/implicit/modes.h"
+#include "solvers/implicit_solve/modes.h"
 
 namespace stillpoint::implicit {
 namespace {

@@ -1,4 +1,4 @@
-#include "solvers/options.h"
+#include "solvers/forward_options.h"
 
 #include <algorithm>
 #include <cctype>

@@ -8,12 +8,12 @@
 
 #include "framework/option_fields.h"
 #include "solvers/adjoint/method_list.h"
-#include "solvers/implicit/mode_list.h"
+#include "solvers/implicit_solve/mode_list.h"
 
 namespace stillpoint {
 
-// How gradients flow through an implicit layer (solvers/implicit.h): one
-// enumerator per line of solvers/implicit/mode_list.h, in its order (see
+// How gradients flow through an implicit layer (solvers/implicit_solve.h): one
+// enumerator per line of solvers/implicit_solve/mode_list.h, in its order (see
 // there what each does; kIft is the default).
 enum class BackwardMode {
 #define SP_BACKWARD_MODE_ENUMERATOR(value, name, function, summary) value,
@@ -70,7 +70,7 @@ struct BackwardOptions {
   // Start each adjoint solve from the previous solution of the same implicit
   // call site instead of from g (kIft only, ignored by kDense). The call site
   // (a layer instance) keeps the previous solution in its own
-  // AdjointWarmStart (solvers/implicit.h), which is runtime state and no
+  // AdjointWarmStart (solvers/implicit_solve.h), which is runtime state and no
   // part of these options; a solution of another shape or dtype is not used.
   bool warm_start = false;
 

@@ -1,6 +1,6 @@
 // The backward modes of SolveImplicit, one function per mode, and what they
 // share (internal to solvers/; the dispatcher is SolveImplicit in
-// solvers/implicit.cc). Each mode function receives checked inputs.
+// solvers/implicit_solve.cc). Each mode function receives checked inputs.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 #include "framework/autograd.h"
 #include "framework/tensor.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 
 namespace stillpoint::implicit {
 
@@ -33,7 +33,7 @@ struct ModeInputs {
 };
 
 // ---- one function per BackwardMode ----
-// One per line of solvers/implicit/mode_list.h, each defined in its mode's
+// One per line of solvers/implicit_solve/mode_list.h, each defined in its mode's
 // file (unrolled.cc, phantom.cc; ift.cc holds kIft and kJfb, which share one
 // recorded evaluation at z* and one "implicit" node whose backward solves the
 // adjoint equation (kIft) or passes g through (kJfb)).

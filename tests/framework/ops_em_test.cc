@@ -1,4 +1,4 @@
-// The fused EM ops (framework/em_update.h), the update and the query part of
+// The fused EM ops (framework/ops_em.h), the update and the query part of
 // the logits: their values and every input's gradient agree with the
 // composed ops (float64 to rounding, float32 to float32 rounding; for the
 // update with the value term's -|v|^2 / 2 included and masked keys); their
@@ -12,7 +12,7 @@
 #include <limits>
 #include <vector>
 
-#include "framework/em_update.h"
+#include "framework/ops_em.h"
 #include "framework/gradcheck.h"
 #include "framework/init.h"
 #include "framework/ops.h"

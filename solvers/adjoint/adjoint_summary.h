@@ -1,14 +1,14 @@
 // What a backward pass did (AdjointSummary), reported like the forward
-// SolverSummary (solvers/summary.h) and with the same FullReport layout.
+// SolverSummary (solvers/solver_summary.h) and with the same FullReport layout.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "solvers/adjoint/options.h"
-#include "solvers/options.h"
-#include "solvers/summary.h"
+#include "solvers/adjoint/backward_options.h"
+#include "solvers/forward_options.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint {
 

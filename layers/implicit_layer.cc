@@ -1,10 +1,11 @@
-#include "layers/implicit.h"
+#include "layers/implicit_layer.h"
 
 #include <sstream>
 #include <utility>
 
 #include "framework/ops.h"
 #include "layers/dropout.h"
+#include "layers/energy_solve.h"
 
 namespace stillpoint {
 namespace {

@@ -9,7 +9,7 @@
 #include "framework/check.h"
 #include "framework/ops.h"
 #include "solvers/adjoint/methods.h"
-#include "solvers/implicit/modes.h"
+#include "solvers/implicit_solve/modes.h"
 #include "solvers/solve_scope.h"
 
 namespace stillpoint::implicit {
@@ -212,7 +212,7 @@ ImplicitResult SolveIft(const ModeInputs& in) {
         VarList grads(inputs.size());
         if (GradModeEnabled() && !second_order_inputs.empty()) {
           // create_graph: every gradient on the tape as a function of g, z*
-          // and the explicit inputs (see SolveImplicit in implicit.h).
+          // and the explicit inputs (see SolveImplicit in implicit_solve.h).
           const VarList explicit_grads = SecondOrderGradients(
               f, self, g, w.Reshape(shape), backward, all_ids, second_order_inputs);
           std::copy(explicit_grads.begin(), explicit_grads.end(), grads.begin() + 1);
