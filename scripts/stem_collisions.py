@@ -48,7 +48,7 @@ HEADER_ONLY = {
     "layers/name_registry.h": "Registry<Factory>, a template",
     "layers/energy_block_catalogue.h": "CatalogueBlock<Layer>, a template",
     "layers/energy_block_list.h": "an X-macro list (SP_ENERGY_BLOCKS)",
-    "training/option_schema.h": "AddOptionKeys / ReadOptionKeys, templates",
+    "training/config/option_schema.h": "AddOptionKeys / ReadOptionKeys, templates",
     "training/statistics.h": "inline summary statistics",
     "training/data/task.h": "TaskDefinition and the DefineTask templates",
     "training/data/task_list.h": "an X-macro list (SP_TASKS)",

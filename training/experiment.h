@@ -15,8 +15,8 @@
 #include "layers/models.h"
 #include "solvers/solver_summary.h"
 #include "training/batch_loss.h"
-#include "training/config.h"
-#include "training/dataset.h"
+#include "training/config/config.h"
+#include "training/data/dataset.h"
 #include "training/solver_stats.h"
 
 namespace stillpoint {

@@ -3,7 +3,7 @@
 #include <limits>
 
 #include "solvers/forward_options.h"  // kMaxSolverIterations
-#include "training/option_schema.h"
+#include "training/config/option_schema.h"
 
 namespace stillpoint {
 namespace {

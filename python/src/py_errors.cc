@@ -4,7 +4,7 @@
 #include <exception>
 
 #include "python/src/py_bindings.h"
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace stillpoint::python {
 

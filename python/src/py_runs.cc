@@ -13,10 +13,10 @@
 #include "training/checkpoint.h"
 #include "training/cli/cli_commands.h"
 #include "training/cli/generate_command.h"
-#include "training/compare.h"
+#include "training/report/compare.h"
 #include "training/config_schema.h"
-#include "training/dataset.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset.h"
+#include "training/data/dataset_registry.h"
 #include "training/metrics.h"
 #include "training/trainer.h"
 

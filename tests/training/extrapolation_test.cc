@@ -23,7 +23,7 @@
 #include "tests/scratch_path.h"
 #include "training/cli/cli_commands.h"
 #include "training/config_schema.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 #include "training/experiment.h"
 #include "training/svg_plot.h"
 

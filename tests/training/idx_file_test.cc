@@ -1,4 +1,4 @@
-// The IDX reader (training/idx_file.h) and Fashion-MNIST's patch tokens
+// The IDX reader (training/data/idx_file.h) and Fashion-MNIST's patch tokens
 // (training/data/fashion_mnist_reader.h): every header promise checked, errors naming
 // the file, and the installed dataset (when dataset-fashion-mnist is there).
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include "framework/check.h"
 #include "tests/scratch_path.h"
 #include "training/data/fashion_mnist_reader.h"
-#include "training/idx_file.h"
+#include "training/data/idx_file.h"
 
 namespace stillpoint {
 namespace {

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""The house's name and room checks: scripts/stem_collisions.py on the
-source tree (no collision, every header with its implementation or a
-reason), and on small trees written here, which it must refuse.
+"""The house's name and room checks: scripts/stem_collisions.py (no stem
+collision, every header with its implementation or a reason) and
+scripts/room_arrows.py (the rooms inside training/ include only their own
+room and the rooms below), each on the source tree and on small trees
+written here, which they must refuse.
 
     python3 tests/walls/house_checks_test.py SOURCE_DIR
 """
@@ -66,6 +68,43 @@ class StemCollisionsTest(unittest.TestCase):
                           "training/cli/main.cc": "", "examples/demo/main.cc": ""})
             write(root, files)
             code, out = run("stem_collisions.py", root)
+            self.assertEqual(code, 0, out)
+
+
+class RoomArrowsTest(unittest.TestCase):
+    def test_source_tree_points_down(self):
+        code, out = run("room_arrows.py", ROOT)
+        self.assertEqual(code, 0, out)
+
+    def test_data_including_the_core_is_refused(self):
+        with tempfile.TemporaryDirectory() as root:
+            write(root, {"training/data/dataset.h": '#include "training/trainer.h"\n',
+                         "training/trainer.h": '#include "training/data/dataset.h"\n'})
+            code, out = run("room_arrows.py", root)
+            self.assertEqual(code, 1, out)
+            self.assertIn("training/data/dataset.h (room training/data/) includes "
+                          "training/trainer.h (room training/, above it)", out)
+
+    def test_core_including_the_report_is_refused(self):
+        with tempfile.TemporaryDirectory() as root:
+            write(root, {"training/trainer.cc": '#include "training/report/compare.h"\n'
+                                                '#include "training/config/config.h"\n',
+                         "training/config/config.h": '#include "training/data/task.h"\n'})
+            code, out = run("room_arrows.py", root)
+            self.assertEqual(code, 2, out)
+            self.assertIn("training/trainer.cc (room training/) includes "
+                          "training/report/compare.h", out)
+            self.assertIn("training/config/config.h (room training/config/) includes "
+                          "training/data/task.h", out)
+
+    def test_downward_includes_pass(self):
+        with tempfile.TemporaryDirectory() as root:
+            write(root, {"training/cli/main.cc": '#include "training/report/compare.h"\n',
+                         "training/report/compare.cc": '#include "training/trainer.h"\n',
+                         "training/trainer.cc": '#include "training/data/dataset.h"\n'
+                                                '#  include "training/trainer.h"\n',
+                         "training/data/dataset.cc": '#include "training/config/config.h"\n'})
+            code, out = run("room_arrows.py", root)
             self.assertEqual(code, 0, out)
 
 

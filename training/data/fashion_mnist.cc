@@ -3,7 +3,7 @@
 #include "training/data/fashion_mnist_reader.h"
 
 #include "training/data/task_list.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 
 namespace stillpoint {
 namespace {

@@ -13,8 +13,8 @@
 #include <memory>
 #include <string>
 
-#include "training/dataset.h"
-#include "training/idx_file.h"
+#include "training/data/dataset.h"
+#include "training/data/idx_file.h"
 
 namespace stillpoint {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "training/compare.h"
+#include "training/report/compare.h"
 
 namespace stillpoint {
 

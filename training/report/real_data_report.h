@@ -1,4 +1,4 @@
-// The comparison report's sections for real data (training/compare_report.h):
+// The comparison report's sections for real data (training/report/compare_report.h):
 // for classification runs, each variant's per-class held-out accuracy and its
 // confusion matrix (RUN_DIR/confusion.svg); for language models (task.kind
 // text), each variant's held-out nats and bits per character and a sample of
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "training/compare.h"
+#include "training/report/compare.h"
 
 namespace stillpoint {
 

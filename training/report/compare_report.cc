@@ -1,5 +1,5 @@
-#include "training/compare_report.h"
-#include "training/real_data_report.h"
+#include "training/report/compare_report.h"
+#include "training/report/real_data_report.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -15,7 +15,7 @@
 #include "training/config_schema.h"
 #include "training/metrics.h"
 #include "training/summary_json.h"
-#include "training/compare_heat_map.h"
+#include "training/report/compare_heat_map.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {

@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 namespace stillpoint {
 

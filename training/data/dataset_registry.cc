@@ -1,4 +1,4 @@
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 
 #include <algorithm>
 #include <filesystem>

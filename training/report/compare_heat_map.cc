@@ -1,4 +1,4 @@
-#include "training/compare_heat_map.h"
+#include "training/report/compare_heat_map.h"
 
 #include <algorithm>
 #include <cmath>

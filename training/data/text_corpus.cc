@@ -1,4 +1,4 @@
-#include "training/text_corpus.h"
+#include "training/data/text_corpus.h"
 
 #include <yaml-cpp/yaml.h>
 

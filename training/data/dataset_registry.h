@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "layers/name_registry.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/data/task.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 namespace stillpoint {
 

@@ -1,10 +1,10 @@
-#include "training/idx_file.h"
+#include "training/data/idx_file.h"
 
 #include <algorithm>
 #include <cstdint>
 
 #include "framework/check.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 namespace stillpoint {
 namespace {

@@ -1,4 +1,4 @@
-#include "training/compare.h"
+#include "training/report/compare.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
 #include "solvers/adjoint/backward_options.h"
-#include "training/compare_report.h"
+#include "training/report/compare_report.h"
 #include "training/config_schema.h"
 #include "training/distributed.h"
 #include "training/distributed_training.h"

@@ -26,7 +26,7 @@
 // compare.seeds each variant trains once with `seed`, in RUN_DIR/<variant>.
 //
 // The report (RUN_DIR/report.md and report.html with the plots inline, plus
-// one run directory per variant; training/compare_report.h) holds, per variant: parameters, final
+// one run directory per variant; training/report/compare_report.h) holds, per variant: parameters, final
 // train/test loss and accuracy, median wall time per step, peak tensor
 // memory, forward and backward solver iterations, residuals beside their
 // tolerance and status counts (the energy block's solve for energy
@@ -45,7 +45,7 @@
 #include <utility>
 #include <vector>
 
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/trainer.h"
 
 namespace stillpoint {

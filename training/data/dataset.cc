@@ -1,4 +1,4 @@
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 #include <zlib.h>
 

@@ -1,4 +1,4 @@
-#include "training/real_data_report.h"
+#include "training/report/real_data_report.h"
 
 #include <yaml-cpp/yaml.h>
 

@@ -1,4 +1,4 @@
-#include "training/config.h"
+#include "training/config/config.h"
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
