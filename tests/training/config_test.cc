@@ -1,4 +1,4 @@
-#include "training/config.h"
+#include "training/config/config.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "training/compare.h"
+#include "training/report/compare.h"
 #include "training/config_schema.h"
 #include "training/trainer.h"
 #include "training/trainer_options.h"
