@@ -21,6 +21,24 @@ std::string Number(double value, const char* format = "%.4g") {
 
 std::string Percent(double fraction) { return Number(100.0 * fraction, "%.2f") + "%"; }
 
+// The decimals (2 to 6) it takes for the percents of `fraction` and
+// `threshold` to read differently: 99.896% < 99.900%, not 99.90% < 99.90%.
+int DecimalsApart(double fraction, double threshold) {
+  int decimals = 2;
+  for (; decimals < 6; ++decimals) {
+    const std::string format = "%." + std::to_string(decimals) + "f";
+    if (Number(100.0 * fraction, format.c_str()) != Number(100.0 * threshold, format.c_str())) {
+      break;
+    }
+  }
+  return decimals;
+}
+
+std::string Percent(double fraction, int decimals) {
+  const std::string format = "%." + std::to_string(decimals) + "f";
+  return Number(100.0 * fraction, format.c_str()) + "%";
+}
+
 std::string TallyJson(const SolveTally& t) {
   std::string out = "{\"solves\": " + std::to_string(t.solves) +
                     ", \"unconverged_solves\": " + std::to_string(t.unconverged_solves) +
@@ -116,8 +134,10 @@ Equilibrium AssessEquilibrium(bool has_implicit_layer, const RunSolveCounts& cou
           {"adjoint", &solves.backward}}) {
       const double fraction = tally->ConvergedFraction();
       if (!std::isnan(fraction) && fraction < options.min_converged_fraction) {
-        reasons.push_back(name + " " + what + " solves converged for " + Percent(fraction) +
-                          " of samples < " + Percent(options.min_converged_fraction));
+        const int decimals = DecimalsApart(fraction, options.min_converged_fraction);
+        reasons.push_back(name + " " + what + " solves converged for " +
+                          Percent(fraction, decimals) + " of samples < " +
+                          Percent(options.min_converged_fraction, decimals));
       }
     }
   }

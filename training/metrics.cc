@@ -28,6 +28,10 @@ std::string FormatDouble(double value) {
 
 std::string JsonNumber(double value) { return std::isfinite(value) ? FormatDouble(value) : "null"; }
 
+std::string JsonNumberIf(bool measured, double value) {
+  return measured ? JsonNumber(value) : "null";
+}
+
 std::string StatusCountsJson(const std::map<std::string, int64_t>& counts) {
   std::string out = "{";
   for (const auto& [status, count] : counts) {

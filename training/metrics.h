@@ -61,6 +61,9 @@ void DropMetricsAfterStep(const std::string& run_dir, int64_t step);
 
 // A number as JSON text: shortest round-trip form, or null when not finite.
 std::string JsonNumber(double value);
+// JsonNumber(value) when it was measured, else null: a figure of a solve
+// that never ran is not written as 0.
+std::string JsonNumberIf(bool measured, double value);
 // A string as a JSON string literal (quoted, escaped).
 std::string JsonString(const std::string& text);
 // Samples (or solves) per termination status as a JSON object,

@@ -14,7 +14,7 @@
 namespace stillpoint {
 
 // Forward-solver statistics of the last Forward of an implicit model (all
-// zero for explicit and tied models).
+// zero, and Ran() false, for explicit and tied models).
 struct SolverStats {
   double iterations_mean = 0;
   double iterations_max = 0;
@@ -34,6 +34,10 @@ struct SolverStats {
   std::map<std::string, int64_t> status_counts;
   std::string brief;  // the summary's BriefReport()
 
+  // Whether any sample was solved (false for a model without this family of
+  // solve, e.g. the forward solve of an explicit or tied model): its figures
+  // were never measured and are written as null, not 0.
+  bool Ran() const { return converged + not_converged + inexact > 0; }
   // Whether residual_max was measured.
   bool HasResidual() const { return !std::isnan(residual_max); }
   // Whether a tolerance was set and the worst residual is above it.

@@ -120,7 +120,7 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"test_not_evaluated\": "
       << (evaluated ? "null" : JsonString(NoEvaluationReason(s)))
       << ",\n  \"test_forward_iterations_mean\": "
-      << (evaluated ? JsonNumber(s.final_eval.forward.iterations_mean) : "null")
+      << JsonNumberIf(evaluated && s.final_eval.forward.Ran(), s.final_eval.forward.iterations_mean)
       << ",\n  \"path_independence_cosine\": "
       << (evaluated ? JsonNumber(s.final_eval.path_independence.cosine) : "null")
       << ",\n  \"path_independence_agreement\": "
@@ -128,16 +128,16 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"seconds_per_step\": " << JsonNumber(s.seconds_per_step)
       << ",\n  \"peak_rss_mb\": " << JsonNumber(s.peak_rss_mb)
       << ",\n  \"pool_peak_mb\": " << JsonNumber(s.pool_peak_mb)
-      << ",\n  \"forward_iterations_mean\": " << JsonNumber(s.forward.iterations_mean)
-      << ",\n  \"forward_residual_max\": " << JsonNumber(s.forward.residual_max)
-      << ",\n  \"backward_iterations_mean\": " << JsonNumber(s.backward.iterations_mean)
-      << ",\n  \"backward_residual_max\": " << JsonNumber(s.backward.residual_max)
-      << ",\n  \"attention_iterations_mean\": " << JsonNumber(s.attention_forward.iterations_mean)
-      << ",\n  \"attention_residual_max\": " << JsonNumber(s.attention_forward.residual_max)
+      << ",\n  \"forward_iterations_mean\": " << JsonNumberIf(s.forward.Ran(), s.forward.iterations_mean)
+      << ",\n  \"forward_residual_max\": " << JsonNumberIf(s.forward.Ran(), s.forward.residual_max)
+      << ",\n  \"backward_iterations_mean\": " << JsonNumberIf(s.backward.Ran(), s.backward.iterations_mean)
+      << ",\n  \"backward_residual_max\": " << JsonNumberIf(s.backward.Ran(), s.backward.residual_max)
+      << ",\n  \"attention_iterations_mean\": " << JsonNumberIf(s.attention_forward.Ran(), s.attention_forward.iterations_mean)
+      << ",\n  \"attention_residual_max\": " << JsonNumberIf(s.attention_forward.Ran(), s.attention_forward.residual_max)
       << ",\n  \"attention_backward_iterations_mean\": "
-      << JsonNumber(s.attention_backward.iterations_mean)
+      << JsonNumberIf(s.attention_backward.Ran(), s.attention_backward.iterations_mean)
       << ",\n  \"attention_backward_residual_max\": "
-      << JsonNumber(s.attention_backward.residual_max)
+      << JsonNumberIf(s.attention_backward.Ran(), s.attention_backward.residual_max)
       << ",\n  \"forward_tolerance\": " << JsonNumber(s.forward.tolerance)
       << ",\n  \"forward_tolerance_met\": " << ToleranceMetJson(s.forward)
       << ",\n  \"forward_status\": " << StatusCountsJson(s.forward.status_counts)

@@ -121,7 +121,8 @@ def evaluate(run_dir, iters=None, length=None, *, overrides=(), gradient_check=F
     length: regenerate the held-out set at this sequence length.
 
     Returns a dict: loss, accuracy, examples, length, forward_iterations_mean,
-    forward_iterations_max, forward_residual_max, unconverged_samples (and
+    forward_iterations_max, forward_residual_max, unconverged_samples (None
+    for an explicit or tied model, which has no forward solve) (and
     gradient_check with gradient_check=True).
     """
     code, err, out = _core._evaluate(_path(run_dir, "run_dir"), _overrides(overrides),

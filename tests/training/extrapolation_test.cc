@@ -14,6 +14,7 @@
 
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <set>
 #include <string>
@@ -358,6 +359,36 @@ TEST_F(EvalFlagsTest, UntilConvergedNeedsACapAndAToleranceAndSizeNeedsASize) {
   EXPECT_NE(error.find("task.kind reverse: has a length, not a size: use --length"),
             std::string::npos)
       << error;
+}
+
+// A tied model has no forward solve: eval --json and summary.json write its
+// solver figures as null, never as a measured 0; an implicit model's are
+// numbers.
+TEST_F(EvalFlagsTest, SolverFiguresOfAModelWithoutASolveAreNull) {
+  const auto json_of = [](const std::string& run) {
+    EvalArgs args;
+    args.run = run;
+    args.json = true;
+    std::ostringstream out, err;
+    EXPECT_EQ(RunEval(args, out, err), 0) << err.str();
+    return out.str();
+  };
+  const std::string tied_run = Train("tied");
+  const std::string tied = json_of(tied_run);
+  for (const char* field : {"forward_iterations_mean", "forward_iterations_max",
+                            "forward_residual_max", "unconverged_samples"}) {
+    EXPECT_NE(tied.find(std::string("\"") + field + "\": null"), std::string::npos)
+        << field << " in " << tied;
+  }
+  const std::string implicit = json_of(Train("implicit"));
+  EXPECT_EQ(implicit.find("\"forward_iterations_mean\": null"), std::string::npos) << implicit;
+  EXPECT_NE(implicit.find("\"unconverged_samples\": 0"), std::string::npos) << implicit;
+  std::ifstream summary(tied_run + "/summary.json");
+  const std::string text((std::istreambuf_iterator<char>(summary)), {});
+  for (const char* field : {"test_forward_iterations_mean", "\"forward_iterations_mean",
+                            "backward_residual_max", "attention_iterations_mean"}) {
+    EXPECT_NE(text.find(std::string(field) + "\": null"), std::string::npos) << field;
+  }
 }
 
 // ---- the heat map

@@ -163,6 +163,27 @@ TEST_F(HealthTest, UnconvergedForwardSolvesAreCountedOverTheWholeRun) {
       << s.equilibrium.verdict;
 }
 
+// A fraction just below the threshold is written with the decimals that
+// tell the two apart: never "99.90% of samples < 99.90%".
+TEST(HealthVerdictTest, AFractionJustBelowTheThresholdReadsBelowIt) {
+  RunSolveCounts counts;
+  SolveTally& adjoint = counts.solves[SolveFamily::kModel].backward;
+  adjoint.solves = 1;
+  adjoint.samples = 100000;
+  adjoint.converged_samples = 99896;
+  SolveTally& forward = counts.solves[SolveFamily::kModel].forward;
+  forward.solves = 1;
+  forward.samples = 100;
+  forward.converged_samples = 50;
+  const Equilibrium e = AssessEquilibrium(true, counts, EquilibriumMonitor{}, HealthOptions{});
+  EXPECT_NE(e.verdict.find("model adjoint solves converged for 99.896% of samples < 99.900%"),
+            std::string::npos)
+      << e.verdict;
+  EXPECT_NE(e.verdict.find("model forward solves converged for 50.00% of samples < 99.90%"),
+            std::string::npos)
+      << e.verdict;
+}
+
 // A forward solve that diverges hands on its best iterate: the step is a
 // failed one (skipped, its reason naming the solve), never applied.
 TEST_F(HealthTest, ADivergedForwardSolveFailsTheStep) {

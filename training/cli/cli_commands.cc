@@ -182,16 +182,19 @@ namespace {
 // JSON object.
 void PrintEvalJson(std::ostream& out, const EvalArgs& args, const EvalResult& result,
                    int64_t tokens, int64_t depth, const GradientCheck& check) {
+  // An explicit or tied model has no forward solve: its figures are null.
+  const bool solved = result.forward.Ran();
   out << "{\"loss\": " << JsonNumber(result.loss)
       << ", \"accuracy\": " << JsonNumber(result.accuracy)
       << ", \"solved_fraction\": " << JsonNumber(result.solved_fraction)
       << ", \"examples\": " << result.examples
       << ", \"length\": " << tokens
       << ", \"iterations_budget\": " << depth
-      << ", \"forward_iterations_mean\": " << JsonNumber(result.forward.iterations_mean)
-      << ", \"forward_iterations_max\": " << JsonNumber(result.forward.iterations_max)
-      << ", \"forward_residual_max\": " << JsonNumber(result.forward.residual_max)
-      << ", \"unconverged_samples\": " << result.forward.not_converged;
+      << ", \"forward_iterations_mean\": " << JsonNumberIf(solved, result.forward.iterations_mean)
+      << ", \"forward_iterations_max\": " << JsonNumberIf(solved, result.forward.iterations_max)
+      << ", \"forward_residual_max\": " << JsonNumberIf(solved, result.forward.residual_max)
+      << ", \"unconverged_samples\": "
+      << (solved ? std::to_string(result.forward.not_converged) : std::string("null"));
   if (args.gradient_check) {
     out << ", \"gradient_check\": ";
     if (check.ran) {
