@@ -345,6 +345,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"task.num_classes", {csv, "5"}},
       {"task.vocab_size", {{}, "7"}},
       {"task.modulus", {prefix_sum, "3"}},
+      {"task.start_token", {prefix_sum, "false"}},
       {"task.size", {maze, "3"}},
       {"model.kind", {{}, "tied"}},
       {"model.cell", {{}, "test_tanh_cell"}},

@@ -55,19 +55,6 @@ TEST(SequenceTaskTest, CopyTargetsRepeatTheFirstHalfAndIgnoreIt) {
   }
 }
 
-TEST(SequenceTaskTest, PrefixParityIsTheRunningXor) {
-  auto data = Task("prefix_parity", 12, 2);
-  EXPECT_EQ(data->info().vocab_size, 2);
-  for (int64_t i = 0; i < data->size(); ++i) {
-    const Example& ex = data->Get(i);
-    int64_t parity = 0;
-    for (int t = 0; t < 12; ++t) {
-      parity ^= ex.tokens[t];
-      ASSERT_EQ(ex.targets[t], parity);
-    }
-  }
-}
-
 TEST(SequenceTaskTest, AssociativeRecallAsksForTheQueriedValue) {
   auto data = Task("associative_recall", 10, 20);
   for (int64_t i = 0; i < data->size(); ++i) {

@@ -39,14 +39,16 @@ using testing_support::ErrorOf;
 TEST(PrefixSumTest, TargetsAreTheRunningSumsModuloTheModulus) {
   const Config config = Load({"task.kind=prefix_sum", "task.modulus=3", "task.length=20"});
   const auto data = GenerateTaskExamples(config, 40, 7);
-  EXPECT_EQ(data->info().vocab_size, 3);
+  EXPECT_EQ(data->info().vocab_size, 4);  // the digits and the start symbol 3
   EXPECT_EQ(data->info().num_classes, 3);
   std::set<int64_t> seen;
   for (int64_t i = 0; i < data->size(); ++i) {
     const Example& e = data->Get(i);
-    ASSERT_EQ(e.tokens.size(), 20u);
+    ASSERT_EQ(e.tokens.size(), 21u);
+    EXPECT_EQ(e.tokens[0], 3);
+    EXPECT_EQ(e.targets[0], kIgnoreTarget);
     int64_t sum = 0;
-    for (std::size_t t = 0; t < e.tokens.size(); ++t) {
+    for (std::size_t t = 1; t < e.tokens.size(); ++t) {
       ASSERT_GE(e.tokens[t], 0);
       ASSERT_LT(e.tokens[t], 3);
       seen.insert(e.tokens[t]);
@@ -55,6 +57,57 @@ TEST(PrefixSumTest, TargetsAreTheRunningSumsModuloTheModulus) {
     }
   }
   EXPECT_EQ(seen.size(), 3u);
+}
+
+TEST(PrefixSumTest, PrefixParityOpensWithTheStartSymbolThenTheRunningXor) {
+  const auto data =
+      GenerateTaskExamples(Load({"task.kind=prefix_parity", "task.length=12"}), 50, 3);
+  EXPECT_EQ(data->info().vocab_size, 3);  // the bits and the start symbol
+  EXPECT_EQ(data->info().num_classes, 2);
+  EXPECT_EQ(data->info().length, 13);
+  for (int64_t i = 0; i < data->size(); ++i) {
+    const Example& ex = data->Get(i);
+    ASSERT_EQ(ex.tokens.size(), 13u);
+    EXPECT_EQ(ex.tokens[0], 2);
+    EXPECT_EQ(ex.targets[0], kIgnoreTarget);
+    int64_t parity = 0;
+    for (int t = 1; t < 13; ++t) {
+      ASSERT_LT(ex.tokens[t], 2);
+      parity ^= ex.tokens[t];
+      ASSERT_EQ(ex.targets[t], parity);
+    }
+  }
+}
+
+TEST(PrefixSumTest, WithoutTheStartTokenTheSequenceIsItsDigits) {
+  const auto data = GenerateTaskExamples(
+      Load({"task.kind=prefix_sum", "task.modulus=5", "task.length=9", "task.start_token=false"}),
+      20, 3);
+  EXPECT_EQ(data->info().vocab_size, 5);
+  EXPECT_EQ(data->info().length, 9);
+  for (int64_t i = 0; i < data->size(); ++i) {
+    const Example& ex = data->Get(i);
+    int64_t sum = 0;
+    for (int t = 0; t < 9; ++t) {
+      sum = (sum + ex.tokens[t]) % 5;
+      ASSERT_EQ(ex.targets[t], sum);
+    }
+  }
+}
+
+// The reason for the start symbol (prefix_sums.h): without it, an input
+// that opens with equal digits gives its first tokens equal keys and values
+// under relative positions, so no model of that kind can tell them apart;
+// their running sums differ.
+TEST(PrefixSumTest, TheStartSymbolIsPartOfTheFootprintAndTheHeldOutLength) {
+  const Config config = Load({"task.kind=prefix_sum", "task.modulus=3", "task.length=10"});
+  EXPECT_EQ(TaskFootprintOf(config).length, 11);
+  EXPECT_EQ(TaskFootprintOf(config).vocab_size, 4);
+  DatasetRequest request{&config, "", 0, 0};
+  request.length_override = 40;
+  const DatasetSplit split = MakeTaskSplit(request);
+  EXPECT_EQ(split.test->info().length, 41);  // --length counts digits
+  EXPECT_EQ(split.train->info().length, 11);
 }
 
 TEST(PrefixSumTest, ModulusTwoIsPrefixParity) {
@@ -223,8 +276,9 @@ TEST(SolvedFractionTest, AnExampleIsSolvedWhenEveryTargetIsRight) {
 // ---- the budget rule
 
 TEST(EvalBudgetTest, LongerInputsGetMoreIterationsAndItersOverrides) {
+  // Without the start symbol a training input is its 16 digits.
   const std::vector<std::string> base = {"task.kind=prefix_parity", "task.length=16",
-                                         "model.kind=implicit"};
+                                         "task.start_token=false", "model.kind=implicit"};
   const Config config = Load(base);
   // The training inputs: the trained budget.
   EXPECT_EQ(EvalDepth(config, 30, 0), 30);

@@ -19,18 +19,17 @@ std::unique_ptr<InMemoryDataset> DrawSequences(const SequenceRule& rule, int64_t
                                                uint64_t seed) {
   const std::string error = rule.check ? rule.check(length, vocab_size) : "";
   if (!error.empty()) throw ConfigError(error);
-  const int64_t symbols = rule.symbols ? rule.symbols(vocab_size) : vocab_size;
   DatasetInfo info;
   info.length = length;
-  info.vocab_size = symbols;
-  info.num_classes = symbols;
+  info.vocab_size = vocab_size;
+  info.num_classes = vocab_size;
   info.per_token_targets = true;
   Rng rng(seed);
   std::vector<Example> data(examples);
   for (Example& example : data) {
     example.tokens.assign(length, 0);
     example.targets.assign(length, kIgnoreTarget);
-    rule.draw(rng, length, symbols, example);
+    rule.draw(rng, length, vocab_size, example);
   }
   return std::make_unique<InMemoryDataset>(info, std::move(data));
 }
@@ -43,10 +42,10 @@ TaskDefinition DefineSequenceTask(std::string doc, const SequenceRule& rule) {
         return DrawSequences(rule, o.length, o.vocab_size, examples, seed);
       },
       [](O o, const DatasetRequest& request) { return WithTestLength(o, request); },
-      [rule](const O& o) {
+      [](const O& o) {
         return TaskFootprint{
             .length = o.length,
-            .vocab_size = rule.symbols ? rule.symbols(o.vocab_size) : o.vocab_size,
+            .vocab_size = o.vocab_size,
             .keys = {"task.length", "task.vocab_size"}};
       });
 }

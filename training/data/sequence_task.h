@@ -27,8 +27,6 @@ struct SequenceTaskOptions {
 };
 
 struct SequenceRule {
-  // The input symbols for task.vocab_size (nullptr: vocab_size itself).
-  int64_t (*symbols)(int64_t vocab_size) = nullptr;
   // "" or what the task cannot do with (length, vocab_size) (nullptr: any).
   std::string (*check)(int64_t length, int64_t vocab_size) = nullptr;
   // Fills example.tokens and example.targets (both of `length`, targets
