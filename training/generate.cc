@@ -77,13 +77,17 @@ TextGenerator::TextGenerator(std::shared_ptr<SequenceModel> model, Vocabulary vo
   SP_CHECK(context_ >= 1, "TextGenerator: context must be >= 1");
 }
 
-GenerateResult TextGenerator::Generate(const std::string& prompt,
-                                       const GenerateOptions& options) {
+void TextGenerator::CheckOptions(const GenerateOptions& options) const {
   std::string error;
   SP_CHECK(options.IsValid(&error), error);
   SP_CHECK(options.keep == 0 || (options.keep >= 1 && options.keep < context_),
            "--keep must be in [1, ", context_, ") (task.context ", context_,
            "), or 0 for half of it; got ", options.keep);
+}
+
+GenerateResult TextGenerator::Generate(const std::string& prompt,
+                                       const GenerateOptions& options) {
+  CheckOptions(options);
   GenerateResult result;
   std::vector<int64_t> ids = vocabulary_.EncodeText(prompt, &result.prompt_unknown);
   SP_CHECK(!ids.empty(), "the prompt is empty; give at least one character (--prompt)");

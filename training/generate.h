@@ -84,7 +84,12 @@ class TextGenerator {
   // the vocabulary are read as the unknown symbol and counted.
   GenerateResult Generate(const std::string& prompt, const GenerateOptions& options);
 
+  // Throws Error when options are out of range for this model (IsValid, and
+  // keep within [1, context) or 0). Generate checks them too.
+  void CheckOptions(const GenerateOptions& options) const;
+
   const Vocabulary& vocabulary() const { return vocabulary_; }
+  int64_t context() const { return context_; }
   SequenceModel& model() { return *model_; }
 
  private:

@@ -169,6 +169,7 @@ TEST_F(TextTaskTest, GenerateSamplesReproduciblyAndRefusesBadInput) {
       {[](GenerateArgs& a) { a.tokens = 0; }, "--tokens must be >= 1"},
       {[](GenerateArgs& a) { a.temperature = 0; }, "--temperature must be"},
       {[](GenerateArgs& a) { a.top_k = -1; }, "--top-k must be >= 0"},
+      {[](GenerateArgs& a) { a.keep = 12; }, "--keep must be in [1, 12)"},
       {[](GenerateArgs& a) { a.prompt = ""; }, "--prompt is empty"},
       {[](GenerateArgs& a) { a.prompt = std::string("ab\xff", 3); }, "not UTF-8"},
       {[&](GenerateArgs& a) { a.run = (dir_ / "nowhere").string(); }, "no checkpoint"},

@@ -58,6 +58,7 @@ int RunGenerate(const GenerateArgs& args, std::ostream& out, std::ostream& err) 
         SP_CHECK(options.IsValid(&error), error);
         SP_CHECK(!args.prompt.empty(), "--prompt is empty; give at least one character");
         generator.emplace(LoadTextGenerator(args.run));
+        generator->CheckOptions(options);  // --keep against the run's task.context
         // The prompt's own checks (UTF-8) are bad input too.
         generator->vocabulary().EncodeText(args.prompt, nullptr);
       },
