@@ -33,7 +33,7 @@
 #include "framework/random.h"
 #include "layers/deq_cell.h"
 #include "solvers/fixed_point_solver.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 #include "tests/solvers/problems.h"
 
 namespace stillpoint {

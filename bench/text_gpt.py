@@ -2,7 +2,7 @@
 """A character-level GPT in PyTorch: the peer of examples/configs/text.yaml.
 
 Reads the same text the same way as stillpoint's task.kind text
-(training/text_corpus.h): UTF-8 code points (or bytes), the last
+(training/data/text_corpus.h): UTF-8 code points (or bytes), the last
 --validation-fraction held out, the vocabulary of the training part after an
 unknown id 0, training windows of --context characters at random offsets,
 and the held-out part evaluated whole in consecutive windows (every held-out

@@ -2,7 +2,7 @@
 #include <iostream>
 #include "framework/gradcheck.h"
 #include "framework/ops.h"
-#include "layers/implicit.h"
+#include "layers/implicit_layer.h"
 #include "training/optimizer.h"
 namespace sp = stillpoint;
 // E(z) = |z|^2 / 2 - lse(beta K z) / beta per sample, beta learnable; z [B, d], keys K [B, S, d].

@@ -1,4 +1,4 @@
-// The fused EM ops of probabilistic attention (see em_update.h): the update
+// The fused EM ops of probabilistic attention (see ops_em.h): the update
 // and the query part of the logits.
 //
 // The update. Forward, per (b, h): S = beta v mu^T (one GEMM), S += logits, row
@@ -26,7 +26,7 @@
 #include <memory>
 #include <vector>
 
-#include "framework/em_update.h"
+#include "framework/ops_em.h"
 #include "framework/kernels/gemm.h"
 #include "framework/kernels/vector_math.h"
 #include "framework/ops.h"

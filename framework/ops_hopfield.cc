@@ -1,4 +1,4 @@
-#include "framework/hopfield.h"
+#include "framework/ops_hopfield.h"
 
 #include <Eigen/Dense>
 #include <algorithm>

@@ -17,7 +17,7 @@
 //
 // The defaults are those of a default-constructed struct. Check() is the
 // struct's range check; Describe() its one-line-per-field printout; the
-// config layer (training/option_schema.h) turns the declaration into schema
+// config layer (training/config/option_schema.h) turns the declaration into schema
 // keys under a section and reads a resolved config back into the struct.
 #pragma once
 

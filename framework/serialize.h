@@ -100,8 +100,8 @@ std::string TemporaryPathFor(const std::string& path);
 // naming the file and the cap instead of std::bad_alloc. `raised_by` names
 // the config key or flag that raises the cap, for the message ("" when
 // nothing does). Every reader of user files takes one: data files read
-// through ReadFileMaybeGzip (training/dataset.h) with the limit of
-// task.max_file_mib (DataReadLimit, training/dataset_registry.h).
+// through ReadFileMaybeGzip (training/data/dataset.h) with the limit of
+// task.max_file_mib (DataReadLimit, training/data/dataset_registry.h).
 struct ReadLimit {
   static constexpr uint64_t kDefaultMaxMib = 1024;
   uint64_t max_bytes = kDefaultMaxMib << 20;

@@ -30,7 +30,7 @@
 #include "framework/tensor.h"
 #include "layers/energy_block.h"
 #include "layers/positions.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 
 namespace stillpoint {
 

@@ -29,7 +29,7 @@
 #include "framework/option_fields.h"
 #include "framework/random.h"
 #include "layers/energy_block.h"
-#include "layers/implicit.h"
+#include "layers/implicit_layer.h"
 
 namespace stillpoint {
 

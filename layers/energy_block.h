@@ -8,7 +8,7 @@
 //   Var z = implicit.Forward(p.context, p.initial_state);  // or unrolled
 //   Var out = block.Readout(z, p);                // [B, T, d]
 //
-// where implicit is an Implicit over block.layer() (implicit.h). Prepare
+// where implicit is an Implicit over block.layer() (implicit_layer.h). Prepare
 // computes everything the energy depends on from u (keys, stored patterns,
 // masks) before the solve, so the energy is one fixed function of the state
 // while the solver iterates; gradients reach u and the projections through

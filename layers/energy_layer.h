@@ -7,7 +7,7 @@
 // the stationary points (a gradient step, or the layer's own CCCP/EM step,
 // which never increases the energy). Gradients flow through z* either by
 // backpropagating through k unrolled updates or, at a solved fixed point, by
-// the implicit function theorem (solvers/implicit.h); both use the same
+// the implicit function theorem (solvers/implicit_solve.h); both use the same
 // Update, so a layer is written once.
 //
 // Writing a layer: derive from EnergyLayer and implement Energy. That is
@@ -35,7 +35,7 @@
 #include "framework/option_fields.h"
 #include "framework/tensor.h"
 #include "layers/attention.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 #include "solvers/solve_tally.h"
 #include "solvers/problem.h"
 
@@ -144,7 +144,7 @@ struct EnergySolveReport {
   // Updates taken in kFixedSteps mode.
   int steps = 0;
   // kFixedPoint: the forward summary, and the backward summary once a
-  // backward pass has gone through the result (see solvers/implicit.h).
+  // backward pass has gone through the result (see solvers/implicit_solve.h).
   ImplicitResult implicit;
   // With trace_energy: energies[t][b] as described there.
   std::vector<std::vector<double>> energies;
@@ -225,7 +225,7 @@ Var AutodiffEnergyGrad(const EnergyLayer& layer, const Var& z, const EnergyConte
 
 // ---------------------------------------------------------- driving updates
 
-// A map for the implicit solver (the signature of solvers/implicit.h's
+// A map for the implicit solver (the signature of solvers/implicit_solve.h's
 // CellFn): z holds the states of the samples listed in sample_ids, either
 // shaped [k, ...state_shape] or flattened [k, n]; the result has z's shape.
 // The context is selected to the same samples. The layer must outlive the
@@ -251,41 +251,6 @@ BatchedEnergy MakeBatchedEnergy(const EnergyLayer& layer,
 // k updates recorded on the tape (the fixed-k-step mode: gradients by
 // backpropagation through the unrolled steps). steps = 0 returns z0.
 Var UnrollUpdates(const EnergyLayer& layer, const Var& z0, const EnergyContext& ctx, int steps);
-
-// What the update of `layer` reads besides its state: the context's entries
-// and the layer's parameters (SolveImplicit's explicit_inputs, which make the
-// solve differentiable to second order).
-VarList ImplicitInputsOf(const EnergyLayer& layer, const EnergyContext& ctx);
-
-// The one fixed-point solve of an energy layer (behind SolveEnergy's
-// kFixedPoint mode and Implicit::Forward(ctx, z0)): the layer's Update
-// solved from z0 [B, ...] (rank >= 2) by SolveImplicit, with the layer's
-// energy handed to the solver (so ceres_lbfgs can minimise it directly) and
-// ImplicitInputsOf as the explicit inputs. warm_start: the call site's
-// previous adjoint solution (required with options.backward.warm_start).
-// iteration_trace (optional) receives, per sample b, the energy at every
-// state the solver iterated it through ([b][0]: z0, evaluated by the
-// solver's Init) and, last, at the returned state; samples that converge
-// early have shorter traces. Tracing costs one batched energy evaluation
-// per iteration and one at the end, off the tape.
-ImplicitResult SolveEnergyFixedPoint(const EnergyLayer& layer,
-                                     const Tensor& z0,
-                                     const EnergyContext& ctx,
-                                     const ImplicitOptions& options,
-                                     const std::shared_ptr<AdjointWarmStart>& warm_start = nullptr,
-                                     std::vector<std::vector<double>>* iteration_trace = nullptr);
-
-// Runs the layer's updates from z0 as options say; the result is
-// differentiable with respect to the context and the parameters (and, with
-// fixed steps, z0; a fixed point does not depend on where the solve
-// started). report (optional) receives what happened; warm_start as for
-// SolveEnergyFixedPoint (kFixedPoint only).
-Var SolveEnergy(const EnergyLayer& layer,
-                const Var& z0,
-                const EnergyContext& ctx,
-                const EnergySolveOptions& options,
-                EnergySolveReport* report = nullptr,
-                const std::shared_ptr<AdjointWarmStart>& warm_start = nullptr);
 
 // ------------------------------------------------------ attention masks
 

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "framework/ops.h"
-#include "layers/energy_layer.h"
+#include "layers/energy_solve.h"
 
 namespace stillpoint {
 namespace {

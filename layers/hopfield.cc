@@ -5,7 +5,7 @@
 #include <sstream>
 #include <utility>
 
-#include "framework/hopfield.h"
+#include "framework/ops_hopfield.h"
 #include "framework/init.h"
 #include "framework/ops.h"
 

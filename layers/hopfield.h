@@ -144,7 +144,7 @@ class HopfieldAttention : public EnergyLayer {
   Var Energy(const Var& xi, const EnergyContext& ctx) const override;
   // xi - [q +] K^T softmax(beta K xi + a) (analytic).
   Var EnergyGrad(const Var& xi, const EnergyContext& ctx) const override;
-  // CCCP: [q +] K^T softmax(beta K xi + a) (hopfield_update, framework/hopfield.h).
+  // CCCP: [q +] K^T softmax(beta K xi + a) (hopfield_update, framework/ops_hopfield.h).
   Var Update(const Var& xi, const EnergyContext& ctx) const override;
   bool UpdateIsMonotone() const override { return true; }
 

@@ -10,7 +10,7 @@
 //             (input_injection first_step: z_0 = u, z_l = f_l(z_{l-1}; 0))
 //   tied:     z_0 = 0, z_k = f(z_{k-1}; u) for k steps of ONE cell, trained by
 //             backprop through the k steps
-//   implicit: z* = f(z*; u) solved from z_0 = 0 by Implicit (implicit.h),
+//   implicit: z* = f(z*; u) solved from z_0 = 0 by Implicit (implicit_layer.h),
 //             gradients by options.implicit.backward (IFT by default)
 //   energy:   an energy attention block (energy_block.h, options.energy)
 //             prepares its energy from u, Implicit solves the energy
@@ -59,12 +59,12 @@
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
 #include "layers/hopfield.h"
-#include "layers/implicit.h"
+#include "layers/implicit_layer.h"
 #include "layers/layer_norm.h"
 #include "layers/linear.h"
 #include "layers/mlp.h"
 #include "layers/positions.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 #include "solvers/regularizers.h"
 
 namespace stillpoint {
@@ -278,7 +278,7 @@ class SequenceModel : public Model {
   Var ProgressiveLogits(const Var& u, int64_t n, int64_t k);
 
   // The map z -> f(z; u) whose fixed point the model's own solve finds, for
-  // regularisers and diagnostics at that point (solvers/implicit.h CellFn:
+  // regularisers and diagnostics at that point (solvers/implicit_solve.h CellFn:
   // the rows `ids` of u for a subset of samples): the cell for an implicit
   // model, the energy block's update (with the block's context prepared
   // from u, on the tape) for an energy model. Throws for other kinds.

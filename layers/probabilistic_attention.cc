@@ -7,7 +7,7 @@
 #include <sstream>
 #include <utility>
 
-#include "framework/em_update.h"
+#include "framework/ops_em.h"
 #include "framework/ops.h"
 
 namespace stillpoint {
@@ -449,7 +449,7 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(const Var& x,
   // value norms cancel exactly, so they are left out rather than added and
   // subtracted.
   Var alpha_cols = AsCols(alpha);
-  // One fused op for a precision per head (framework/em_update.h).
+  // One fused op for a precision per head (framework/ops_em.h).
   Var logits = per_key_alpha ? sub(mul(alpha_cols, matmul(q, xi, false, true)),
                                    mul(alpha_cols, mul_scalar(SquaredNorm(q), 0.5)))
                              : em_query_logits(q, xi, alpha_cols);
@@ -503,7 +503,7 @@ Var ProbabilisticAttention::Update(const Var& v, const EnergyContext& ctx) const
   const Var& mu = ctx.Get("values");
   const Var& beta = ctx.Get("value_precision");
   // Uniform beta: eq 19 (also right at beta = 0, where eq 15 would be 0/0),
-  // fused (framework/em_update.h: the value term's -|v|^2 / 2 is a constant
+  // fused (framework/ops_em.h: the value term's -|v|^2 / 2 is a constant
   // per query row, which the softmax ignores).
   if (beta.dim(-1) == 1) {
     SP_CHECK(v.rank() == 4 && v.dim(0) == mu.dim(0) && v.dim(1) == mu.dim(1) &&

@@ -20,12 +20,12 @@
 // INEXACT, not MAX_ITERATIONS: the truncated iteration is what was asked
 // for. Its residual is still measured and reported.
 //
-// The pieces live in solvers/adjoint/: options.h (BackwardMode,
-// AdjointSolverType, BackwardOptions), summary.h (AdjointSummary), and,
-// internal to the solvers, operator.h (the operator on float64 rows),
-// sample_loop.h (the per-sample loop every iterative method runs),
-// methods.h with krylov.cc, neumann.cc, dense.cc and forward_solvers.cc (the
-// methods), and dispatch.cc (SolveAdjoint).
+// SolveAdjoint is defined in solvers/adjoint.cc; the pieces live in
+// solvers/adjoint/: backward_options.h (BackwardMode, AdjointSolverType,
+// BackwardOptions), adjoint_summary.h (AdjointSummary), and, internal to the
+// solvers, operator.h (the operator on float64 rows), sample_loop.h (the
+// per-sample loop every iterative method runs), methods.h with krylov.cc,
+// neumann.cc, dense.cc and forward_solvers.cc (the methods).
 #pragma once
 
 #include <cstdint>
@@ -34,10 +34,10 @@
 #include <vector>
 
 #include "framework/tensor.h"
-#include "solvers/adjoint/options.h"
-#include "solvers/adjoint/summary.h"
-#include "solvers/options.h"
-#include "solvers/summary.h"
+#include "solvers/adjoint/backward_options.h"
+#include "solvers/adjoint/adjoint_summary.h"
+#include "solvers/forward_options.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint {
 

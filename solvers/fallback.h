@@ -21,9 +21,9 @@
 #pragma once
 
 #include "framework/tensor.h"
-#include "solvers/options.h"
+#include "solvers/forward_options.h"
 #include "solvers/problem.h"
-#include "solvers/summary.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint {
 

@@ -13,7 +13,7 @@
 //
 // Per-sample contract. Samples are independent. Each is judged on every
 // evaluated iterate (at z0, then after each iteration) and leaves the active
-// set as soon as it converges or ends otherwise (summary.h); the map is only
+// set as soon as it converges or ends otherwise (solver_summary.h); the map is only
 // called on active rows. The state returned for a sample is its converging
 // iterate if it converged, else its best (lowest monitored residual) finite
 // iterate, else z0; the residuals in the summary are those of the returned
@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "framework/tensor.h"
-#include "solvers/options.h"
+#include "solvers/forward_options.h"
 #include "solvers/problem.h"
-#include "solvers/summary.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint {
 

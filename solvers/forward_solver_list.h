@@ -1,9 +1,9 @@
 // The forward solvers, one line each. Everything that names them by value
 // is made from this list, so a solver is its own file plus one line here:
-//   - the enum ForwardSolverType (solvers/options.h), in this order;
+//   - the enum ForwardSolverType (solvers/forward_options.h), in this order;
 //   - its names (ToString, StringToForwardSolverType, AllForwardSolverTypes,
 //     and through them the YAML key model.solver.forward.type, its
-//     did-you-mean and the reports; solvers/options.cc);
+//     did-you-mean and the reports; solvers/forward_options.cc);
 //   - the declaration of each factory (solvers/fixed_point_solver.h), which
 //     the solver's own .cc defines, and the switch of
 //     FixedPointSolver::Create that calls it (solvers/fixed_point_solver.cc).

@@ -16,7 +16,7 @@
 //   iterates after a few recorded damped steps of f, weighted towards the
 //   last; trains f so that early iterates are already good.
 //
-// The cell's contract is that of solvers/implicit.h (CellFn): rows are
+// The cell's contract is that of solvers/implicit_solve.h (CellFn): rows are
 // samples and do not interact.
 #pragma once
 
@@ -27,7 +27,7 @@
 #include "framework/autograd.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 
 namespace stillpoint {
 

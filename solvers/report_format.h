@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "solvers/options.h"
-#include "solvers/summary.h"
+#include "solvers/forward_options.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint::report {
 
@@ -91,7 +91,7 @@ struct ReportBody {
 
 inline constexpr int64_t kMaxReportedSamples = 16;
 
-// Writes everything after the preamble (solvers/summary.cc).
+// Writes everything after the preamble (report_format.cc).
 void WriteReportBody(int64_t batch_size, const ReportBody& body, std::ostream& out);
 
 // The FullReport of a SolverSummary or an AdjointSummary: the preamble, then

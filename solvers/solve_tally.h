@@ -6,7 +6,7 @@
 // describes one solve; a training run needs every one of them: the outer
 // solve of every step, the inner solve of an energy attention at every
 // evaluation of the outer map, and the inner adjoint at every VJP of the
-// outer adjoint solve. The layers that solve (layers/implicit.h Implicit,
+// outer adjoint solve. The layers that solve (layers/implicit_layer.h Implicit,
 // the EnergyLayer readouts) keep a SolveTally pair and add each solve to
 // it; the trainer takes them after each step (training/solve_counts.h).
 #pragma once
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "solvers/implicit.h"
-#include "solvers/options.h"
+#include "solvers/implicit_solve.h"
+#include "solvers/forward_options.h"
 
 namespace stillpoint {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "layers/models.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 #include "training/experiment.h"
 
 namespace stillpoint {

@@ -8,7 +8,7 @@
 
 #include "framework/autograd.h"
 #include "layers/models.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 namespace stillpoint {
 

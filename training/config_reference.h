@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace stillpoint {
 

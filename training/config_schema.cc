@@ -6,9 +6,9 @@
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
 #include "layers/registry.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 #include "training/health.h"
-#include "training/option_schema.h"
+#include "training/config/option_schema.h"
 #include "training/trainer_options.h"
 
 namespace stillpoint {

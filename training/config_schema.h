@@ -11,7 +11,7 @@
 #include <string>
 
 #include "layers/models.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/optimizer.h"
 #include "training/schedule.h"
 

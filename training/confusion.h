@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "layers/models.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 namespace stillpoint {
 

@@ -20,7 +20,7 @@
 
 #include "layers/models.h"
 #include "training/checkpoint.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/solver_stats.h"
 
 namespace stillpoint {

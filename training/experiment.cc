@@ -11,7 +11,7 @@
 
 #include "framework/ops.h"
 #include "training/config_schema.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 #include "training/distributed.h"
 
 namespace stillpoint {

@@ -13,10 +13,10 @@
 #include <string>
 
 #include "layers/models.h"
-#include "solvers/summary.h"
+#include "solvers/solver_summary.h"
 #include "training/batch_loss.h"
-#include "training/config.h"
-#include "training/dataset.h"
+#include "training/config/config.h"
+#include "training/data/dataset.h"
 #include "training/solver_stats.h"
 
 namespace stillpoint {

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "layers/models.h"
-#include "training/text_corpus.h"
+#include "training/data/text_corpus.h"
 
 namespace stillpoint {
 

@@ -30,7 +30,7 @@
 
 #include "layers/models.h"
 #include "solvers/adjoint.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 namespace stillpoint {
 

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "training/metrics.h"
-#include "training/option_schema.h"
+#include "training/config/option_schema.h"
 
 namespace stillpoint {
 namespace {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "framework/option_fields.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/solve_counts.h"
 
 namespace stillpoint {

@@ -6,8 +6,8 @@
 #include <sstream>
 #include <vector>
 
-#include "training/dataset.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset.h"
+#include "training/data/dataset_registry.h"
 
 namespace stillpoint {
 namespace {

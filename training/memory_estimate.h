@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <string>
 
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace stillpoint {
 

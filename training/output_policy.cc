@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace stillpoint {
 namespace {

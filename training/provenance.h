@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace stillpoint {
 

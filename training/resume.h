@@ -10,7 +10,7 @@
 #include "framework/module.h"
 #include "layers/models.h"
 #include "training/checkpoint.h"
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace stillpoint {
 

@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <sstream>
 
-#include "framework/hopfield.h"
+#include "framework/ops_hopfield.h"
 #include "framework/serialize.h"
 #include "solvers/fixed_point_solver.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 #include "training/metrics.h"
 
 namespace stillpoint {

@@ -15,8 +15,8 @@
 
 #include "framework/serialize.h"
 #include "framework/tensor.h"
-#include "solvers/options.h"
-#include "solvers/summary.h"
+#include "solvers/forward_options.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint {
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <string>
 
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/output_policy.h"
 
 namespace stillpoint {

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "solvers/summary.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint {
 namespace {

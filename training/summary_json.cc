@@ -7,7 +7,7 @@
 #include <limits>
 #include <sstream>
 
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/confusion.h"
 #include "training/metrics.h"
 

@@ -13,7 +13,7 @@
 #include "training/statistics.h"
 #include "training/svg_plot.h"
 #include "training/trainer.h"
-#include "training/text_corpus.h"
+#include "training/data/text_corpus.h"
 
 namespace stillpoint {
 namespace {

@@ -15,7 +15,7 @@
 #include "training/resume.h"
 #include "training/signals.h"
 #include "training/svg_plot.h"
-#include "training/text_corpus.h"
+#include "training/data/text_corpus.h"
 
 namespace stillpoint {
 namespace {

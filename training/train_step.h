@@ -35,7 +35,7 @@
 #include "framework/random.h"
 #include "layers/models.h"
 #include "training/data_parallel.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 #include "training/distributed_training.h"
 #include "training/batch_loss.h"
 #include "training/solver_stats.h"

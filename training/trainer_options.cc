@@ -2,8 +2,8 @@
 
 #include <limits>
 
-#include "solvers/options.h"  // kMaxSolverIterations
-#include "training/option_schema.h"
+#include "solvers/forward_options.h"  // kMaxSolverIterations
+#include "training/config/option_schema.h"
 
 namespace stillpoint {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "framework/option_fields.h"
-#include "training/config.h"
+#include "training/config/config.h"
 
 namespace stillpoint {
 

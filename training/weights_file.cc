@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "framework/serialize.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/metrics.h"
 
 namespace stillpoint {

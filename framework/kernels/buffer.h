@@ -32,4 +32,9 @@ class Buffer {
   std::shared_ptr<const void> owner_;
 };
 
+// The pool's two calls (kernels/buffer_pool.cc): a block of at least `bytes`
+// (its size class in *capacity), and its return for reuse.
+void* AcquirePooledBuffer(std::size_t bytes, std::size_t* capacity);
+void ReleasePooledBuffer(void* data, std::size_t capacity);
+
 }  // namespace stillpoint

@@ -1,5 +1,7 @@
-#include "framework/kernels/buffer.h"
+// The pool behind kernels/buffer.h's Buffer, and its public statistics and
+// limits (framework/buffer_pool.h).
 #include "framework/buffer_pool.h"
+#include "framework/kernels/buffer.h"
 
 #include <array>
 #include <atomic>
@@ -136,15 +138,12 @@ Pool& GlobalPool() {
 
 }  // namespace
 
-Buffer::Buffer(std::size_t bytes) : bytes_(bytes) {
-  data_ = GlobalPool().Acquire(bytes == 0 ? 1 : bytes, &capacity_);
+void* AcquirePooledBuffer(std::size_t bytes, std::size_t* capacity) {
+  return GlobalPool().Acquire(bytes, capacity);
 }
 
-Buffer::Buffer(void* data, std::size_t bytes, std::shared_ptr<const void> owner)
-    : data_(data), bytes_(bytes), external_(true), owner_(std::move(owner)) {}
-
-Buffer::~Buffer() {
-  if (!external_) GlobalPool().Release(data_, capacity_);
+void ReleasePooledBuffer(void* data, std::size_t capacity) {
+  GlobalPool().Release(data, capacity);
 }
 
 BufferPoolStats GetBufferPoolStats() { return GlobalPool().Stats(); }

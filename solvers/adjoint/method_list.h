@@ -1,12 +1,12 @@
 // The adjoint solvers (BackwardOptions::solver, the linear solve of
 // BackwardMode::kIft), one line each. Everything that names them by value is
 // made from this list, so a method is its own code plus one line here:
-//   - the enum AdjointSolverType (solvers/adjoint/options.h), in this order;
+//   - the enum AdjointSolverType (solvers/adjoint/backward_options.h), in this order;
 //   - its names (ToString, StringToAdjointSolverType, AllAdjointSolverTypes,
 //     and through them the YAML key model.solver.backward.solver, its
-//     did-you-mean and the reports; solvers/adjoint/options.cc);
+//     did-you-mean and the reports; solvers/adjoint/backward_options.cc);
 //   - the declarations of the float64 methods (solvers/adjoint/methods.h);
-//   - the switch of SolveAdjoint that runs each (solvers/adjoint/dispatch.cc).
+//   - the switch of SolveAdjoint that runs each (solvers/adjoint.cc).
 //
 // SP_ADJOINT_SOLVERS(ON_FORWARD_SOLVER, ON_FLOAT64_ROWS) calls, per solver,
 // one of:

@@ -1,13 +1,13 @@
-// The adjoint solve methods behind SolveAdjoint (internal; dispatch.cc picks
-// one by BackwardOptions::solver, from solvers/adjoint/method_list.h).
+// The adjoint solve methods behind SolveAdjoint (internal; solvers/adjoint.cc
+// picks one by BackwardOptions::solver, from solvers/adjoint/method_list.h).
 //
 // The float64 methods share one signature: they start from *w (the initial
 // guess, g or a warm start) and iterate the active samples of *samples with
 // RunSampleLoop (sample_loop.h), setting each sample's provisional
 // termination and iteration count (dense, which does not iterate, sets them
 // directly); they fill summary->message, history_bytes, the residual trace
-// and any option_usage notes. dispatch.cc then runs Finalize, which measures
-// the true residuals (or takes *final_residual, when a method sets it to
+// and any option_usage notes. solvers/adjoint.cc then runs Finalize, which
+// measures the true residuals (or takes *final_residual, when a method sets it to
 // g - (I - J^T) w of its returned w) and fills the per-sample summary.
 #pragma once
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/config_schema.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <string>
 
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 #include "training/retrieve.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

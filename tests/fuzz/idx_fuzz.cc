@@ -1,4 +1,4 @@
-// Fuzzes the IDX reader (Fashion-MNIST's files, training/idx_file.h) and
+// Fuzzes the IDX reader (Fashion-MNIST's files, training/data/idx_file.h) and
 // the patch tokens made from what it reads: any content either parses into
 // an array exactly as long as its header says, or is an Error. Inputs that
 // start with the gzip magic go through the file reader, so truncated and
@@ -14,8 +14,8 @@
 #include <string_view>
 
 #include "framework/check.h"
-#include "training/fashion_mnist.h"
-#include "training/idx_file.h"
+#include "training/data/fashion_mnist_reader.h"
+#include "training/data/idx_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace stillpoint;

@@ -13,11 +13,12 @@
 #include "framework/gradcheck.h"
 #include "framework/ops.h"
 #include "layers/energy_layer.h"
+#include "layers/energy_solve.h"
 #include "layers/energy_transformer.h"
 #include "layers/expfam_attention.h"
 #include "layers/hopfield.h"
 #include "layers/probabilistic_attention.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 #include "tests/layers/energy_test_util.h"
 
 namespace stillpoint {

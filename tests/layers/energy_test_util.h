@@ -19,7 +19,7 @@
 #include "framework/random.h"
 #include "framework/tensor.h"
 #include "layers/models.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 
 namespace stillpoint {
 namespace testing_energy {

@@ -14,7 +14,7 @@
 #include "framework/gradcheck.h"
 #include "framework/ops.h"
 #include "layers/hopfield.h"
-#include "layers/implicit.h"
+#include "layers/implicit_layer.h"
 #include "tests/layers/energy_test_util.h"
 
 namespace stillpoint {

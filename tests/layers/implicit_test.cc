@@ -2,7 +2,7 @@
 // converged solve (function cells and Module cells), agreement with unrolled
 // backprop, per-sample independence, the backward modes, frozen dropout and
 // the exposed solver summaries.
-#include "layers/implicit.h"
+#include "layers/implicit_layer.h"
 
 #include <gtest/gtest.h>
 

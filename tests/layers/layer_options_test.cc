@@ -18,7 +18,7 @@
 #include "layers/energy_transformer.h"
 #include "layers/expfam_attention.h"
 #include "layers/hopfield.h"
-#include "layers/implicit.h"
+#include "layers/implicit_layer.h"
 #include "layers/layer_norm.h"
 #include "layers/linear.h"
 #include "layers/probabilistic_attention.h"

@@ -1,5 +1,5 @@
 // The three solver families are each one list (solvers/forward_solver_list.h,
-// solvers/adjoint/method_list.h, solvers/implicit/mode_list.h) from which
+// solvers/adjoint/method_list.h, solvers/implicit_solve/mode_list.h) from which
 // the enum, the names and the dispatch are made. Every line of a list must
 // give an enumerator in the list's order, a distinct name that parses back
 // to it, and a dispatch that runs that member (not another one and not the
@@ -21,7 +21,7 @@
 #include "solvers/adjoint.h"
 #include "solvers/fixed_point_solver.h"
 #include "solvers/forward_solver_list.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 #include "tests/solvers/implicit_problems.h"
 
 namespace stillpoint {

@@ -12,8 +12,8 @@
 
 #include "framework/tensor.h"
 #include "solvers/fixed_point_solver.h"
-#include "solvers/options.h"
-#include "solvers/summary.h"
+#include "solvers/forward_options.h"
+#include "solvers/solver_summary.h"
 #include "tests/solvers/problems.h"
 
 namespace stillpoint {

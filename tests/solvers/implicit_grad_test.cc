@@ -12,7 +12,7 @@
 #include "framework/buffer_pool.h"
 #include "framework/ops.h"
 #include "framework/random.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 #include "tests/solvers/implicit_problems.h"
 
 namespace stillpoint {

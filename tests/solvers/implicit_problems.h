@@ -19,7 +19,7 @@
 #include "framework/ops.h"
 #include "framework/random.h"
 #include "framework/tensor.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 
 namespace stillpoint {
 namespace implicit_test {

@@ -14,7 +14,7 @@
 #include "framework/autograd.h"
 #include "framework/ops.h"
 #include "framework/random.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 #include "tests/solvers/implicit_problems.h"
 
 namespace stillpoint {

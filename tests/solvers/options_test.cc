@@ -1,6 +1,6 @@
 // ForwardSolverOptions validation, the enum <-> string functions, and the
 // summary's reports.
-#include "solvers/options.h"
+#include "solvers/forward_options.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "solvers/fixed_point_solver.h"
-#include "solvers/summary.h"
+#include "solvers/solver_summary.h"
 
 namespace stillpoint {
 namespace {

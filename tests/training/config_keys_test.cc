@@ -33,7 +33,7 @@
 #include "framework/serialize.h"
 #include "layers/registry.h"
 #include "tests/scratch_path.h"
-#include "training/compare.h"
+#include "training/report/compare.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
 #include "training/metrics.h"

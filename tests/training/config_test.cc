@@ -1,4 +1,4 @@
-#include "training/config.h"
+#include "training/config/config.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "training/compare.h"
+#include "training/report/compare.h"
 #include "training/config_schema.h"
 #include "training/trainer.h"
 #include "training/trainer_options.h"
@@ -423,20 +423,23 @@ TEST(ConfigTest, EveryRegularizationKeyNeedsAFixedPoint) {
   }
 }
 
-// A comparison's regularisers apply to the variants that solve a fixed point;
-// its explicit and tied variants get them set back to their defaults, so
-// the comparison is valid and those variants train without them.
+// A comparison's regularisers and solve start apply to the variants that
+// solve a fixed point; its explicit and tied variants get them set back to
+// their defaults, so the comparison is valid and those variants train
+// without them.
 TEST(ConfigTest, CompareKeepsRegularizersToTheVariantsWithAFixedPoint) {
   const Config c = Config::FromYaml(
       StillpointSchema(),
       "model:\n  regularization: {jacobian_weight: 0.5, jacobian_ramp_steps: 20}\n"
+      "  solver: {init: mixed}\n"
       "compare: {variants: [explicit, tied, implicit]}\n",
       "compare.yaml");
   EXPECT_NO_THROW(ValidateCompareVariants(c));
   EXPECT_EQ(VariantConfigOverrides(c, "implicit"),
             (std::vector<std::string>{"model.kind=implicit"}));
   EXPECT_EQ(VariantConfigOverrides(c, "tied"),
-            (std::vector<std::string>{"model.kind=tied", "model.regularization.jacobian_weight=0",
+            (std::vector<std::string>{"model.kind=tied", "model.solver.init=zeros",
+                                      "model.regularization.jacobian_weight=0",
                                       "model.regularization.jacobian_ramp_steps=0"}));
 }
 

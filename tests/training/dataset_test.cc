@@ -1,4 +1,4 @@
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -12,7 +12,7 @@
 
 #include "tests/scratch_path.h"
 #include "training/config_schema.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 
 namespace stillpoint {
 namespace {

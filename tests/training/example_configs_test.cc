@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "training/compare.h"
-#include "training/config.h"
+#include "training/report/compare.h"
+#include "training/config/config.h"
 #include "training/config_schema.h"
 
 namespace stillpoint {

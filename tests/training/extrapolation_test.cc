@@ -23,7 +23,7 @@
 #include "tests/scratch_path.h"
 #include "training/cli/cli_commands.h"
 #include "training/config_schema.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 #include "training/experiment.h"
 #include "training/svg_plot.h"
 
@@ -95,7 +95,7 @@ TEST(PrefixSumTest, WithoutTheStartTokenTheSequenceIsItsDigits) {
   }
 }
 
-// The reason for the start symbol (prefix_sums.h): without it, an input
+// The reason for the start symbol (prefix_sum.h): without it, an input
 // that opens with equal digits gives its first tokens equal keys and values
 // under relative positions, so no model of that kind can tell them apart;
 // their running sums differ.

@@ -15,7 +15,7 @@
 #include "layers/registry.h"
 #include "tests/scratch_path.h"
 #include "training/cli/cli_commands.h"
-#include "training/compare.h"
+#include "training/report/compare.h"
 #include "training/config_schema.h"
 #include "training/metrics.h"
 #include "training/trainer.h"

@@ -1,5 +1,5 @@
-// The IDX reader (training/idx_file.h) and Fashion-MNIST's patch tokens
-// (training/fashion_mnist.h): every header promise checked, errors naming
+// The IDX reader (training/data/idx_file.h) and Fashion-MNIST's patch tokens
+// (training/data/fashion_mnist_reader.h): every header promise checked, errors naming
 // the file, and the installed dataset (when dataset-fashion-mnist is there).
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -11,8 +11,8 @@
 #include "tests/error_text.h"
 #include "framework/check.h"
 #include "tests/scratch_path.h"
-#include "training/fashion_mnist.h"
-#include "training/idx_file.h"
+#include "training/data/fashion_mnist_reader.h"
+#include "training/data/idx_file.h"
 
 namespace stillpoint {
 namespace {

@@ -1,5 +1,5 @@
 // Options that describe themselves (framework/option_fields.h,
-// training/option_schema.h): the config keys of the forward and backward
+// training/config/option_schema.h): the config keys of the forward and backward
 // solvers, the model (with its cell and energy block), the optimizer, the
 // schedule, the trainer, evaluation, logging and regularisation are made
 // from the structs' own field declarations, so a key's default, range and choices
@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "solvers/adjoint.h"
-#include "solvers/options.h"
+#include "solvers/forward_options.h"
 #include "layers/models.h"
 #include "training/config_schema.h"
 #include "training/optimizer.h"
-#include "training/option_schema.h"
+#include "training/config/option_schema.h"
 #include "training/schedule.h"
 #include "training/trainer_options.h"
 

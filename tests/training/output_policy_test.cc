@@ -19,7 +19,7 @@
 #include "tests/scratch_path.h"
 #include "training/checkpoint.h"
 #include "training/cli/cli_commands.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/run_directory.h"
 
 namespace stillpoint {

@@ -2,7 +2,7 @@
 // ticks with units, held-out points joined into lines, legends that fit,
 // accuracies in percent, seeds pooled into mean ± std and bands, and
 // `stillpoint report` rebuilding the report from run directories.
-#include "training/compare_report.h"
+#include "training/report/compare_report.h"
 
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>

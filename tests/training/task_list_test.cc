@@ -27,9 +27,9 @@
 #include "layers/models.h"
 #include "layers/positions.h"
 #include "tests/error_text.h"
-#include "training/compare.h"
+#include "training/report/compare.h"
 #include "training/config_schema.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 #include "training/memory_estimate.h"
 
 #ifndef STILLPOINT_SOURCE_DIR

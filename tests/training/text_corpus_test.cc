@@ -1,4 +1,4 @@
-// The text task's reader (training/text_corpus.h): UTF-8 and byte symbols,
+// The text task's reader (training/data/text_corpus.h): UTF-8 and byte symbols,
 // the vocabulary and its file, the contiguous split, the windows, bits per
 // character, and the errors a bad text gets.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include "tests/error_text.h"
 #include "framework/check.h"
 #include "tests/scratch_path.h"
-#include "training/text_corpus.h"
+#include "training/data/text_corpus.h"
 
 namespace stillpoint {
 namespace {

@@ -16,7 +16,7 @@
 #include "tests/scratch_path.h"
 #include "training/checkpoint.h"
 #include "training/cli/cli_commands.h"
-#include "training/compare.h"
+#include "training/report/compare.h"
 #include "training/config_schema.h"
 #include "training/metrics.h"
 #include "training/optimizer.h"

@@ -1,3 +1,3 @@
 // Compiles: layers see solvers and framework.
 #include "framework/ops.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"

@@ -1,2 +1,2 @@
 // Must not compile: layers sit below training.
-#include "training/config.h"
+#include "training/config/config.h"

@@ -1,5 +1,5 @@
 // Compiles: training sees every library folder's public headers.
 #include "framework/buffer_pool.h"
-#include "framework/hopfield.h"
+#include "framework/ops_hopfield.h"
 #include "layers/models.h"
 #include "training/trainer.h"

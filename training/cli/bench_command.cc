@@ -19,7 +19,7 @@
 #include "framework/random.h"
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/metrics.h"
 #include "training/retrieve.h"
 

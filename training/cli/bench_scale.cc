@@ -19,7 +19,7 @@
 #include "framework/parallel.h"
 #include "training/cli/bench_command.h"
 #include "training/cli/child_process.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {

@@ -12,8 +12,8 @@
 #include <ostream>
 
 #include "training/checkpoint.h"
-#include "training/compare.h"
-#include "training/compare_report.h"
+#include "training/report/compare.h"
+#include "training/report/compare_report.h"
 #include "training/config_reference.h"
 #include "training/config_schema.h"
 #include "training/distributed.h"

@@ -16,7 +16,7 @@
 namespace stillpoint {
 
 struct TrainSummary;   // training/trainer.h
-struct CompareReport;  // training/compare.h
+struct CompareReport;  // training/report/compare.h
 
 // Runs setup, then work, and returns work's exit code; an exception from
 // setup, or a ConfigError from work, is bad input (2), any other exception
@@ -73,7 +73,7 @@ struct CompareArgs {
 int RunCompare(const CompareArgs& args, std::ostream& out, std::ostream& err,
                CompareReport* report = nullptr);
 
-// `stillpoint report RUN...`: the comparison report (training/compare_report.h)
+// `stillpoint report RUN...`: the comparison report (training/report/compare_report.h)
 // of existing run directories: each RUN is a run directory (holding
 // summary.json) or a directory holding several (a comparison). Written to
 // out_dir, or to the first free runs/report[-N].

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "training/cli/cli_commands.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/demos/correction_demo.h"
 #include "training/demos/exchangeable_demo.h"
 #include "training/demos/hidden_state_demo.h"

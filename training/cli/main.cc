@@ -17,7 +17,7 @@
 #include "layers/energy_block.h"
 #include "training/cli/bench_command.h"
 #include "training/cli/cli_commands.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/cli/demo_cli.h"
 #include "training/cli/generate_command.h"
 #include "training/distributed.h"

@@ -1,7 +1,7 @@
 // csv: a user's training and held-out CSV files of token ids or features
-// (training/dataset.h LoadCsvDataset).
+// (training/data/dataset.h LoadCsvDataset).
 #include "training/data/task_list.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 
 namespace stillpoint {
 namespace {

@@ -1,9 +1,9 @@
-// digits: the 8x8 digits images (training/dataset.h LoadDigits) as 16 tokens
+// digits: the 8x8 digits images (training/data/dataset.h LoadDigits) as 16 tokens
 // of 2x2 patches with 4 features each, one class per image.
 #include <cstdlib>
 
 #include "training/data/task_list.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 
 #ifndef STILLPOINT_DATA_DIR
 #define STILLPOINT_DATA_DIR "examples/data"

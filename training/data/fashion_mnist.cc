@@ -1,9 +1,9 @@
-// fashion_mnist: Fashion-MNIST's 28x28 images (training/fashion_mnist.h) as
+// fashion_mnist: Fashion-MNIST's 28x28 images (training/data/fashion_mnist_reader.h) as
 // patch tokens, one class per image.
-#include "training/fashion_mnist.h"
+#include "training/data/fashion_mnist_reader.h"
 
 #include "training/data/task_list.h"
-#include "training/dataset_registry.h"
+#include "training/data/dataset_registry.h"
 
 namespace stillpoint {
 namespace {

@@ -1,6 +1,6 @@
 // prefix_parity: x_t in {0, 1}; y_t = (x_0 + ... + x_t) mod 2. The same
-// data as prefix_sum with task.modulus 2, draw for draw (prefix_sums.h).
-#include "training/data/prefix_sums.h"
+// data as prefix_sum with task.modulus 2, draw for draw (prefix_sum.h).
+#include "training/data/prefix_sum.h"
 #include "training/data/sequence_task.h"
 #include "training/data/task_list.h"
 

@@ -2,7 +2,7 @@
 // task.modulus. With m = 2 it is prefix_parity, draw for draw. Bansal et
 // al. (2022) train recurrent networks on prefix sums of one length and
 // solve longer ones by iterating longer.
-#include "training/data/prefix_sums.h"
+#include "training/data/prefix_sum.h"
 #include "training/data/sequence_task.h"
 #include "training/data/task_list.h"
 

@@ -12,7 +12,7 @@
 #include "framework/option_fields.h"
 #include "framework/random.h"
 #include "training/data/task.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 namespace stillpoint {
 

@@ -8,7 +8,7 @@
 //   - its footprint, what the memory estimate needs to know about an
 //     example (tokens per example, embedding rows) and which keys set it.
 // DefineTask turns such a declaration into a TaskDefinition, the one
-// type-erased record the registry (training/dataset_registry.h) holds. The
+// type-erased record the registry (training/data/dataset_registry.h) holds. The
 // built-in tasks are listed once, in training/data/task_list.h.
 //
 // Tasks may share a key (task.length, task.train_examples, ...): then they
@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "training/config.h"
-#include "training/dataset.h"
-#include "training/option_schema.h"
+#include "training/config/config.h"
+#include "training/data/dataset.h"
+#include "training/config/option_schema.h"
 
 namespace stillpoint {
 

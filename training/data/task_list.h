@@ -1,7 +1,7 @@
 // The built-in tasks, one line each. Everything that names them is made
 // from this list, so a task is its own file plus one line here:
 //   - the names task.kind accepts, with did-you-mean, in the registry
-//     (DatasetRegistry(), training/dataset_registry.cc) and through it the
+//     (DatasetRegistry(), training/data/dataset_registry.cc) and through it the
 //     schema's task.kind, docs/config.md and the CLI's `config --doc`,
 //     `config --json-schema` and the Python module's sequence_task;
 //   - the task.* keys, from each task's Options (the schema merges keys that

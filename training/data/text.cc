@@ -1,8 +1,8 @@
 // text: character-level language modelling over a text file
-// (training/text_corpus.h); every attention of the model is causal.
+// (training/data/text_corpus.h); every attention of the model is causal.
 #include "training/data/task_list.h"
-#include "training/dataset_registry.h"
-#include "training/text_corpus.h"
+#include "training/data/dataset_registry.h"
+#include "training/data/text_corpus.h"
 
 namespace stillpoint {
 namespace {

@@ -14,7 +14,7 @@
 #include "framework/ops.h"
 #include "framework/random.h"
 #include "layers/linear.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/config_schema.h"
 #include "training/demos/demo_output.h"
 #include "training/demos/trained_run.h"

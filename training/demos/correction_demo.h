@@ -44,7 +44,7 @@
 #include "framework/tensor.h"
 #include "layers/models.h"
 #include "layers/probabilistic_attention.h"
-#include "training/dataset.h"
+#include "training/data/dataset.h"
 
 namespace stillpoint {
 

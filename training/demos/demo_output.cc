@@ -7,7 +7,7 @@
 #include <system_error>
 
 #include "framework/check.h"
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/metrics.h"
 #include "training/output_policy.h"
 

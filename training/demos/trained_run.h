@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "training/config.h"
+#include "training/config/config.h"
 #include "training/experiment.h"
 
 namespace stillpoint {
