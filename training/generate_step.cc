@@ -2,7 +2,7 @@
 
 #include "framework/autograd.h"
 #include "framework/ops.h"
-#include "solvers/implicit.h"
+#include "solvers/implicit_solve.h"
 
 namespace stillpoint {
 
