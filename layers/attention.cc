@@ -169,6 +169,47 @@ Var MultiHeadAttention::Forward(const Var& x, const Var& context, const Attentio
   return wo_->Forward(MergeHeads(matmul(weights, v)));
 }
 
+bool MultiHeadAttention::SupportsStep(std::string* why) const {
+  std::string problem;
+  if (!causal_) {
+    problem = "the attention is not causal";
+  } else if (layout_ && (layout_->Rotary() || layout_->Alibi() || layout_->TwoDimensional() ||
+                         layout_->window > 0)) {
+    problem = "its layout (" + layout_->ToString() +
+              ") makes the scores depend on the query's position";
+  }
+  if (why != nullptr) *why = problem;
+  return problem.empty();
+}
+
+Var MultiHeadAttention::ForwardStep(const Var& x, const KeyValueCache& past,
+                                    KeyValueCache* next) const {
+  std::string why;
+  SP_CHECK(SupportsStep(&why), "MultiHeadAttention: no incremental step: ", why);
+  SP_CHECK(x.defined() && x.rank() == 3 && x.dim(2) == dim_,
+           "MultiHeadAttention(dim ", dim_, "): a step's input must be [B, n, ", dim_, "], got ",
+           x.defined() ? x.shape().ToString() : std::string("undefined"));
+  const Var key = wk_->Forward(x), value = wv_->Forward(x);
+  Var keys = key, values = value;
+  if (past.length() > 0) {
+    SP_CHECK(past.keys.dim(0) == x.dim(0) && past.keys.dim(2) == dim_ &&
+                 past.values.shape() == past.keys.shape(),
+             "MultiHeadAttention: cached keys ", past.keys.shape(), " and values ",
+             past.values.shape(), " do not fit a step input ", x.shape());
+    keys = concat({constant(past.keys), key}, 1);
+    values = concat({constant(past.values), value}, 1);
+  }
+  // The kernel's causal mask with Tk > Tq: query i sees keys j <= i + (Tk -
+  // Tq), every cached key and the new ones up to itself.
+  const Var out = wo_->Forward(
+      multi_head_attention(wq_->Forward(x), keys, values, heads_, scale_, /*causal=*/true));
+  if (next != nullptr) {
+    next->keys = keys.value();
+    next->values = values.value();
+  }
+  return out;
+}
+
 const OptionFields<AttentionOptions>& AttentionOptions::Fields() {
   using O = AttentionOptions;
   static const auto* fields =

@@ -59,6 +59,17 @@ struct AttentionOptions {
   std::string ToString() const;
 };
 
+// The keys and values of the positions a causal self-attention has read so
+// far, for incremental decoding (MultiHeadAttention::ForwardStep): [B, n,
+// dim] each after the projections (undefined while n = 0). Position j's key
+// and value depend only on its own input, so they are computed once.
+struct KeyValueCache {
+  Tensor keys;
+  Tensor values;
+
+  int64_t length() const { return keys.defined() ? keys.dim(1) : 0; }
+};
+
 struct AttentionMask {
   // [B, Tk] or [Tk]; nonzero entries hide that key from every query.
   Tensor key_mask;
@@ -85,6 +96,19 @@ class MultiHeadAttention : public Module {
   // Gradients reach wv's bias and wo; wq, wk and wv's weight get zeros (the
   // output does not depend on them).
   Var ForwardAtZero(int64_t batch, int64_t length) const;
+
+  // Incremental decoding: the output at n >= 1 new positions x [B, n, dim]
+  // of a causal self-attention whose earlier positions' keys and values are
+  // `past` (each new position sees every cached key and the new ones up to
+  // itself): the same values, up to rounding, as the last n rows of
+  // Forward(all positions). With `next`, *next becomes past plus the new
+  // positions' keys and values (it may be &past). Throws unless
+  // SupportsStep().
+  Var ForwardStep(const Var& x, const KeyValueCache& past, KeyValueCache* next = nullptr) const;
+  // Whether ForwardStep applies: causal, and no layout that makes a key
+  // depend on where the query is (rotary, ALiBi, a window, a grid). Else
+  // false with the reason in *why.
+  bool SupportsStep(std::string* why = nullptr) const;
 
   int64_t dim() const { return dim_; }
   int64_t heads() const { return heads_; }

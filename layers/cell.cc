@@ -2,6 +2,12 @@
 
 namespace stillpoint {
 
+Var Cell::ForwardStep(const Var&, const Var&, const KeyValueCache&, KeyValueCache*) const {
+  std::string why;
+  SupportsStep(&why);
+  throw Error("Cell: no incremental step: " + why);
+}
+
 const OptionFields<CellOptions>& CellOptions::Fields() {
   using O = CellOptions;
   static const auto* fields =

@@ -34,6 +34,8 @@
 
 namespace stillpoint {
 
+struct KeyValueCache;  // layers/attention.h
+
 struct CellOptions {
   // Width of the state (the model dimension d).
   int64_t dim = 64;
@@ -95,6 +97,20 @@ class Cell : public Module {
   virtual Var ForwardAtZero(const Var& u, const std::vector<int64_t>& sample_ids) const {
     return Forward(zeros_like(u), u, sample_ids);
   }
+
+  // Incremental decoding of a causal cell (text generation): f at n >= 1
+  // new positions, z and u [B, n, dim], given `past`, what the cell keeps of
+  // the earlier positions' states (for a transformer cell, its attention's
+  // keys and values); the same values, up to rounding, as the last n rows
+  // of Forward over all positions. With `next`, *next becomes past plus the
+  // new positions (it may be &past). A cell that cannot (the default, or a
+  // non-causal one) says why in SupportsStep and throws here.
+  virtual bool SupportsStep(std::string* why) const {
+    if (why != nullptr) *why = "the cell has no incremental step";
+    return false;
+  }
+  virtual Var ForwardStep(const Var& z, const Var& u, const KeyValueCache& past,
+                          KeyValueCache* next) const;
 };
 
 }  // namespace stillpoint

@@ -96,6 +96,26 @@ Var DEQCell::ForwardAtZero(const Var& u, const std::vector<int64_t>& sample_ids)
   return AfterAttention(Var(), attended, u, sample_ids);
 }
 
+bool DEQCell::SupportsStep(std::string* why) const {
+  if (!attention_) {
+    if (why != nullptr) {
+      *why = "its attention (" + options_.attention + ") is an energy attention solved over "
+             "every position at once";
+    }
+    return false;
+  }
+  return attention_->SupportsStep(why);
+}
+
+Var DEQCell::ForwardStep(const Var& z, const Var& u, const KeyValueCache& past,
+                         KeyValueCache* next) const {
+  std::string why;
+  SP_CHECK(SupportsStep(&why), "DEQCell: no incremental step: ", why);
+  SP_CHECK(z.defined() && u.defined() && z.shape() == u.shape(),
+           "DEQCell: a step's state and injection must both be [B, n, ", options_.dim, "]");
+  return AfterAttention(z, attention_->ForwardStep(z, past, next), u, {});
+}
+
 Var DEQCell::Attend(const Var& z, const std::vector<int64_t>& sample_ids) const {
   return attention_ ? attention_->Forward(z) : energy_attention_->Forward(z, sample_ids);
 }

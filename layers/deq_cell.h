@@ -50,6 +50,12 @@ class DEQCell : public Cell {
   // (MultiHeadAttention::ForwardAtZero) and no z in the first residual sum.
   Var ForwardAtZero(const Var& u, const std::vector<int64_t>& sample_ids) const override;
 
+  // Incremental decoding (Cell::ForwardStep): softmax attention that
+  // MultiHeadAttention::SupportsStep, no dropout in training mode.
+  bool SupportsStep(std::string* why) const override;
+  Var ForwardStep(const Var& z, const Var& u, const KeyValueCache& past,
+                  KeyValueCache* next) const override;
+
   const CellOptions& options() const { return options_; }
   // The softmax attention (null with an energy attention).
   const std::shared_ptr<MultiHeadAttention>& attention() const { return attention_; }

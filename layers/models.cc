@@ -389,6 +389,20 @@ Var SequenceModel::Embed(const std::vector<int64_t>& ids, const Shape& ids_shape
   return WithPositions(token_embedding_->Forward(ids, ids_shape));
 }
 
+Var SequenceModel::EmbedFrom(const std::vector<int64_t>& ids, int64_t first) const {
+  SP_CHECK(token_embedding_ != nullptr,
+           "SequenceModel: this model reads feature vectors (feature_dim ", options_.feature_dim,
+           "); EmbedFrom needs token ids");
+  const int64_t n = static_cast<int64_t>(ids.size());
+  SP_CHECK(n >= 1 && first >= 0, "SequenceModel: EmbedFrom needs ids and a position >= 0");
+  const Var tokens = token_embedding_->Forward(ids, Shape{1, n});
+  if (!position_embedding_) return tokens;  // the attentions place the tokens
+  SP_CHECK(first + n <= options_.max_length, "SequenceModel: positions up to ", first + n - 1,
+           " exceed model.max_length ", options_.max_length);
+  // Rows first..first+n-1 of P, broadcast as in WithPositions.
+  return add(tokens, slice(position_embedding_->Positions(first + n), 0, first, first + n));
+}
+
 Var SequenceModel::EmbedFeatures(const Var& features) const {
   SP_CHECK(feature_embedding_ != nullptr,
            "SequenceModel: this model reads token ids (feature_dim 0); use Forward");

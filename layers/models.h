@@ -231,6 +231,13 @@ class SequenceModel : public Model {
   Var Embed(const std::vector<int64_t>& ids, const Shape& ids_shape) const;
   // The injection for feature inputs: u = features W_f + b_f + P[t].
   Var EmbedFeatures(const Var& features) const;
+  // Incremental decoding (training/generate_step.h): the injection of the
+  // tokens `ids` at positions first, first + 1, ... (rows first.. of
+  // Embed's result for a longer sequence): [1, ids.size(), d].
+  Var EmbedFrom(const std::vector<int64_t>& ids, int64_t first) const;
+  // The head (lookup, final norm, output layer) on final states z [B, T, d]
+  // -> logits [B, T, V]: what Forward applies after Encode.
+  Var Logits(const Var& z) const { return Head(z); }
   // The final states before the head: [B, T, d].
   Var Encode(const std::vector<int64_t>& ids, const Shape& ids_shape);
 

@@ -11,6 +11,7 @@
 #include "training/checkpoint.h"
 #include "training/config_schema.h"
 #include "training/experiment.h"
+#include "training/generate_step.h"
 
 namespace stillpoint {
 namespace {
@@ -76,10 +77,17 @@ TextGenerator::TextGenerator(std::shared_ptr<SequenceModel> model, Vocabulary vo
   SP_CHECK(context_ >= 1, "TextGenerator: context must be >= 1");
 }
 
-GenerateResult TextGenerator::Generate(const std::string& prompt,
-                                       const GenerateOptions& options) {
+void TextGenerator::CheckOptions(const GenerateOptions& options) const {
   std::string error;
   SP_CHECK(options.IsValid(&error), error);
+  SP_CHECK(options.keep == 0 || (options.keep >= 1 && options.keep < context_),
+           "--keep must be in [1, ", context_, ") (task.context ", context_,
+           "), or 0 for half of it; got ", options.keep);
+}
+
+GenerateResult TextGenerator::Generate(const std::string& prompt,
+                                       const GenerateOptions& options) {
+  CheckOptions(options);
   GenerateResult result;
   std::vector<int64_t> ids = vocabulary_.EncodeText(prompt, &result.prompt_unknown);
   SP_CHECK(!ids.empty(), "the prompt is empty; give at least one character (--prompt)");
@@ -90,9 +98,53 @@ GenerateResult TextGenerator::Generate(const std::string& prompt,
   model_->Eval();
   NoGrad no_grad;
   Rng rng(options.seed);
+  const std::size_t prompt_end = ids.size();
+  const bool incremental =
+      options.incremental && StepDecoder::Supports(*model_, &result.full_window_reason);
+  if (incremental) {
+    GenerateIncremental(ids, options, rng, result);
+  } else {
+    if (!options.incremental) result.full_window_reason = "asked for (incremental off)";
+    GenerateFullWindow(ids, options, rng, result);
+  }
+  model_->Train(was_training);
+  result.text = vocabulary_.Decode(std::vector<int64_t>(ids.begin() + prompt_end, ids.end()));
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+void TextGenerator::GenerateIncremental(std::vector<int64_t>& ids, const GenerateOptions& options,
+                                        Rng& rng, GenerateResult& result) {
+  result.mode = "incremental";
+  const bool implicit = model_->options().kind == ModelKind::kImplicit;
+  const int64_t keep = options.keep > 0 ? options.keep : std::max<int64_t>(1, context_ / 2);
+  StepDecoder decoder(*model_, options.warm_start);
+  const int64_t first = static_cast<int64_t>(ids.size()) - std::min<int64_t>(context_, ids.size());
+  std::vector<double> logits = decoder.Push(std::vector<int64_t>(ids.begin() + first, ids.end()));
+  result.positions += decoder.length();
+  for (int64_t k = 0; k < options.tokens; ++k) {
+    if (implicit) result.iterations.push_back(static_cast<double>(decoder.last_iterations()));
+    const int64_t next = SampleSymbol(logits, options.temperature, options.top_k, rng);
+    ids.push_back(next);
+    if (k + 1 == options.tokens) break;  // nothing samples from the last symbol's logits
+    if (decoder.length() == context_) {
+      // Learned positions are absolute: a new window from the last `keep`
+      // symbols before `next`, at positions 0..keep-1.
+      decoder.Slide(keep);
+      ++result.restarts;
+      result.positions += keep;
+    }
+    logits = decoder.Push(next);
+    ++result.positions;
+  }
+}
+
+void TextGenerator::GenerateFullWindow(std::vector<int64_t>& ids, const GenerateOptions& options,
+                                       Rng& rng, GenerateResult& result) {
+  result.mode = "full_window";
   const bool implicit = model_->options().kind == ModelKind::kImplicit;
   const int64_t vocab = vocabulary_.size();
-  std::vector<int64_t> generated;
   Tensor previous;  // the last window's fixed point [1, T, d]
   bool slid = false;
   for (int64_t k = 0; k < options.tokens; ++k) {
@@ -111,6 +163,7 @@ GenerateResult TextGenerator::Generate(const std::string& prompt,
       model_->SetNextInitialState(Tensor::FromVector(Shape{1, length, d}, z0, previous.dtype()));
     }
     const Var logits = model_->Forward(window, Shape{1, length});
+    result.positions += length;
     if (implicit) {
       previous = model_->FixedPoint().Clone();
       result.iterations.push_back(
@@ -118,16 +171,9 @@ GenerateResult TextGenerator::Generate(const std::string& prompt,
     }
     const std::vector<double> all = logits.value().ToVector();
     const std::vector<double> last(all.end() - vocab, all.end());
-    const int64_t next = SampleSymbol(last, options.temperature, options.top_k, rng);
-    generated.push_back(next);
-    ids.push_back(next);
+    ids.push_back(SampleSymbol(last, options.temperature, options.top_k, rng));
     slid = static_cast<int64_t>(ids.size()) > context_;
   }
-  model_->Train(was_training);
-  result.text = vocabulary_.Decode(generated);
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return result;
 }
 
 TextGenerator LoadTextGenerator(const std::string& run) {

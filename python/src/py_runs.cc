@@ -237,7 +237,9 @@ py::tuple GenerateText(const std::string& run,
                        double temperature,
                        int64_t top_k,
                        int64_t seed,
-                       bool warm_start) {
+                       bool warm_start,
+                       bool incremental,
+                       int64_t keep) {
   GenerateArgs args;
   args.run = run;
   args.prompt = prompt;
@@ -246,6 +248,8 @@ py::tuple GenerateText(const std::string& run,
   args.top_k = top_k;
   args.seed = seed;
   args.no_warm_start = !warm_start;
+  args.full_window = !incremental;
+  args.keep = keep;
   args.json = true;
   std::ostringstream out, err;
   int code;
@@ -303,7 +307,8 @@ void RegisterRuns(py::module_& m) {
         py::arg("length"), py::arg("gradient_check"));
 
   m.def("_generate", &GenerateText, py::arg("run"), py::arg("prompt"), py::arg("tokens"),
-        py::arg("temperature"), py::arg("top_k"), py::arg("seed"), py::arg("warm_start"));
+        py::arg("temperature"), py::arg("top_k"), py::arg("seed"), py::arg("warm_start"),
+        py::arg("incremental"), py::arg("keep"));
 
   m.def("_read_config", &ReadConfig, py::arg("path"));
   m.def("_read_metrics", &ReadMetrics, py::arg("run_dir"));

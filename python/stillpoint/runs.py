@@ -133,23 +133,31 @@ def evaluate(run_dir, iters=None, length=None, *, overrides=(), gradient_check=F
 
 
 def generate(run_dir, prompt, tokens=200, *, temperature=1.0, top_k=0, seed=0,
-             warm_start=True):
+             warm_start=True, incremental=True, keep=0):
     """Continues prompt with a trained character-level model (task.kind text),
     as `stillpoint generate RUN --prompt TEXT --tokens N --json`.
 
     temperature (> 0) divides the logits; top_k > 0 samples among the k most
     likely characters; warm_start=False starts an implicit model's every
     solve from zero instead of the previous position's fixed point.
+    incremental=False reads the whole window again for every character (the
+    reference path) instead of each character once; keep (incremental) is
+    how many characters a new window starts from when the window is full (0:
+    half of it; task.context - 1: the reference path's windows).
 
     Returns a dict: prompt, text (the continuation), tokens, prompt_unknown
     (prompt characters outside the vocabulary, read as unknown),
     prompt_dropped (prompt characters before the model's context window),
-    iterations_per_token (implicit models; None otherwise), seconds. Bad
+    iterations_per_token (implicit models; None otherwise), mode
+    ("incremental" or "full_window"), full_window_reason (why not
+    incremental, "" when it is), positions (positions the model computed),
+    restarts (windows restarted from the last keep characters), seconds. Bad
     input (tokens < 1, an empty prompt, a run that is not a text task)
     raises ValueError.
     """
     code, err, out = _core._generate(_path(run_dir, "run_dir"), str(prompt), int(tokens),
-                                     float(temperature), int(top_k), int(seed), bool(warm_start))
+                                     float(temperature), int(top_k), int(seed), bool(warm_start),
+                                     bool(incremental), int(keep))
     _raise_for_exit(code, err)
     return json.loads(out)
 

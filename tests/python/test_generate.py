@@ -31,6 +31,20 @@ def test_generate_returns_the_continuation_and_its_solver_effort(text_run):
     assert unknown["prompt_unknown"] == 2              # 'd' and 'g', read as unknown
 
 
+def test_generate_reads_incrementally_or_the_whole_window(text_run):
+    # 7 prompt characters, then 11 more pushes; the window of 8 fills after
+    # one and restarts from `keep` characters at each later push.
+    steps = stillpoint.generate(text_run, "the cat", tokens=12, keep=7)
+    assert steps["mode"] == "incremental" and steps["full_window_reason"] == ""
+    assert steps["restarts"] == 10
+    assert steps["positions"] == 7 + 11 + 10 * 7
+    full = stillpoint.generate(text_run, "the cat", tokens=12, incremental=False)
+    assert full["mode"] == "full_window"
+    assert full["positions"] == 7 + 11 * 8
+    with pytest.raises(ValueError, match="--keep must be in"):
+        stillpoint.generate(text_run, "the", tokens=3, keep=8)
+
+
 def test_generate_refuses_bad_input_with_value_error(text_run, tmp_path):
     with pytest.raises(ValueError, match="--tokens must be >= 1"):
         stillpoint.generate(text_run, "the", tokens=0)

@@ -169,6 +169,7 @@ TEST_F(TextTaskTest, GenerateSamplesReproduciblyAndRefusesBadInput) {
       {[](GenerateArgs& a) { a.tokens = 0; }, "--tokens must be >= 1"},
       {[](GenerateArgs& a) { a.temperature = 0; }, "--temperature must be"},
       {[](GenerateArgs& a) { a.top_k = -1; }, "--top-k must be >= 0"},
+      {[](GenerateArgs& a) { a.keep = 12; }, "--keep must be in [1, 12)"},
       {[](GenerateArgs& a) { a.prompt = ""; }, "--prompt is empty"},
       {[](GenerateArgs& a) { a.prompt = std::string("ab\xff", 3); }, "not UTF-8"},
       {[&](GenerateArgs& a) { a.run = (dir_ / "nowhere").string(); }, "no checkpoint"},
@@ -253,6 +254,11 @@ TEST_F(TextTaskTest, ImplicitGenerationStartsFromThePreviousFixedPoint) {
   GenerateOptions options;
   options.tokens = 20;
   options.top_k = 1;
+  // The full-window path re-solves the whole window for every character:
+  // starting from the previous window's fixed point leaves only the new
+  // position far from its own. (The incremental path never re-solves the
+  // earlier positions; tests/training/generate_step_test.cc.)
+  options.incremental = false;
   const GenerateResult warm = generator.Generate("the cat sat on", options);
   options.warm_start = false;
   const GenerateResult cold = generator.Generate("the cat sat on", options);

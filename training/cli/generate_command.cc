@@ -28,6 +28,14 @@ CLI::App* AddGenerateCommand(CLI::App& app, GenerateArgs& args) {
   command->add_flag("--no-warm-start", args.no_warm_start,
                     "Implicit models: start every solve from zero, not from the previous "
                     "position's fixed point");
+  command->add_option("--keep", args.keep,
+                      "When the window (task.context) is full, go on from the last K characters "
+                      "(incremental reading; 0: half the window; context - 1: the full-window "
+                      "path's windows)")
+      ->capture_default_str();
+  command->add_flag("--full-window", args.full_window,
+                    "Read the whole window again for every character (the reference path) "
+                    "instead of each character once");
   command->add_flag("--json", args.json, "Print the result as JSON");
   return command;
 }
@@ -44,10 +52,13 @@ int RunGenerate(const GenerateArgs& args, std::ostream& out, std::ostream& err) 
         SP_CHECK(args.seed >= 0, "--seed must be >= 0, got ", args.seed);
         options.seed = static_cast<uint64_t>(args.seed);
         options.warm_start = !args.no_warm_start;
+        options.incremental = !args.full_window;
+        options.keep = args.keep;
         std::string error;
         SP_CHECK(options.IsValid(&error), error);
         SP_CHECK(!args.prompt.empty(), "--prompt is empty; give at least one character");
         generator.emplace(LoadTextGenerator(args.run));
+        generator->CheckOptions(options);  // --keep against the run's task.context
         // The prompt's own checks (UTF-8) are bad input too.
         generator->vocabulary().EncodeText(args.prompt, nullptr);
       },
@@ -61,6 +72,10 @@ int RunGenerate(const GenerateArgs& args, std::ostream& out, std::ostream& err) 
               << ", \"prompt_dropped\": " << result.prompt_dropped
               << ", \"iterations_per_token\": "
               << (result.iterations.empty() ? "null" : JsonNumber(result.IterationsMean()))
+              << ", \"mode\": " << JsonString(result.mode)
+              << ", \"full_window_reason\": " << JsonString(result.full_window_reason)
+              << ", \"positions\": " << result.positions
+              << ", \"restarts\": " << result.restarts
               << ", \"seconds\": " << JsonNumber(result.seconds) << "}\n";
           return 0;
         }
@@ -75,7 +90,9 @@ int RunGenerate(const GenerateArgs& args, std::ostream& out, std::ostream& err) 
               << result.prompt_dropped << " of the prompt were not read\n";
         }
         err << std::fixed << std::setprecision(3) << options.tokens << " characters in "
-            << result.seconds << " s";
+            << result.seconds << " s (" << result.mode;
+        if (!result.full_window_reason.empty()) err << ": " << result.full_window_reason;
+        err << ", " << result.positions << " positions computed)";
         if (!result.iterations.empty()) {
           err << std::setprecision(2) << ", " << result.IterationsMean()
               << " forward iterations per character";

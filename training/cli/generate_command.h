@@ -1,5 +1,5 @@
 // `stillpoint generate RUN --prompt TEXT --tokens N [--temperature T]
-// [--top-k K] [--seed S] [--json]`: the continuation of a prompt by a
+// [--top-k K] [--seed S] [--keep K] [--full-window] [--no-warm-start] [--json]`: the continuation of a prompt by a
 // trained character-level model (task.kind text; training/generate.h).
 #pragma once
 
@@ -21,6 +21,8 @@ struct GenerateArgs {
   int64_t top_k = 0;
   int64_t seed = 0;
   bool no_warm_start = false;
+  bool full_window = false;  // GenerateOptions::incremental = false
+  int64_t keep = 0;          // GenerateOptions::keep
   bool json = false;
 };
 

@@ -23,7 +23,7 @@ _stillpoint() {
     retrieve) options="--patterns --queries --out --beta --solver --tol --max-iter --threads --dtype --max-file-mib --overwrite --help" ;;
     bench) options="--model --attention --no-warm-start --iters --threads --shards --steps --warmup --scaling --json --weights --dtype --seed --lengths --depths --models --tokens --depth-length --repeats --out --peer --python --peer-env --in-process --help" ;;
     config) options="--resolved --doc --json-schema --keys --help" ;;
-    generate) options="--prompt --tokens --temperature --top-k --seed --no-warm-start --json --help" ;;
+    generate) options="--prompt --tokens --temperature --top-k --seed --keep --full-window --no-warm-start --json --help" ;;
     *) return ;;
   esac
   case "${prev}" in
