@@ -19,8 +19,6 @@ std::string Number(double value, const char* format = "%.4g") {
   return buffer;
 }
 
-std::string Percent(double fraction) { return Number(100.0 * fraction, "%.2f") + "%"; }
-
 // The decimals (2 to 6) it takes for the percents of `fraction` and
 // `threshold` to read differently: 99.896% < 99.900%, not 99.90% < 99.90%.
 int DecimalsApart(double fraction, double threshold) {

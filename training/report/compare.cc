@@ -46,7 +46,7 @@ void MeasureScaleDepthGrid(const Config& config, const std::string& config_path,
   const std::vector<double> sizes = config.GetDoubleList("eval.sizes");
   const bool by_size = !sizes.empty();
   const std::vector<double> scales = by_size ? sizes : config.GetDoubleList("eval.lengths");
-  v->scale_name = by_size ? "size (cells per side)" : "length (tokens)";
+  v->scale_name = by_size ? "size (cells per side)" : "length (task.length)";
   const bool has_depth = model.implicit() != nullptr || model.options().kind == ModelKind::kTied;
   const std::vector<double> depths =
       has_depth ? DepthSweep(config)

@@ -76,7 +76,7 @@ struct VariantResult {
   std::vector<std::pair<double, double>> accuracy_vs_length;  // (length, acc)
   // The report's heat map: eval.lengths (or eval.sizes) x
   // eval.iterations_sweep (an explicit model: its one depth).
-  std::string scale_name;  // "length (tokens)" or "size (cells per side)"
+  std::string scale_name;  // "length (task.length)" or "size (cells per side)"
   std::vector<ScaleDepthResult> scale_depth;
   // The first evaluated step whose held-out accuracy reached
   // kTargetAccuracy, and the wall time of training until then (the

@@ -620,7 +620,8 @@ std::vector<Figure> Figures(const std::vector<Group>& groups) {
                        "step", "spectral radius", spectral, false, ""});
   }
   if (any_length) {
-    figures.push_back({"accuracy_vs_length.svg", "Length extrapolation", "sequence length (tokens)",
+    figures.push_back({"accuracy_vs_length.svg", "Length extrapolation",
+                       "sequence length (task.length)",
                        "held-out accuracy (%)", length, false, "sequence length"});
   }
   return figures;
