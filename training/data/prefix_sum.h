@@ -14,27 +14,16 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
+#include <string>
 
 #include "training/data/task.h"
-#include "training/data/dataset.h"
 
 namespace stillpoint {
 
-struct PrefixSumSettings {
-  int64_t length = 16;  // digits per sequence (the start symbol not counted)
-  int64_t modulus = 2;
-  bool start_token = true;
-};
-
-// `examples` sequences from `seed`: digits uniform in [0, modulus), targets
-// their running sums modulo `modulus`.
-std::unique_ptr<InMemoryDataset> DrawPrefixSums(const PrefixSumSettings& settings,
-                                                int64_t examples, uint64_t seed);
-
-// What a sequence of `settings` costs the memory estimate: its tokens and
-// its vocabulary (the start symbol included), named by `keys`.
-TaskFootprint PrefixSumFootprint(const PrefixSumSettings& settings,
-                                 std::vector<std::string> keys);
+// The running-sum task with the keys task.length, task.start_token,
+// task.train_examples and task.test_examples, and task.modulus when
+// `fixed_modulus` is 0 (prefix_sum); prefix_parity fixes it at 2 and has no
+// such key. `doc` is the task's one line.
+TaskDefinition DefinePrefixSumTask(std::string doc, int64_t fixed_modulus);
 
 }  // namespace stillpoint
