@@ -110,21 +110,21 @@ std::string SummaryJson(const TrainSummary& s) {
       << ",\n  \"checkpoints_written\": " << s.checkpoints_written
       << ",\n  \"final_train_loss\": " << JsonNumber(s.final_train_loss)
       << ",\n  \"final_train_accuracy\": " << JsonNumber(s.final_train_accuracy)
-      << ",\n  \"test_loss\": " << (evaluated ? JsonNumber(s.final_eval.loss) : "null")
-      << ",\n  \"test_accuracy\": " << (evaluated ? JsonNumber(s.final_eval.accuracy) : "null")
-      << ",\n  \"test_bpc\": " << (evaluated ? JsonNumber(s.test_bpc) : "null")
+      << ",\n  \"test_loss\": " << JsonNumberIf(evaluated, s.final_eval.loss)
+      << ",\n  \"test_accuracy\": " << JsonNumberIf(evaluated, s.final_eval.accuracy)
+      << ",\n  \"test_bpc\": " << JsonNumberIf(evaluated, s.test_bpc)
       << ",\n  \"test_unknown_characters\": " << s.test_unknown_symbols
       << ",\n  \"test_solved_fraction\": "
-      << (evaluated ? JsonNumber(s.final_eval.solved_fraction) : "null")
+      << JsonNumberIf(evaluated, s.final_eval.solved_fraction)
       << ",\n  \"test_examples\": " << s.final_eval.examples
       << ",\n  \"test_not_evaluated\": "
       << (evaluated ? "null" : JsonString(NoEvaluationReason(s)))
       << ",\n  \"test_forward_iterations_mean\": "
       << JsonNumberIf(evaluated && s.final_eval.forward.Ran(), s.final_eval.forward.iterations_mean)
       << ",\n  \"path_independence_cosine\": "
-      << (evaluated ? JsonNumber(s.final_eval.path_independence.cosine) : "null")
+      << JsonNumberIf(evaluated, s.final_eval.path_independence.cosine)
       << ",\n  \"path_independence_agreement\": "
-      << (evaluated ? JsonNumber(s.final_eval.path_independence.agreement) : "null")
+      << JsonNumberIf(evaluated, s.final_eval.path_independence.agreement)
       << ",\n  \"seconds_per_step\": " << JsonNumber(s.seconds_per_step)
       << ",\n  \"peak_rss_mb\": " << JsonNumber(s.peak_rss_mb)
       << ",\n  \"pool_peak_mb\": " << JsonNumber(s.pool_peak_mb)
