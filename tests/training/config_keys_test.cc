@@ -307,6 +307,8 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
   const std::vector<std::string> prefix_sum = {"task.kind=prefix_sum", "task.vocab_size=16"};
   const std::vector<std::string> maze = {"task.kind=maze", "task.size=2", "task.length=16",
                                          "task.vocab_size=16", "model.max_length=64"};
+  std::vector<std::string> maze_of_three = maze;
+  maze_of_three.push_back("task.size=3");
   const std::vector<std::string> text = {"task.kind=text", from_files[0], from_files[1],
                                          "task.length=16", "task.vocab_size=16",
                                          "model.max_length=16", "task.context=8",
@@ -347,6 +349,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"task.modulus", {prefix_sum, "3"}},
       {"task.start_token", {prefix_sum, "false"}},
       {"task.size", {maze, "3"}},
+      {"task.min_size", {maze_of_three, "2"}},
       {"model.kind", {{}, "tied"}},
       {"model.cell", {{}, "test_tanh_cell"}},
       {"model.dim", {{}, "12"}},

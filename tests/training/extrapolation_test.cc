@@ -12,6 +12,7 @@
 //     longer inputs (per token), eval.max_iterations (`--iters`) above all.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
 #include <fstream>
 #include <iterator>
@@ -157,6 +158,24 @@ std::vector<int64_t> Distances(const std::vector<int64_t>& tokens, int64_t width
   return distance;
 }
 
+// The marked positions are exactly a shortest path from start to goal: as
+// many as its length + 1, each one step nearer the goal than the one before.
+void CheckShortestPathIsMarked(const Example& e, int64_t width, int64_t start, int64_t goal) {
+  const std::vector<int64_t> from_start = Distances(e.tokens, width, start);
+  const std::vector<int64_t> from_goal = Distances(e.tokens, width, goal);
+  const int64_t length = from_start[goal];
+  ASSERT_GT(length, 0);
+  int64_t marked = 0;
+  for (int64_t p = 0; p < width * width; ++p) {
+    if (e.targets[p] != 1) continue;
+    ++marked;
+    EXPECT_EQ(from_start[p] + from_goal[p], length) << "a marked position off the shortest path";
+  }
+  EXPECT_EQ(marked, length + 1);
+  EXPECT_EQ(e.targets[start], 1);
+  EXPECT_EQ(e.targets[goal], 1);
+}
+
 void CheckMaze(const Example& e, int64_t n) {
   const int64_t width = 2 * n + 1;
   ASSERT_EQ(static_cast<int64_t>(e.tokens.size()), width * width);
@@ -195,19 +214,7 @@ void CheckMaze(const Example& e, int64_t n) {
   for (int64_t r = 1; r < width; r += 2) {
     for (int64_t c = 1; c < width; c += 2) EXPECT_GE(from_start[r * width + c], 0);
   }
-  // The marked positions are exactly a shortest path: as many as its
-  // length + 1, each one step nearer the goal than the one before.
-  const std::vector<int64_t> from_goal = Distances(e.tokens, width, goal);
-  const int64_t length = from_start[goal];
-  int64_t marked = 0;
-  for (int64_t p = 0; p < width * width; ++p) {
-    if (e.targets[p] != 1) continue;
-    ++marked;
-    EXPECT_EQ(from_start[p] + from_goal[p], length) << "a marked position off the shortest path";
-  }
-  EXPECT_EQ(marked, length + 1);
-  EXPECT_EQ(e.targets[start], 1);
-  EXPECT_EQ(e.targets[goal], 1);
+  CheckShortestPathIsMarked(e, width, start, goal);
 }
 
 TEST(MazeTest, EveryMazeIsATreeAndItsTargetIsTheShortestPath) {
@@ -227,6 +234,56 @@ TEST(MazeTest, EveryMazeIsATreeAndItsTargetIsTheShortestPath) {
       EXPECT_GT(distinct.size(), 35u) << "the mazes of one seed repeat";
     }
   }
+}
+
+TEST(MazeTest, MinSizeDrawsSmallerTrainingMazesInsideTheGridAndKeepsTheHeldOutSize) {
+  const Config config = Load({"task.kind=maze", "task.size=5", "task.min_size=2",
+                              "task.train_examples=200", "task.test_examples=20"});
+  const DatasetSplit split = MakeTaskSplit(DatasetRequest{&config, "", 0, 0});
+  const int64_t width = 11;
+  ASSERT_EQ(split.train->info().length, width * width);
+  std::set<int64_t> sizes;
+  std::set<std::pair<int64_t, int64_t>> corners;
+  for (int64_t i = 0; i < split.train->size(); ++i) {
+    const Example& e = split.train->Get(i);
+    // The open cells form a k x k block of cells: a tree over them
+    // (k^2 - 1 passages), every other position a wall.
+    int64_t top = width, left = width, bottom = -1, right = -1, cells = 0, passages = 0;
+    int64_t start = -1, goal = -1;
+    for (int64_t p = 0; p < width * width; ++p) {
+      if (e.tokens[p] == 0) {
+        EXPECT_EQ(e.targets[p], kIgnoreTarget);
+        continue;
+      }
+      const int64_t r = p / width, c = p % width;
+      top = std::min(top, r), left = std::min(left, c);
+      bottom = std::max(bottom, r), right = std::max(right, c);
+      (r % 2 == 1 && c % 2 == 1 ? cells : passages) += 1;
+      if (e.tokens[p] == 2) start = p;
+      if (e.tokens[p] == 3) goal = p;
+    }
+    const int64_t k = (bottom - top) / 2 + 1;
+    ASSERT_EQ(right - left, bottom - top) << "example " << i << " is not square";
+    EXPECT_EQ(cells, k * k) << "example " << i;
+    EXPECT_EQ(passages, k * k - 1) << "example " << i;
+    EXPECT_GE(k, 2);
+    EXPECT_LE(k, 5);
+    EXPECT_EQ(top % 2, 1);
+    EXPECT_EQ(left % 2, 1);
+    sizes.insert(k);
+    corners.insert({top, left});
+    ASSERT_GE(start, 0);
+    ASSERT_GE(goal, 0);
+    CheckShortestPathIsMarked(e, width, start, goal);
+  }
+  EXPECT_EQ(sizes, (std::set<int64_t>{2, 3, 4, 5}));
+  EXPECT_GT(corners.size(), 4u) << "the smaller mazes always sit in the same places";
+  for (int64_t i = 0; i < split.test->size(); ++i) CheckMaze(split.test->Get(i), 5);
+
+  const Config inverted = Load({"task.kind=maze", "task.size=3", "task.min_size=4"});
+  const std::string error =
+      ErrorOf([&] { MakeTaskSplit(DatasetRequest{&inverted, "", 0, 0}); });
+  EXPECT_NE(error.find("task.min_size 4 exceeds task.size 3"), std::string::npos) << error;
 }
 
 TEST(MazeTest, SizeRedrawsTheHeldOutMazesAndLengthIsRefused) {

@@ -6,6 +6,10 @@
 // positions (0); walls carry no loss. A DFS maze is a tree, so the path is
 // unique, and found by breadth-first search. Bansal et al. (2022) train on
 // small mazes and solve larger ones by iterating longer (`--size`).
+// With task.min_size the training mazes have random sizes up to task.size,
+// each at a random place inside the task.size grid with walls around it: a
+// short path teaches a step of the search before long paths need many; the
+// held-out mazes always have task.size (or --size) cells per side.
 #include <deque>
 
 #include "training/data/sequence_task.h"
@@ -19,6 +23,7 @@ enum MazeToken : int64_t { kWall = 0, kOpen = 1, kStart = 2, kGoal = 3 };
 
 struct MazeOptions {
   int64_t size = 5;  // cells per side
+  int64_t min_size = 0;  // smallest training maze; 0: every maze has `size`
   int64_t train_examples = 4096;
   int64_t test_examples = 512;
 
@@ -29,6 +34,10 @@ struct MazeOptions {
              ->Int("size", &O::size, 2, 31,
                    "Cells per side of the training mazes, drawn as (2 size + 1)^2 tokens "
                    "(`stillpoint eval --size` for the held-out set)")
+             .Int("min_size", &O::min_size, 0, 31,
+                  "Training mazes get a random size from task.min_size to task.size cells per "
+                  "side, each at a random place in the task.size grid, walls around it; the "
+                  "held-out mazes keep task.size (0: every training maze has task.size)")
              .Int("train_examples", &O::train_examples, 1, 1 << 24, "Training sequences generated")
              .Int("test_examples", &O::test_examples, 1, 1 << 24,
                   "Held-out sequences generated with another seed");
@@ -36,13 +45,25 @@ struct MazeOptions {
   }
 };
 
-// Carves the maze of n x n cells into `grid` (width 2n + 1, all walls).
-void CarveMaze(Rng& rng, int64_t n, std::vector<int64_t>& grid) {
-  const int64_t width = 2 * n + 1;
+// Where the maze's cells sit on the token grid: n x n cells whose top-left
+// cell is `corner` cells in from the grid's, on a grid `width` tokens wide.
+struct CellFrame {
+  int64_t n = 0, width = 0, corner_row = 0, corner_col = 0;
+  // The token of the cell at (row, col) of the maze, plus a step (dr, dc)
+  // of tokens (a step of 1 reaches the wall beside the cell).
+  int64_t Token(int64_t row, int64_t col, int64_t dr = 0, int64_t dc = 0) const {
+    return (2 * (corner_row + row) + 1 + dr) * width + 2 * (corner_col + col) + 1 + dc;
+  }
+  int64_t Token(int64_t cell) const { return Token(cell / n, cell % n); }
+};
+
+// Carves the maze of frame.n x frame.n cells into `grid` (all walls).
+void CarveMaze(Rng& rng, const CellFrame& frame, std::vector<int64_t>& grid) {
+  const int64_t n = frame.n;
   std::vector<bool> visited(n * n, false);
   std::vector<int64_t> stack = {rng.UniformInt(n * n)};
   visited[stack.back()] = true;
-  grid[(2 * (stack.back() / n) + 1) * width + 2 * (stack.back() % n) + 1] = kOpen;
+  grid[frame.Token(stack.back())] = kOpen;
   const int64_t dr[] = {-1, 1, 0, 0}, dc[] = {0, 0, -1, 1};
   while (!stack.empty()) {
     const int64_t cell = stack.back(), r = cell / n, c = cell % n;
@@ -58,8 +79,8 @@ void CarveMaze(Rng& rng, int64_t n, std::vector<int64_t>& grid) {
     const int64_t d = next[rng.UniformInt(count)];
     const int64_t nr = r + dr[d], nc = c + dc[d];
     visited[nr * n + nc] = true;
-    grid[(2 * r + 1 + dr[d]) * width + 2 * c + 1 + dc[d]] = kOpen;  // the wall between
-    grid[(2 * nr + 1) * width + 2 * nc + 1] = kOpen;
+    grid[frame.Token(r, c, dr[d], dc[d])] = kOpen;  // the wall between
+    grid[frame.Token(nr, nc)] = kOpen;
     stack.push_back(nr * n + nc);
   }
 }
@@ -90,7 +111,11 @@ std::vector<int64_t> ShortestPath(const std::vector<int64_t>& grid, int64_t widt
 
 std::unique_ptr<InMemoryDataset> DrawMazes(const MazeOptions& o, int64_t examples,
                                            uint64_t seed) {
-  const int64_t n = o.size, width = 2 * n + 1;
+  if (o.min_size > o.size) {
+    throw ConfigError("task.min_size " + std::to_string(o.min_size) + " exceeds task.size " +
+                      std::to_string(o.size));
+  }
+  const int64_t width = 2 * o.size + 1;
   DatasetInfo info;
   info.length = width * width;
   info.grid_width = width;
@@ -98,10 +123,16 @@ std::unique_ptr<InMemoryDataset> DrawMazes(const MazeOptions& o, int64_t example
   info.num_classes = 2;  // off or on the path
   Rng rng(seed);
   std::vector<Example> data(examples);
-  auto position = [&](int64_t cell) { return (2 * (cell / n) + 1) * width + 2 * (cell % n) + 1; };
   for (Example& example : data) {
+    CellFrame frame{.n = o.size, .width = width};
+    if (o.min_size > 0) {
+      frame.n = o.min_size + rng.UniformInt(o.size - o.min_size + 1);
+      frame.corner_row = rng.UniformInt(o.size - frame.n + 1);
+      frame.corner_col = rng.UniformInt(o.size - frame.n + 1);
+    }
+    const int64_t n = frame.n;
     example.tokens.assign(info.length, kWall);
-    CarveMaze(rng, n, example.tokens);
+    CarveMaze(rng, frame, example.tokens);
     const int64_t start = rng.UniformInt(n * n);
     int64_t goal = rng.UniformInt(n * n - 1);
     if (goal >= start) ++goal;
@@ -109,16 +140,17 @@ std::unique_ptr<InMemoryDataset> DrawMazes(const MazeOptions& o, int64_t example
     for (int64_t p = 0; p < info.length; ++p) {
       if (example.tokens[p] != kWall) example.targets[p] = 0;
     }
-    for (int64_t p : ShortestPath(example.tokens, width, position(start), position(goal))) {
+    for (int64_t p : ShortestPath(example.tokens, width, frame.Token(start), frame.Token(goal))) {
       example.targets[p] = 1;
     }
-    example.tokens[position(start)] = kStart;
-    example.tokens[position(goal)] = kGoal;
+    example.tokens[frame.Token(start)] = kStart;
+    example.tokens[frame.Token(goal)] = kGoal;
   }
   return std::make_unique<InMemoryDataset>(info, std::move(data));
 }
 
 MazeOptions WithTestSize(MazeOptions o, const DatasetRequest& request) {
+  o.min_size = 0;  // every held-out maze has the size asked for
   if (request.length_override > 0) {
     throw ConfigError("has a size, not a length: use --size (cells per side)");
   }
