@@ -5,12 +5,21 @@
 #include "layers/implicit_layer.h"
 #include "training/optimizer.h"
 namespace sp = stillpoint;
-// E(z) = |z|^2 / 2 - lse(beta K z) / beta per sample, beta learnable; z [B, d], keys K [B, S, d].
-struct LseEnergy : sp::EnergyLayer {
+// What the energy reads besides the state: keys K [B, S, d], one set per sample.
+struct LseContext {
+  sp::Var keys;
+  static const sp::ContextFields<LseContext>& Fields() {
+    static const auto fields =
+        sp::ContextFields<LseContext>("LseContext").PerSample("keys", &LseContext::keys);
+    return fields;
+  }
+};
+// E(z) = |z|^2 / 2 - lse(beta K z) / beta per sample, beta learnable; z [B, d].
+struct LseEnergy : sp::EnergyLayer<LseContext> {
   LseEnergy() { set_gradient_step(1.0); }  // z - 1 grad E = K^T softmax(beta K z): the CCCP step
   sp::Var beta = RegisterParameter("beta", sp::Tensor::Full({1}, 2.0, sp::DType::kFloat64));
-  sp::Var Energy(const sp::Var& z, const sp::EnergyContext& ctx) const override {
-    sp::Var scores = sp::sum(ctx.Get("keys") * sp::reshape(z, {z.dim(0), 1, z.dim(1)}), 2);
+  sp::Var Energy(const sp::Var& z, const LseContext& ctx) const override {
+    sp::Var scores = sp::sum(ctx.keys * sp::reshape(z, {z.dim(0), 1, z.dim(1)}), 2);
     return sp::sum(sp::square(z), 1) * 0.5 - sp::logsumexp(scores * beta) / beta;
   }
 };
@@ -21,9 +30,8 @@ int main() {  // exit 1 unless the implicit gradient checks out and training low
   sp::Implicit solved(layer, {.forward = {.relative_tolerance = 1e-12},
                               .backward = {.tolerance = 1e-12}});
   auto solve = [&](const sp::VarList& in) {  // in = {keys}; the state starts at z0 = 0
-    sp::EnergyContext ctx;
-    ctx.Set("keys", in[0]);
-    return solved.Forward(ctx, sp::Var(sp::Tensor::Zeros({4, 3}, sp::DType::kFloat64)));
+    return solved.Forward(LseContext{.keys = in[0]},
+                          sp::Var(sp::Tensor::Zeros({4, 3}, sp::DType::kFloat64)));
   };
   auto check = sp::CheckGradients(solve, {keys}, {.step = 1e-5, .relative_tolerance = 1e-5});
   auto opt = sp::Optimizer::Create({.learning_rate = .05}, {{"beta", layer->beta}, {"keys", keys}});

@@ -112,11 +112,11 @@ Var EnergyAttention::Forward(const Var& x, const std::vector<int64_t>& sample_id
   const uint64_t solve = options_.warm_start ? ForwardSolveScope::Current() : 0;
   const Tensor warm = solve != 0 ? WarmState(solve, sample_ids, x.dim(0)) : Tensor();
   // A warm-started solve needs no initial state (it can cost an attention).
-  const EnergyBlockProblem problem =
+  const EnergyBlockProblemPtr problem =
       warm.defined() ? block_->PrepareForWarmStart(x) : block_->Prepare(x);
   // The start carries no gradient either way (Implicit: z0 gets none).
   const Var state =
-      implicit_->Forward(problem.context, warm.defined() ? Var(warm) : problem.initial_state);
+      implicit_->Forward(problem->energy, warm.defined() ? Var(warm) : problem->initial_state);
   ++inner_counts_->solves;
   inner_counts_->forward_iterations += implicit_->forward_summary().iterations;
   if (warm.defined()) ++inner_counts_->warm_starts;
@@ -133,7 +133,7 @@ Var EnergyAttention::Forward(const Var& x, const std::vector<int64_t>& sample_id
     warm_state_ = Tensor();
     warm_ids_.clear();
   }
-  return block_->Output(state, problem);
+  return block_->Output(state, *problem);
 }
 
 Tensor EnergyAttention::WarmState(uint64_t solve,
@@ -168,9 +168,10 @@ AttentionDiagnostics DiagnoseEnergyBlock(const EnergyBlock& block,
                                          const ImplicitOptions& solver,
                                          const Var& x) {
   NoGrad no_grad;
-  const EnergyBlockProblem problem = block.Prepare(x);
+  const EnergyBlockProblemPtr prepared = block.Prepare(x);
+  const EnergyBlockProblem& problem = *prepared;
   Implicit traced(block.layer(), solver, EnergyImplicitOptions{.trace_energy = true});
-  const Var state = traced.Forward(problem.context, problem.initial_state);
+  const Var state = traced.Forward(problem.energy, problem.initial_state);
 
   AttentionDiagnostics d;
   const Var first = block.AttentionWeights(problem.initial_state, problem);

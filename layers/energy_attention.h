@@ -4,8 +4,10 @@
 // own solver options and differentiated by the implicit function theorem.
 //
 //   x [k, T, d] -> problem = block.Prepare(x)
-//               -> v* = Implicit(block.layer()).Forward(problem)  (inner solve)
-//               -> block.Output(v*, problem)                      [k, T, d]
+//               -> v* = Implicit(block.layer()).Forward(problem->energy,
+//                                                      problem->initial_state)
+//                                                   (inner solve)
+//               -> block.Output(v*, *problem)       [k, T, d]
 //
 // The result is the attention's contribution without the skip connection,
 // like MultiHeadAttention's output, so a cell adds it to its residual stream

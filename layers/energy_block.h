@@ -4,15 +4,15 @@
 // A block turns the injection u [B, T, d] into an energy problem, and the
 // state the problem is solved to back into tokens:
 //
-//   EnergyBlockProblem p = block.Prepare(u);      // context + initial state
-//   Var z = implicit.Forward(p.context, p.initial_state);  // or unrolled
-//   Var out = block.Readout(z, p);                // [B, T, d]
+//   EnergyBlockProblemPtr p = block.Prepare(u);   // bound energy + initial state
+//   Var z = implicit.Forward(p->energy, p->initial_state);  // or unrolled
+//   Var out = block.Readout(z, *p);               // [B, T, d]
 //
 // where implicit is an Implicit over block.layer() (implicit_layer.h). Prepare
 // computes everything the energy depends on from u (keys, stored patterns,
-// masks) before the solve, so the energy is one fixed function of the state
-// while the solver iterates; gradients reach u and the projections through
-// the context.
+// masks: the layer's context struct) before the solve, so the energy is one
+// fixed function of the state while the solver iterates; gradients reach u
+// and the projections through the context.
 //
 // Built-in blocks: layers/energy_block_list.h, one line each; each block's
 // file (layers/energy_block_<name>.cc) says what it computes. Each takes
@@ -24,8 +24,9 @@
 // beta is the attention's inverse temperature (0 in the options:
 // 1/sqrt(dh)).
 //
-// A user block: derive from EnergyBlock (register the energy layer as a
-// child module so its parameters are the block's), then
+// A user block: derive from EnergyBlockOf<Layer, Extras> (below), which
+// registers the energy layer as the child "layer" and hands the block its
+// own typed problem back in Output, then
 //   EnergyBlockRegistry().Register("mine", [](const EnergyBlockOptions& o,
 //                                             Rng& rng) { ... }, "what it is");
 // and set ModelOptions::energy.layer = "mine" (or model.energy.layer), or
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "framework/autograd.h"
+#include "framework/check.h"
 #include "framework/module.h"
 #include "framework/option_fields.h"
 #include "framework/random.h"
@@ -157,38 +159,107 @@ struct EnergyBlockOptions {
   std::string ToString() const;
 };
 
-// What Prepare computes from u: the energy's context, the initial state,
-// and whatever Readout needs besides the state (by name, in `extras`).
+// What Prepare computes from u, as the code that solves any block sees it
+// (EnergyAttention, the energy model kind, the diagnostics). A block's own
+// problem (EnergyBlockOf::Problem) derives from it and adds the typed
+// context and what its Output reads besides the state.
 struct EnergyBlockProblem {
-  EnergyContext context;
+  virtual ~EnergyBlockProblem() = default;
+  // The block's energy layer bound to this batch's context: what is solved.
+  BoundEnergyPtr energy;
+  // [B, ...] (rank >= 2); undefined from PrepareForWarmStart when the block
+  // skips it.
   Var initial_state;
-  Var injection;         // u [B, T, d]
-  EnergyContext extras;  // e.g. "values" for hopfield
+  Var injection;  // u [B, T, d]
 };
+using EnergyBlockProblemPtr = std::shared_ptr<const EnergyBlockProblem>;
 
 class EnergyBlock : public Module {
  public:
   // The energy solved (registered as the child "layer").
-  virtual const std::shared_ptr<EnergyLayer>& layer() const = 0;
-  // u [B, T, d] -> the problem (see above). Every per-sample context entry
+  virtual const std::shared_ptr<EnergyLayerBase>& layer() const = 0;
+  // u [B, T, d] -> the problem (see above). Every per-sample context member
   // has extent B on axis 0; the initial state is [B, ...] (rank >= 2).
-  virtual EnergyBlockProblem Prepare(const Var& u) const = 0;
+  virtual EnergyBlockProblemPtr Prepare(const Var& u) const = 0;
   // Prepare for a solve that starts from a state of the caller's (a warm
   // start, energy_attention.h): the same problem, except that
-  // initial_state may be left undefined. The default is Prepare; a block
-  // whose initial state costs real work (probabilistic: one attention)
-  // overrides it.
-  virtual EnergyBlockProblem PrepareForWarmStart(const Var& u) const { return Prepare(u); }
+  // initial_state may be left undefined (a block whose initial state costs
+  // real work, such as probabilistic's attention, skips it). Default:
+  // Prepare.
+  virtual EnergyBlockProblemPtr PrepareForWarmStart(const Var& u) const { return Prepare(u); }
   // The attention's output for the solved state (shaped like
   // problem.initial_state), without the skip connection: [B, T, d]. This is
-  // what a transformer cell adds to its residual stream.
+  // what a transformer cell adds to its residual stream. problem must come
+  // from this block's Prepare.
   virtual Var Output(const Var& state, const EnergyBlockProblem& problem) const = 0;
   // The block's output with the skip connection: injection + Output.
-  virtual Var Readout(const Var& state, const EnergyBlockProblem& problem) const;
+  Var Readout(const Var& state, const EnergyBlockProblem& problem) const;
   // The attention weights at a state, [B, H, T, S] (rows sum to 1), for the
   // collapse diagnostics (energy_attention.h). Null for a block without
   // attention weights (the default).
   virtual Var AttentionWeights(const Var& state, const EnergyBlockProblem& problem) const;
+};
+
+// What a block's Output reads besides the state and the context: nothing.
+struct NoExtras {};
+
+// The base of a block whose energy layer is a Layer (an EnergyLayer<Context>)
+// and whose Output reads Extras besides the state and the context (a struct
+// of Vars: hopfield's values). The block writes three typed functions:
+//   MakeProblem(u, with_initial_state)  the context, start and extras;
+//   Output(state, problem)              its attention output;
+//   AttentionWeights(state, problem)    (optional) the weights at a state;
+// and this base binds the energy (EnergyBlockProblem::energy) and hands each
+// function the block's own Problem back.
+template <typename Layer, typename Extras = NoExtras>
+class EnergyBlockOf : public EnergyBlock {
+ public:
+  using Context = typename Layer::ContextType;
+  struct Problem : EnergyBlockProblem {
+    Context context;
+    Extras extras;
+  };
+
+  // Registers layer as the child "layer".
+  explicit EnergyBlockOf(std::shared_ptr<Layer> layer) : typed_(layer), layer_(std::move(layer)) {
+    SP_CHECK(typed_ != nullptr, "EnergyBlockOf: the energy layer is null");
+    RegisterModule("layer", layer_);
+  }
+
+  const std::shared_ptr<EnergyLayerBase>& layer() const final { return layer_; }
+  EnergyBlockProblemPtr Prepare(const Var& u) const final { return Bound(u, true); }
+  EnergyBlockProblemPtr PrepareForWarmStart(const Var& u) const final { return Bound(u, false); }
+  Var Output(const Var& state, const EnergyBlockProblem& problem) const final {
+    return Output(state, Typed(problem));
+  }
+  Var AttentionWeights(const Var& state, const EnergyBlockProblem& problem) const final {
+    return AttentionWeights(state, Typed(problem));
+  }
+
+ protected:
+  // u [B, T, d] -> the problem without its energy (this base binds it).
+  // with_initial_state false: the initial state may be left undefined.
+  virtual Problem MakeProblem(const Var& u, bool with_initial_state) const = 0;
+  virtual Var Output(const Var& state, const Problem& problem) const = 0;
+  // Default: none (null).
+  virtual Var AttentionWeights(const Var& state, const Problem& problem) const { return Var(); }
+
+  // The energy layer with its own type.
+  std::shared_ptr<Layer> typed_;
+
+ private:
+  EnergyBlockProblemPtr Bound(const Var& u, bool with_initial_state) const {
+    auto problem = std::make_shared<Problem>(MakeProblem(u, with_initial_state));
+    problem->energy = Bind(*typed_, problem->context);
+    return problem;
+  }
+  const Problem& Typed(const EnergyBlockProblem& problem) const {
+    const auto* typed = dynamic_cast<const Problem*>(&problem);
+    SP_CHECK(typed != nullptr, Name(), ": the problem was not prepared by a block of its kind");
+    return *typed;
+  }
+
+  std::shared_ptr<EnergyLayerBase> layer_;
 };
 
 using EnergyBlockFactory =

@@ -27,32 +27,31 @@ inline double ResolvedBeta(const EnergyBlockOptions& o) {
   return o.beta > 0.0 ? o.beta : 1.0 / std::sqrt(static_cast<double>(o.dim / o.heads));
 }
 
-// The common part: owns the layer as the child "layer" and the input norm
-// as "norm" (normalize_input).
-template <typename Layer>
-class CatalogueBlock : public EnergyBlock {
+// The common part: owns the layer as the child "layer" (EnergyBlockOf) and
+// the input norm as "norm" (normalize_input).
+template <typename Layer, typename Extras = NoExtras>
+class CatalogueBlock : public EnergyBlockOf<Layer, Extras> {
  public:
+  using typename EnergyBlockOf<Layer, Extras>::Problem;
+
   CatalogueBlock(const char* name, const EnergyBlockOptions& o, std::shared_ptr<Layer> layer)
-      : name_(name),
+      : EnergyBlockOf<Layer, Extras>(std::move(layer)),
+        name_(name),
         dim_(o.dim),
         heads_(o.heads),
         causal_(o.causal),
         dtype_(o.dtype),
-        layout_(o.layout),
-        typed_(layer),
-        layer_(std::move(layer)) {
+        layout_(o.layout) {
     if (layout_) {
       const std::string problem = layout_->Check(o.heads, o.dim / o.heads);
       SP_CHECK(problem.empty(), name, ": ", problem);
     }
-    RegisterModule("layer", layer_);
     if (o.normalize_input) {
-      norm_ = RegisterModule(
+      norm_ = this->RegisterModule(
           "norm", std::make_shared<LayerNorm>(o.dim, LayerNormOptions{.dtype = o.dtype}));
     }
   }
   std::string Name() const override { return name_; }
-  const std::shared_ptr<EnergyLayer>& layer() const override { return layer_; }
 
  protected:
   // The checked injection u, normalised when the block normalises its input.
@@ -78,10 +77,8 @@ class CatalogueBlock : public EnergyBlock {
   bool causal_;
   DType dtype_;
   std::shared_ptr<const AttentionLayout> layout_;
-  std::shared_ptr<Layer> typed_;
 
  private:
-  std::shared_ptr<EnergyLayer> layer_;
   std::shared_ptr<LayerNorm> norm_;
 };
 

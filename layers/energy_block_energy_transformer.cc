@@ -1,6 +1,6 @@
 // The energy block "energy_transformer" (model.energy.layer, model.attention):
 // EnergyTransformerBlock: the tokens start at x and x drives them as an external current (the
-// context entry "input"), so the stationary state x* depends on x; the solver iterates the
+// context's input), so the stationary state x* depends on x; the solver iterates the
 // leaky Euler step with step 1, x <- I - dE/dg (see `step`). readout "attention" (default):
 // the block's attention weights at x* applied to values x* W_V, through W_O; "move": x* - x.
 // W_Q, W_K start at N(0, 0.09/dim), small enough that the dynamics contract, and beta defaults
@@ -43,7 +43,14 @@ constexpr double kEnergyLayerNormEps = 0.1;
 constexpr double kEnergyTransformerWeightStd = 0.3;
 constexpr double kEnergyTransformerBeta = 4.0;
 
-class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBlock> {
+// What the energy_transformer block's Output reads besides the state and the
+// context.
+struct EnergyTransformerExtras {
+  Var start;  // [B, T, d]: the tokens the solve started from (readout move)
+};
+
+class EnergyTransformerEnergyBlock
+    : public CatalogueBlock<EnergyTransformerBlock, EnergyTransformerExtras> {
  public:
   EnergyTransformerEnergyBlock(const EnergyBlockOptions& o, Rng& rng)
       : CatalogueBlock(
@@ -92,24 +99,24 @@ class EnergyTransformerEnergyBlock : public CatalogueBlock<EnergyTransformerBloc
     }
   }
 
-  EnergyBlockProblem Prepare(const Var& u) const override {
+  Problem MakeProblem(const Var& u, bool /*with_initial_state*/) const override {
     const Var x = Input(u);
-    EnergyContext context = typed_->Prepare(x, Mask(x.dim(1)));
-    context.Set("input", x);  // the external current
-    EnergyBlockProblem problem{context, x, u, {}};
-    problem.extras.Set("start", x);
+    Problem problem;
+    problem.context = typed_->Prepare(x, Mask(x.dim(1)));
+    problem.context.input = x;  // the external current
+    problem.initial_state = x;
+    problem.injection = u;
+    problem.extras.start = x;
     return problem;
   }
-  Var Output(const Var& state, const EnergyBlockProblem& problem) const override {
-    if (readout_ == EnergyTransformerReadout::kMove) {
-      return sub(state, problem.extras.Get("start"));
-    }
+  Var Output(const Var& state, const Problem& problem) const override {
+    if (readout_ == EnergyTransformerReadout::kMove) return sub(state, problem.extras.start);
     // Values per head, weighted by the attention at x*, and merged back.
     const Var values = typed_->SplitHeads(wv_->Forward(state));
     const Var mixed = matmul(typed_->AttentionWeights(state, problem.context), values);
     return wo_->Forward(typed_->MergeHeads(mixed));
   }
-  Var AttentionWeights(const Var& state, const EnergyBlockProblem& problem) const override {
+  Var AttentionWeights(const Var& state, const Problem& problem) const override {
     return typed_->AttentionWeights(state, problem.context);
   }
 

@@ -65,25 +65,29 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
         "wo", std::make_shared<Linear>(o.dim, o.dim, rng, LinearOptions{.dtype = o.dtype}));
   }
 
-  EnergyBlockProblem Prepare(const Var& u) const override {
+  Problem MakeProblem(const Var& u, bool /*with_initial_state*/) const override {
     const Var x = Input(u);
     const bool discrete = typed_->options().measure == ExpFamMeasure::kDiscrete;
-    EnergyContext context = typed_->Prepare(discrete ? x : Var(), x);
+    Problem problem;
+    problem.context = typed_->Prepare(discrete ? x : Var(), x);
+    ExpFamContext& context = problem.context;
     if (discrete) {
       // The gaussian and mixture measures attend over no tokens: a token's
       // fixed point depends on that token alone, so there is nothing to mask
       // or to place.
       const int64_t length = x.dim(1);
-      AddAttentionMask(Mask(length), causal_, x.dim(0), heads_, length, length, dtype_, &context);
+      context.mask =
+          MakeAttentionMask(Mask(length), causal_, x.dim(0), heads_, length, length, dtype_);
       if (Rotary()) {
-        context.Set("patterns", Rotate(context.Get("patterns")));
-        context.Set("field", ApplyRotaryMerged(context.Get("field"), *layout_, heads_));
+        context.patterns = Rotate(context.patterns);
+        context.field = ApplyRotaryMerged(context.field, *layout_, heads_);
       }
     }
-    const Var field = context.Get("field");
-    return EnergyBlockProblem{std::move(context), field, u, {}};
+    problem.initial_state = context.field;
+    problem.injection = u;
+    return problem;
   }
-  Var Output(const Var& eta, const EnergyBlockProblem& problem) const override {
+  Var Output(const Var& eta, const Problem& problem) const override {
     Var mean = typed_->LogPartitionGrad(eta, problem.context);
     if (typed_->options().contraction > 0.0) {
       // grad G is the mean of patterns of norm sqrt(c / beta), small by
@@ -97,7 +101,7 @@ class ExpFamBlock : public CatalogueBlock<ExpFamAttention> {
     }
     return wo_->Forward(mean);
   }
-  Var AttentionWeights(const Var& eta, const EnergyBlockProblem& problem) const override {
+  Var AttentionWeights(const Var& eta, const Problem& problem) const override {
     // Only the discrete measure attends over tokens.
     if (typed_->options().measure != ExpFamMeasure::kDiscrete) return Var();
     return typed_->Weights(eta, problem.context);

@@ -18,7 +18,12 @@
 namespace stillpoint {
 namespace {
 
-class HopfieldBlock : public CatalogueBlock<HopfieldAttention> {
+// What the hopfield block's Output reads besides the state and the context.
+struct HopfieldExtras {
+  Var values;  // [B, H, T, dv]: the tokens' values per head
+};
+
+class HopfieldBlock : public CatalogueBlock<HopfieldAttention, HopfieldExtras> {
  public:
   HopfieldBlock(const EnergyBlockOptions& o, Rng& rng)
       : CatalogueBlock("HopfieldBlock",
@@ -34,26 +39,28 @@ class HopfieldBlock : public CatalogueBlock<HopfieldAttention> {
                                            .dtype = o.dtype},
                            rng)) {}
 
-  EnergyBlockProblem Prepare(const Var& u) const override {
+  Problem MakeProblem(const Var& u, bool /*with_initial_state*/) const override {
     const Var x = Input(u);
     HopfieldProblem hopfield = typed_->Prepare(x, x, x, Mask(x.dim(1)));
     if (Rotary()) {
       // Keys and queries (the start and the field) turned by position; the
       // values are not.
-      hopfield.context.Set("keys", Rotate(hopfield.context.Get("keys")));
+      hopfield.context.keys = Rotate(hopfield.context.keys);
       hopfield.initial_state = Rotate(hopfield.initial_state);
-      if (hopfield.context.Has("field")) hopfield.context.Set("field", hopfield.initial_state);
+      if (hopfield.context.field.defined()) hopfield.context.field = hopfield.initial_state;
     }
-    EnergyBlockProblem problem{hopfield.context, hopfield.initial_state, u, {}};
-    problem.extras.Set("values", hopfield.values);
+    Problem problem;
+    problem.context = hopfield.context;
+    problem.initial_state = hopfield.initial_state;
+    problem.injection = u;
+    problem.extras.values = hopfield.values;
     return problem;
   }
-  Var Output(const Var& xi, const EnergyBlockProblem& problem) const override {
-    const HopfieldProblem hopfield{problem.context, problem.initial_state,
-                                   problem.extras.Get("values")};
+  Var Output(const Var& xi, const Problem& problem) const override {
+    const HopfieldProblem hopfield{problem.context, problem.initial_state, problem.extras.values};
     return typed_->Readout(xi, hopfield);
   }
-  Var AttentionWeights(const Var& xi, const EnergyBlockProblem& problem) const override {
+  Var AttentionWeights(const Var& xi, const Problem& problem) const override {
     return typed_->Association(xi, problem.context);
   }
 };

@@ -40,23 +40,22 @@ class ProbabilisticBlock : public CatalogueBlock<ProbabilisticAttention> {
                            }(),
                            rng)) {}
 
-  EnergyBlockProblem Prepare(const Var& u) const override {
+  Problem MakeProblem(const Var& u, bool with_initial_state) const override {
     const Var x = Input(u);
-    ProbabilisticProblem p = typed_->Prepare(x, x, Inputs(x.dim(1)));
-    return EnergyBlockProblem{p.context, p.initial_state, u, {}};
+    ProbabilisticProblem p = typed_->Prepare(x, x, Inputs(x.dim(1)), with_initial_state);
+    Problem problem;
+    problem.context = p.context;
+    problem.initial_state = p.initial_state;
+    problem.injection = u;
+    return problem;
   }
-  EnergyBlockProblem PrepareForWarmStart(const Var& u) const override {
-    const Var x = Input(u);
-    ProbabilisticProblem p = typed_->Prepare(x, x, Inputs(x.dim(1)), /*with_initial_state=*/false);
-    return EnergyBlockProblem{p.context, Var(), u, {}};
-  }
-  Var Output(const Var& v, const EnergyBlockProblem& problem) const override {
+  Var Output(const Var& v, const Problem& problem) const override {
     ProbabilisticProblem p;
     p.context = problem.context;
     p.initial_state = problem.initial_state;
     return typed_->Readout(v, p);
   }
-  Var AttentionWeights(const Var& v, const EnergyBlockProblem& problem) const override {
+  Var AttentionWeights(const Var& v, const Problem& problem) const override {
     return typed_->Responsibilities(v, problem.context);
   }
 

@@ -30,103 +30,19 @@ bool StringToKeyGrad(const std::string& text, KeyGrad* key_grad) {
   return true;
 }
 
-// ------------------------------------------------------------ EnergyContext
-
-void EnergyContext::Put(const std::string& name, const Var& value, bool per_sample) {
-  SP_CHECK(!name.empty(), "EnergyContext: an entry needs a name");
-  SP_CHECK(value.defined(), "EnergyContext: entry '", name, "' is undefined");
-  if (per_sample) {
-    SP_CHECK(value.rank() >= 1, "EnergyContext: per-sample entry '", name,
-             "' needs a sample axis, got shape ", value.shape());
-    SP_CHECK(batch_size_ < 0 || value.dim(0) == batch_size_, "EnergyContext: per-sample entry '",
-             name, "' has ", value.dim(0), " samples (shape ", value.shape(), ") but ", Describe(),
-             " has ", batch_size_);
-  }
-  for (Entry& entry : entries_) {
-    if (entry.name == name) {
-      entry.value = value;
-      entry.per_sample = per_sample;
-      if (per_sample) batch_size_ = value.dim(0);
-      return;
-    }
-  }
-  entries_.push_back({name, value, per_sample});
-  if (per_sample) batch_size_ = value.dim(0);
-}
-
-void EnergyContext::Set(const std::string& name, const Var& value) { Put(name, value, true); }
-
-void EnergyContext::SetShared(const std::string& name, const Var& value) {
-  Put(name, value, false);
-}
-
-bool EnergyContext::Has(const std::string& name) const {
-  return std::any_of(entries_.begin(), entries_.end(),
-                     [&](const Entry& entry) { return entry.name == name; });
-}
-
-const Var& EnergyContext::Get(const std::string& name) const {
-  for (const Entry& entry : entries_) {
-    if (entry.name == name) return entry.value;
-  }
-  SP_CHECK(false, "EnergyContext: no entry '", name, "'; the context has ", Describe());
-  return entries_.front().value;  // unreachable
-}
-
-VarList EnergyContext::Values() const {
-  VarList values;
-  for (const Entry& e : entries_) values.push_back(e.value);
-  return values;
-}
-
-EnergyContext EnergyContext::Select(const std::vector<int64_t>& sample_ids) const {
-  bool identity = static_cast<int64_t>(sample_ids.size()) == batch_size_;
-  for (std::size_t i = 0; identity && i < sample_ids.size(); ++i) {
-    identity = sample_ids[i] == static_cast<int64_t>(i);
-  }
-  if (identity || batch_size_ < 0) return *this;
-  for (int64_t id : sample_ids) {
-    SP_CHECK(id >= 0 && id < batch_size_, "EnergyContext::Select: sample id ", id, " outside [0, ",
-             batch_size_, ")");
-  }
-  EnergyContext selected;
-  for (const Entry& entry : entries_) {
-    if (entry.per_sample) {
-      selected.Set(entry.name, gather(entry.value, 0, sample_ids));
-    } else {
-      selected.SetShared(entry.name, entry.value);
-    }
-  }
-  selected.batch_size_ = static_cast<int64_t>(sample_ids.size());
-  return selected;
-}
-
-std::string EnergyContext::Describe() const {
-  if (entries_.empty()) return "no entries";
-  std::string text;
-  for (const Entry& entry : entries_) {
-    if (!text.empty()) text += ", ";
-    text += entry.name + (entry.per_sample ? " " : " (shared) ") + entry.value.shape().ToString();
-  }
-  return text;
-}
-
 // -------------------------------------------------------------- EnergyLayer
 
-Var EnergyLayer::SampleEnergies(const Var& z, const EnergyContext& ctx) const {
-  Var energy = Energy(z, ctx);
-  SP_CHECK(energy.defined() && energy.shape() == Shape{z.dim(0)}, Name(),
+void CheckSampleEnergies(const EnergyLayerBase& layer, const Var& z, const Var& energy) {
+  SP_CHECK(energy.defined() && energy.shape() == Shape{z.dim(0)}, layer.Name(),
            "::Energy returned shape ", energy.defined() ? energy.shape().ToString() : "(undefined)",
-           " for a state ", z.shape(), "; it must return [", z.dim(0),
-           "], one energy per sample");
-  return energy;
+           " for a state ", z.shape(), "; it must return [", z.dim(0), "], one energy per sample");
 }
 
-Var AutodiffEnergyGrad(const EnergyLayer& layer, const Var& z, const EnergyContext& ctx) {
+Var AutodiffStateGrad(const std::function<Var(const Var&)>& sample_energies, const Var& z) {
   if (GradModeEnabled() && z.requires_grad()) {
     // Differentiate through z itself, so the gradient stays a function of
     // whatever z was computed from.
-    Var energy = sum(layer.SampleEnergies(z, ctx));
+    Var energy = sum(sample_energies(z));
     GradOptions options;
     options.create_graph = true;
     Var g = grad({energy}, {z}, {}, options)[0];
@@ -140,7 +56,7 @@ Var AutodiffEnergyGrad(const EnergyLayer& layer, const Var& z, const EnergyConte
   Var g;
   {
     GradModeGuard tape_on(true);
-    Var energy = sum(layer.SampleEnergies(leaf, ctx));
+    Var energy = sum(sample_energies(leaf));
     GradOptions options;
     options.create_graph = record;
     g = grad({energy}, {leaf}, {}, options)[0];
@@ -149,19 +65,7 @@ Var AutodiffEnergyGrad(const EnergyLayer& layer, const Var& z, const EnergyConte
   return record ? g : g.detach();
 }
 
-Var EnergyLayer::EnergyGrad(const Var& z, const EnergyContext& ctx) const {
-  return AutodiffEnergyGrad(*this, z, ctx);
-}
-
-Var EnergyLayer::GradientStep(const Var& z, const EnergyContext& ctx, double step) const {
-  return sub(z, mul_scalar(EnergyGrad(z, ctx), step));
-}
-
-Var EnergyLayer::Update(const Var& z, const EnergyContext& ctx) const {
-  return GradientStep(z, ctx, gradient_step_);
-}
-
-void EnergyLayer::set_gradient_step(double step) {
+void EnergyLayerBase::set_gradient_step(double step) {
   SP_CHECK(step > 0.0 && std::isfinite(step), Name(), ": gradient step must be > 0, got ", step);
   gradient_step_ = step;
 }
@@ -183,53 +87,41 @@ void CheckStateShape(const char* what, const Var& z, const Shape& state_shape) {
 
 }  // namespace
 
-EnergyCellFn MakeUpdateCell(const EnergyLayer& layer,
-                            const EnergyContext& ctx,
-                            const Shape& state_shape) {
-  const EnergyLayer* layer_ptr = &layer;
-  return [layer_ptr, ctx, state_shape](const Var& z, const std::vector<int64_t>& ids) {
+EnergyCellFn MakeUpdateCell(const BoundEnergyPtr& energy, const Shape& state_shape) {
+  return [energy, state_shape](const Var& z, const std::vector<int64_t>& ids) {
     CheckStateShape("MakeUpdateCell", z, state_shape);
-    EnergyContext selected = ctx.Select(ids);
     Var state = reshape(z, WithBatch(z.dim(0), state_shape));
-    return reshape(layer_ptr->Update(state, selected), z.shape());
+    return reshape(energy->Select(ids)->Update(state), z.shape());
   };
 }
 
-EnergyCellFn MakeGradientStepCell(const EnergyLayer& layer,
-                                  const EnergyContext& ctx,
+EnergyCellFn MakeGradientStepCell(const BoundEnergyPtr& energy,
                                   const Shape& state_shape,
                                   double step) {
   SP_CHECK(step > 0.0, "MakeGradientStepCell: step must be > 0, got ", step);
-  const EnergyLayer* layer_ptr = &layer;
-  return [layer_ptr, ctx, state_shape, step](const Var& z, const std::vector<int64_t>& ids) {
+  return [energy, state_shape, step](const Var& z, const std::vector<int64_t>& ids) {
     CheckStateShape("MakeGradientStepCell", z, state_shape);
-    EnergyContext selected = ctx.Select(ids);
     Var state = reshape(z, WithBatch(z.dim(0), state_shape));
-    return reshape(layer_ptr->GradientStep(state, selected, step), z.shape());
+    return reshape(energy->Select(ids)->GradientStep(state, step), z.shape());
   };
 }
 
-BatchedEnergy MakeBatchedEnergy(const EnergyLayer& layer,
-                                const EnergyContext& ctx,
-                                const Shape& state_shape) {
-  const EnergyLayer* layer_ptr = &layer;
-  return [layer_ptr, ctx, state_shape](const Tensor& z, const std::vector<int64_t>& ids,
-                                       Tensor* energy, Tensor* gradient) {
+BatchedEnergy MakeBatchedEnergy(const BoundEnergyPtr& energy, const Shape& state_shape) {
+  return [energy, state_shape](const Tensor& z, const std::vector<int64_t>& ids, Tensor* energies,
+                               Tensor* gradient) {
     NoGrad no_grad;
-    EnergyContext selected = ctx.Select(ids);
+    const BoundEnergyPtr selected = energy->Select(ids);
     Var state(z.Reshape(WithBatch(z.dim(0), state_shape)));
-    if (energy != nullptr) energy->CopyFrom(layer_ptr->SampleEnergies(state, selected).value());
-    if (gradient != nullptr) {
-      gradient->CopyFrom(layer_ptr->EnergyGrad(state, selected).value());
-    }
+    if (energies != nullptr) energies->CopyFrom(selected->SampleEnergies(state).value());
+    if (gradient != nullptr) gradient->CopyFrom(selected->EnergyGrad(state).value());
     return true;
   };
 }
 
-Var UnrollUpdates(const EnergyLayer& layer, const Var& z0, const EnergyContext& ctx, int steps) {
+Var UnrollUpdates(const BoundEnergy& energy, const Var& z0, int steps) {
   SP_CHECK(steps >= 0, "UnrollUpdates: steps must be >= 0, got ", steps);
   Var z = z0;
-  for (int t = 0; t < steps; ++t) z = layer.Update(z, ctx);
+  for (int t = 0; t < steps; ++t) z = energy.Update(z);
   return z;
 }
 
@@ -256,15 +148,14 @@ bool StringToEnergySolveMode(const std::string& text, EnergySolveMode* mode) {
 
 // ------------------------------------------------------------ attention masks
 
-void AddAttentionMask(const AttentionMask& mask,
+Var MakeAttentionMask(const AttentionMask& mask,
                       bool causal,
                       int64_t batch,
                       int64_t heads,
                       int64_t queries,
                       int64_t keys,
-                      DType dtype,
-                      EnergyContext* ctx) {
-  if (!causal && !mask.key_mask.defined() && !mask.additive.defined()) return;
+                      DType dtype) {
+  if (!causal && !mask.key_mask.defined() && !mask.additive.defined()) return Var();
   int64_t mask_heads = 1;
   Tensor additive;
   if (mask.additive.defined()) {
@@ -320,12 +211,11 @@ void AddAttentionMask(const AttentionMask& mask,
       }
     }
   }
-  ctx->Set("mask", constant(Tensor::FromVector(shape, values, dtype)));
+  return constant(Tensor::FromVector(shape, values, dtype));
 }
 
-Var ApplyAttentionMask(const Var& scores, const EnergyContext& ctx) {
-  if (!ctx.Has("mask")) return scores;
-  return add(scores, ctx.Get("mask"));
+Var ApplyAttentionMask(const Var& scores, const Var& mask) {
+  return mask.defined() ? add(scores, mask) : scores;
 }
 
 // -------------------------------------------------------------- EnergyTrace
@@ -350,9 +240,8 @@ double EnergyTrace::MaxIncrease() const {
   return worst;
 }
 
-EnergyTrace TraceUpdates(const EnergyLayer& layer,
+EnergyTrace TraceUpdates(const BoundEnergy& energy,
                          const Tensor& z0,
-                         const EnergyContext& ctx,
                          const EnergyTraceOptions& options) {
   std::string error;
   SP_CHECK(options.IsValid(&error), "TraceUpdates: ", error);
@@ -361,9 +250,9 @@ EnergyTrace TraceUpdates(const EnergyLayer& layer,
   const int64_t per_sample = z0.numel() / std::max<int64_t>(batch, 1);
   EnergyTrace trace;
   Var z(z0.Clone());
-  trace.energies.push_back(layer.SampleEnergies(z, ctx).value().ToVector());
+  trace.energies.push_back(energy.SampleEnergies(z).value().ToVector());
   for (int t = 0; t < options.max_steps; ++t) {
-    Var next = layer.Update(z, ctx);
+    Var next = energy.Update(z);
     std::vector<double> step(batch, 0.0);
     const std::vector<double> a = next.value().ToVector();
     const std::vector<double> b = z.value().ToVector();
@@ -375,7 +264,7 @@ EnergyTrace TraceUpdates(const EnergyLayer& layer,
       step[s] = std::sqrt(sum_sq);
     }
     z = next;
-    trace.energies.push_back(layer.SampleEnergies(z, ctx).value().ToVector());
+    trace.energies.push_back(energy.SampleEnergies(z).value().ToVector());
     trace.step_norms.push_back(step);
     trace.steps = t + 1;
     if (options.tolerance > 0.0 &&

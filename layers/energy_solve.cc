@@ -11,9 +11,9 @@
 namespace stillpoint {
 namespace {
 
-std::vector<double> EnergiesOf(const EnergyLayer& layer, const Var& z, const EnergyContext& ctx) {
+std::vector<double> EnergiesOf(const BoundEnergy& energy, const Var& z) {
   NoGrad no_grad;
-  return layer.SampleEnergies(Var(z.value()), ctx).value().ToVector();
+  return energy.SampleEnergies(Var(z.value())).value().ToVector();
 }
 
 // The states the solver evaluated since the last iteration callback, and the
@@ -33,7 +33,7 @@ struct EnergyTraceRecorder {
   }
 
   // Appends the energies of the dirty samples' latest states.
-  void Flush(const EnergyLayer& layer, const EnergyContext& ctx, const Shape& shape) {
+  void Flush(const BoundEnergy& energy, const Shape& shape) {
     std::vector<int64_t> ids;
     for (std::size_t b = 0; b < dirty.size(); ++b) {
       if (dirty[b]) ids.push_back(static_cast<int64_t>(b));
@@ -43,7 +43,7 @@ struct EnergyTraceRecorder {
     std::vector<int64_t> dims = shape.dims();
     dims[0] = static_cast<int64_t>(ids.size());
     const Tensor rows = gather(Var(latest), 0, ids).value().Reshape(Shape(dims));
-    const std::vector<double> values = EnergiesOf(layer, Var(rows), ctx.Select(ids));
+    const std::vector<double> values = EnergiesOf(*energy.Select(ids), Var(rows));
     for (std::size_t i = 0; i < ids.size(); ++i) {
       energies[ids[i]].push_back(values[i]);
       dirty[ids[i]] = 0;
@@ -51,35 +51,36 @@ struct EnergyTraceRecorder {
   }
 };
 
-}  // namespace
-
-VarList ImplicitInputsOf(const EnergyLayer& layer, const EnergyContext& ctx) {
-  VarList inputs = ctx.Values();
-  for (const Var& p : layer.parameters()) inputs.push_back(p);
-  return inputs;
-}
-
-ImplicitResult SolveEnergyFixedPoint(const EnergyLayer& layer,
-                                     const Tensor& z0,
-                                     const EnergyContext& ctx,
-                                     const ImplicitOptions& options,
-                                     const std::shared_ptr<AdjointWarmStart>& warm_start,
-                                     std::vector<std::vector<double>>* iteration_trace) {
+void CheckInitialState(const EnergyLayerBase& layer, const Tensor& z0) {
   SP_CHECK(z0.defined() && z0.rank() >= 2, layer.Name(),
            ": the initial state must be [B, ...] with rank >= 2, got ",
            z0.defined() ? z0.shape().ToString() : std::string("undefined"));
+}
+
+}  // namespace
+
+VarList ImplicitInputsOf(const BoundEnergy& energy) {
+  VarList inputs = energy.ContextValues();
+  for (const Var& p : energy.layer().parameters()) inputs.push_back(p);
+  return inputs;
+}
+
+ImplicitResult SolveEnergyFixedPoint(const BoundEnergyPtr& energy,
+                                     const Tensor& z0,
+                                     const ImplicitOptions& options,
+                                     const std::shared_ptr<AdjointWarmStart>& warm_start,
+                                     std::vector<std::vector<double>>* iteration_trace) {
+  CheckInitialState(energy->layer(), z0);
   const std::vector<int64_t> dims = z0.shape().dims();
   const Shape state_shape(std::vector<int64_t>(dims.begin() + 1, dims.end()));
-  const EnergyLayer* layer_ptr = &layer;
-  CellFn update = MakeUpdateCell(layer, ctx, state_shape);
-  CellEnergyFn energy = [layer_ptr, ctx, state_shape](const Var& z,
-                                                      const std::vector<int64_t>& ids) {
+  CellFn update = MakeUpdateCell(energy, state_shape);
+  CellEnergyFn energies = [energy, state_shape](const Var& z, const std::vector<int64_t>& ids) {
     std::vector<int64_t> shape = {z.dim(0)};
     for (int64_t d : state_shape.dims()) shape.push_back(d);
-    return layer_ptr->SampleEnergies(reshape(z, Shape(shape)), ctx.Select(ids));
+    return energy->Select(ids)->SampleEnergies(reshape(z, Shape(shape)));
   };
   if (iteration_trace == nullptr) {
-    return SolveImplicit(update, z0, options, energy, ImplicitInputsOf(layer, ctx), warm_start);
+    return SolveImplicit(update, z0, options, energies, ImplicitInputsOf(*energy), warm_start);
   }
 
   // Record the states the solver evaluates (tape off: the solve itself, not
@@ -94,71 +95,68 @@ ImplicitResult SolveEnergyFixedPoint(const EnergyLayer& layer,
     if (!GradModeEnabled()) recorder->Record(z.value(), ids);
     return update(z, ids);
   };
-  CellEnergyFn traced_energy = [energy, recorder](const Var& z, const std::vector<int64_t>& ids) {
+  CellEnergyFn traced_energy = [energies, recorder](const Var& z, const std::vector<int64_t>& ids) {
     recorder->Record(z.value(), ids);
-    return energy(z, ids);
+    return energies(z, ids);
   };
   ImplicitOptions traced_options = options;
   const Shape shape = z0.shape();
-  traced_options.forward.callbacks.push_back(
-      [recorder, layer_ptr, ctx, shape](const IterationSummary&) {
-        recorder->Flush(*layer_ptr, ctx, shape);
-        return CallbackReturnType::kContinue;
-      });
+  traced_options.forward.callbacks.push_back([recorder, energy, shape](const IterationSummary&) {
+    recorder->Flush(*energy, shape);
+    return CallbackReturnType::kContinue;
+  });
   ImplicitResult result = SolveImplicit(traced_update, z0, traced_options, traced_energy,
-                                        ImplicitInputsOf(layer, ctx), warm_start);
-  recorder->Flush(layer, ctx, shape);  // evaluations after the last callback, if any
-  const std::vector<double> final_energies = EnergiesOf(layer, result.z_star, ctx);
+                                        ImplicitInputsOf(*energy), warm_start);
+  recorder->Flush(*energy, shape);  // evaluations after the last callback, if any
+  const std::vector<double> final_energies = EnergiesOf(*energy, result.z_star);
   for (int64_t b = 0; b < batch; ++b) recorder->energies[b].push_back(final_energies[b]);
   *iteration_trace = std::move(recorder->energies);
   return result;
 }
 
-Var SolveEnergy(const EnergyLayer& layer,
+Var SolveEnergy(const BoundEnergyPtr& energy,
                 const Var& z0,
-                const EnergyContext& ctx,
                 const EnergySolveOptions& options,
                 EnergySolveReport* report,
                 const std::shared_ptr<AdjointWarmStart>& warm_start) {
-  SP_CHECK(z0.defined() && z0.rank() >= 2, layer.Name(),
-           ": the initial state must be [B, ...] with rank >= 2, got ",
-           z0.defined() ? z0.shape().ToString() : std::string("undefined"));
+  const EnergyLayerBase& layer = energy->layer();
+  CheckInitialState(layer, z0.defined() ? z0.value() : Tensor());
   EnergySolveReport local;
   EnergySolveReport& out = report != nullptr ? *report : local;
   out = EnergySolveReport();
   out.mode = options.mode;
-  if (options.trace_energy) out.energies.push_back(EnergiesOf(layer, z0, ctx));
+  if (options.trace_energy) out.energies.push_back(EnergiesOf(*energy, z0));
 
   if (options.mode == EnergySolveMode::kFixedSteps) {
     SP_CHECK(options.steps >= 0, layer.Name(), ": steps must be >= 0, got ", options.steps);
     Var z = z0;
     for (int t = 0; t < options.steps; ++t) {
-      z = layer.Update(z, ctx);
-      if (options.trace_energy) out.energies.push_back(EnergiesOf(layer, z, ctx));
+      z = energy->Update(z);
+      if (options.trace_energy) out.energies.push_back(EnergiesOf(*energy, z));
     }
     out.steps = options.steps;
     return z;
   }
 
-  out.implicit = SolveEnergyFixedPoint(layer, z0.value(), ctx, options.implicit, warm_start);
-  if (options.trace_energy) out.energies.push_back(EnergiesOf(layer, out.implicit.z_star, ctx));
+  out.implicit = SolveEnergyFixedPoint(energy, z0.value(), options.implicit, warm_start);
+  if (options.trace_energy) out.energies.push_back(EnergiesOf(*energy, out.implicit.z_star));
   return out.implicit.z_star;
 }
 
-Var EnergyLayer::Solve(const Var& z0,
-                       const EnergyContext& ctx,
-                       const EnergySolveOptions& options) const {
+Var EnergyLayerBase::SolveBound(const BoundEnergyPtr& energy,
+                                const Var& z0,
+                                const EnergySolveOptions& options) const {
   if (options.mode != EnergySolveMode::kFixedPoint) {
-    return SolveEnergy(*this, z0, ctx, options, last_solve_.get(), adjoint_warm_start_);
+    return SolveEnergy(energy, z0, options, last_solve_.get(), adjoint_warm_start_);
   }
   EnergySolveOptions tallied = options;
   tallied.implicit = TallyingAdjoints(options.implicit, solve_tally_);
-  Var result = SolveEnergy(*this, z0, ctx, tallied, last_solve_.get(), adjoint_warm_start_);
+  Var result = SolveEnergy(energy, z0, tallied, last_solve_.get(), adjoint_warm_start_);
   solve_tally_->forward.Add(last_solve_->implicit.forward.sample_termination);
   return result;
 }
 
-ImplicitTally EnergyLayer::TakeSolveTally() const {
+ImplicitTally EnergyLayerBase::TakeSolveTally() const {
   ImplicitTally taken = *solve_tally_;
   *solve_tally_ = ImplicitTally();
   return taken;

@@ -79,7 +79,15 @@ Var EnergyTransformerBlock::MergeHeads(const Var& x) const {
                  Shape{x.dim(0), x.dim(2), options_.heads * options_.head_dim});
 }
 
-EnergyContext EnergyTransformerBlock::Prepare(const Var& x, const AttentionMask& mask) const {
+const ContextFields<EnergyTransformerContext>& EnergyTransformerContext::Fields() {
+  static const auto fields = ContextFields<EnergyTransformerContext>("EnergyTransformerContext")
+                                 .PerSample("mask", &EnergyTransformerContext::mask)
+                                 .PerSample("input", &EnergyTransformerContext::input);
+  return fields;
+}
+
+EnergyTransformerContext EnergyTransformerBlock::Prepare(const Var& x,
+                                                         const AttentionMask& mask) const {
   SP_CHECK(x.defined() && x.rank() == 3 && x.dim(2) == options_.dim && x.dtype() == options_.dtype,
            "EnergyTransformerBlock: tokens must be [B, N, ", options_.dim, "] ",
            stillpoint::ToString(options_.dtype), ", got ",
@@ -95,8 +103,9 @@ EnergyContext EnergyTransformerBlock::Prepare(const Var& x, const AttentionMask&
             ? add(constant(mask.additive.To(DType::kFloat64)), constant(diagonal)).value()
             : diagonal;
   }
-  EnergyContext ctx;
-  AddAttentionMask(combined, options_.causal, x.dim(0), options_.heads, n, n, options_.dtype, &ctx);
+  EnergyTransformerContext ctx;
+  ctx.mask =
+      MakeAttentionMask(combined, options_.causal, x.dim(0), options_.heads, n, n, options_.dtype);
   return ctx;
 }
 
@@ -116,9 +125,11 @@ Var EnergyTransformerBlock::LayerNormEnergy(const Var& x) const {
   return sub(sum(sum(mul(Normalize(x), x), -1), -1), Lagrangian(x));
 }
 
-Var EnergyTransformerBlock::Scores(const Var& q, const Var& k, const EnergyContext& ctx) const {
+Var EnergyTransformerBlock::Scores(const Var& q,
+                                   const Var& k,
+                                   const EnergyTransformerContext& ctx) const {
   Var scores = mul(matmul(q, k, false, true), reshape(beta_, Shape{1, options_.heads, 1, 1}));
-  return ApplyAttentionMask(scores, ctx);
+  return ApplyAttentionMask(scores, ctx.mask);
 }
 
 Var EnergyTransformerBlock::Project(const Var& g, const Var& weight) const {
@@ -130,19 +141,22 @@ Var EnergyTransformerBlock::UnrotateMerge(const Var& x) const {
   return MergeHeads(options_.layout ? ApplyRotary(x, *options_.layout, 2, /*inverse=*/true) : x);
 }
 
-Var EnergyTransformerBlock::AttentionEnergy(const Var& g, const EnergyContext& ctx) const {
+Var EnergyTransformerBlock::AttentionEnergy(const Var& g,
+                                            const EnergyTransformerContext& ctx) const {
   Var q = Project(g, wq_);
   Var k = Project(g, wk_);
   Var per_query = div(logsumexp(Scores(q, k, ctx)), reshape(beta_, Shape{1, options_.heads, 1}));
   return neg(sum(sum(per_query, -1), -1));
 }
 
-Var EnergyTransformerBlock::AttentionWeights(const Var& x, const EnergyContext& ctx) const {
+Var EnergyTransformerBlock::AttentionWeights(const Var& x,
+                                             const EnergyTransformerContext& ctx) const {
   const Var g = Normalize(x);
   return softmax(Scores(Project(g, wq_), Project(g, wk_), ctx));
 }
 
-Var EnergyTransformerBlock::AttentionEnergyGrad(const Var& g, const EnergyContext& ctx) const {
+Var EnergyTransformerBlock::AttentionEnergyGrad(const Var& g,
+                                                const EnergyTransformerContext& ctx) const {
   Var q = Project(g, wq_);
   Var k = Project(g, wk_);
   Var p = softmax(Scores(q, k, ctx));  // [B, H, query, key]
@@ -171,24 +185,24 @@ Var EnergyTransformerBlock::MemoryEnergyGrad(const Var& g) const {
   return neg(matmul(weights, memories_));
 }
 
-Var EnergyTransformerBlock::Energy(const Var& x, const EnergyContext& ctx) const {
+Var EnergyTransformerBlock::Energy(const Var& x, const EnergyTransformerContext& ctx) const {
   Var g = Normalize(x);
   Var energy = add(AttentionEnergy(g, ctx), MemoryEnergy(g));
   if (options_.dynamics == EnergyTransformerDynamics::kLeaky) {
     energy = add(energy, LayerNormEnergy(x));
   }
-  if (ctx.Has("input")) {
+  if (ctx.input.defined()) {
     // The external current's term -sum_A I_A.g_A, per sample.
-    energy = sub(energy, sum(sum(mul(ctx.Get("input"), g), 2), 1));
+    energy = sub(energy, sum(sum(mul(ctx.input, g), 2), 1));
   }
   return energy;
 }
 
-Var EnergyTransformerBlock::Update(const Var& x, const EnergyContext& ctx) const {
+Var EnergyTransformerBlock::Update(const Var& x, const EnergyTransformerContext& ctx) const {
   Var g = Normalize(x);
   Var force = add(AttentionEnergyGrad(g, ctx), MemoryEnergyGrad(g));  // dE/dg
   if (options_.dynamics == EnergyTransformerDynamics::kLeaky) force = add(x, force);
-  if (ctx.Has("input")) force = sub(force, ctx.Get("input"));
+  if (ctx.input.defined()) force = sub(force, ctx.input);
   return sub(x, mul_scalar(force, options_.step));
 }
 

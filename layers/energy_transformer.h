@@ -27,7 +27,7 @@
 // Energy() returns the Lyapunov function of the chosen dynamics. The flow
 // decreases it for any step; Euler steps need a small enough alpha.
 //
-// External current (optional): a context entry "input" I [B, N, D] drives
+// External current (optional): the context's input I [B, N, D] drives
 // the tokens, as the input current of a Hopfield network:
 //   x <- x - alpha (dE/dg - I)   or   x <- x - alpha (x + dE/dg - I),
 // and the Lyapunov function gains -sum_A I_A.g_A (its x-gradient is
@@ -114,7 +114,21 @@ struct EnergyTransformerOptions {
   std::string ToString() const;
 };
 
-class EnergyTransformerBlock : public EnergyLayer {
+// What the Energy Transformer's energy reads besides the tokens x
+// [B, N, D]; every member is per sample.
+struct EnergyTransformerContext {
+  // [B, 1 or H, N, N]: added to the attention scores, -inf where a token is
+  // hidden (exclude_self, causal, the caller's mask; MakeAttentionMask);
+  // undefined when nothing is masked.
+  Var mask{};
+  // [B, N, D]: an external current I, adding -sum_A I_A.g_A to the energy
+  // (the energy block sets it to its input); undefined: none.
+  Var input{};
+
+  static const ContextFields<EnergyTransformerContext>& Fields();
+};
+
+class EnergyTransformerBlock : public EnergyLayer<EnergyTransformerContext> {
  public:
   EnergyTransformerBlock(const EnergyTransformerOptions& options, Rng& rng);
 
@@ -123,29 +137,29 @@ class EnergyTransformerBlock : public EnergyLayer {
   // x [B, N, D] -> [B, N, D].
   Var Forward(const Var& x, const AttentionMask& mask = {}) const;
   // The context of tokens [B, N, D]: the attention mask (exclude_self,
-  // causal, mask), if any, as "mask".
-  EnergyContext Prepare(const Var& x, const AttentionMask& mask = {}) const;
+  // causal, mask), if any; no input current.
+  EnergyTransformerContext Prepare(const Var& x, const AttentionMask& mask = {}) const;
 
   // The pieces, for tests and diagnostics. x, g: [B, N, D]; energies [B].
   Var Normalize(const Var& x) const;        // g
   Var Lagrangian(const Var& x) const;       // sum_A L(x_A)
   Var LayerNormEnergy(const Var& x) const;  // E_LN
-  Var AttentionEnergy(const Var& g, const EnergyContext& ctx) const;
+  Var AttentionEnergy(const Var& g, const EnergyTransformerContext& ctx) const;
   Var MemoryEnergy(const Var& g) const;
   // dE_ATT/dg (both terms, or the query-side term with key_grad = stop).
-  Var AttentionEnergyGrad(const Var& g, const EnergyContext& ctx) const;
+  Var AttentionEnergyGrad(const Var& g, const EnergyTransformerContext& ctx) const;
   // g W [B, N, dim] -> heads [B, H, N, dh], rotated by the layout's rotary
   // positions; UnrotateMerge applies the transposed rotation and merges.
   Var Project(const Var& g, const Var& weight) const;
   Var UnrotateMerge(const Var& x) const;
   Var MemoryEnergyGrad(const Var& g) const;
   // The attention weights P_h at tokens x: [B, H, N, N].
-  Var AttentionWeights(const Var& x, const EnergyContext& ctx) const;
+  Var AttentionWeights(const Var& x, const EnergyTransformerContext& ctx) const;
 
   // EnergyLayer: the Lyapunov function of the chosen dynamics, x [B, N, D] -> [B].
-  Var Energy(const Var& x, const EnergyContext& ctx) const override;
+  Var Energy(const Var& x, const EnergyTransformerContext& ctx) const override;
   // One Euler step of the chosen dynamics.
-  Var Update(const Var& x, const EnergyContext& ctx) const override;
+  Var Update(const Var& x, const EnergyTransformerContext& ctx) const override;
 
   const EnergyTransformerOptions& options() const { return options_; }
 
@@ -155,7 +169,7 @@ class EnergyTransformerBlock : public EnergyLayer {
 
  private:
   // beta Q K^T + mask: [B, H, N, N].
-  Var Scores(const Var& q, const Var& k, const EnergyContext& ctx) const;
+  Var Scores(const Var& q, const Var& k, const EnergyTransformerContext& ctx) const;
 
   EnergyTransformerOptions options_;
   Var gamma_, delta_, wq_, wk_, beta_, memories_;

@@ -138,19 +138,27 @@ Var ExpFamAttention::TimesCovariance(const Var& eta) const {
   return matmul(eta, sigma);  // Sigma is symmetric: rows eta Sigma = (Sigma eta)^T
 }
 
-EnergyContext ExpFamAttention::Prepare(const Var& patterns) const {
+const ContextFields<ExpFamContext>& ExpFamContext::Fields() {
+  static const auto fields = ContextFields<ExpFamContext>("ExpFamContext")
+                                 .PerSample("field", &ExpFamContext::field)
+                                 .PerSample("patterns", &ExpFamContext::patterns)
+                                 .PerSample("mask", &ExpFamContext::mask);
+  return fields;
+}
+
+ExpFamContext ExpFamAttention::Prepare(const Var& patterns) const {
   return Prepare(patterns, Var());
 }
 
-EnergyContext ExpFamAttention::Prepare(const Var& patterns, const Var& queries) const {
-  EnergyContext ctx;
+ExpFamContext ExpFamAttention::Prepare(const Var& patterns, const Var& queries) const {
+  ExpFamContext ctx;
   if (wq_) {
     SP_CHECK(queries.defined() && queries.rank() == 3 && queries.dim(2) == options_.dim &&
                  queries.dtype() == options_.dtype,
              "ExpFamAttention: query_field needs queries [B, N, ", options_.dim,
              "] of the layer's dtype, got ",
              queries.defined() ? queries.shape().ToString() : std::string("undefined"));
-    ctx.Set("field", wq_->Forward(queries));
+    ctx.field = wq_->Forward(queries);
   } else {
     SP_CHECK(!queries.defined(), "ExpFamAttention: queries are read only with query_field");
   }
@@ -169,18 +177,18 @@ EnergyContext ExpFamAttention::Prepare(const Var& patterns, const Var& queries) 
     Var inverse_norm = rsqrt(add_scalar(sum(square(split), -1, true), kNormEps));
     split = mul(mul(split, inverse_norm), reshape(PatternNorm(), Shape{1, options_.heads, 1, 1}));
   }
-  ctx.Set("patterns", split);
+  ctx.patterns = split;
   return ctx;
 }
 
-Var ExpFamAttention::LogPartition(const Var& eta, const EnergyContext& ctx) const {
+Var ExpFamAttention::LogPartition(const Var& eta, const ExpFamContext& ctx) const {
   Var e = SplitHeads(eta);  // [B, H, N, dh]
   const int64_t heads = options_.heads;
   switch (options_.measure) {
     case ExpFamMeasure::kDiscrete: {
-      const Var& x = ctx.Get("patterns");
+      const Var& x = ctx.patterns;
       Var scores = ApplyAttentionMask(
-          mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1})), ctx);
+          mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1})), ctx.mask);
       return div(logsumexp(scores), reshape(beta_, Shape{1, heads, 1}));
     }
     case ExpFamMeasure::kGaussian: {
@@ -198,14 +206,14 @@ Var ExpFamAttention::LogPartition(const Var& eta, const EnergyContext& ctx) cons
   return Var();
 }
 
-Var ExpFamAttention::LogPartitionGrad(const Var& eta, const EnergyContext& ctx) const {
+Var ExpFamAttention::LogPartitionGrad(const Var& eta, const ExpFamContext& ctx) const {
   Var e = SplitHeads(eta);
   const int64_t heads = options_.heads;
   switch (options_.measure) {
     case ExpFamMeasure::kDiscrete: {
-      const Var& x = ctx.Get("patterns");
+      const Var& x = ctx.patterns;
       Var scores = ApplyAttentionMask(
-          mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1})), ctx);
+          mul(matmul(e, x, false, true), reshape(beta_, Shape{1, heads, 1, 1})), ctx.mask);
       return MergeHeads(matmul(softmax(scores), x));
     }
     case ExpFamMeasure::kGaussian:
@@ -221,31 +229,31 @@ Var ExpFamAttention::LogPartitionGrad(const Var& eta, const EnergyContext& ctx) 
   return Var();
 }
 
-Var ExpFamAttention::Weights(const Var& eta, const EnergyContext& ctx) const {
+Var ExpFamAttention::Weights(const Var& eta, const ExpFamContext& ctx) const {
   SP_CHECK(options_.measure == ExpFamMeasure::kDiscrete,
            "ExpFamAttention: only the discrete measure has pattern weights");
-  const Var& x = ctx.Get("patterns");
+  const Var& x = ctx.patterns;
   Var scores =
       mul(matmul(SplitHeads(eta), x, false, true), reshape(beta_, Shape{1, options_.heads, 1, 1}));
-  return softmax(ApplyAttentionMask(scores, ctx));
+  return softmax(ApplyAttentionMask(scores, ctx.mask));
 }
 
-Var ExpFamAttention::Energy(const Var& eta, const EnergyContext& ctx) const {
+Var ExpFamAttention::Energy(const Var& eta, const ExpFamContext& ctx) const {
   Var quadratic = mul_scalar(sum(sum(square(eta), -1), -1), 0.5);  // [B]
   Var energy = sub(quadratic, sum(sum(LogPartition(eta, ctx), -1), -1));
-  if (wq_) energy = sub(energy, sum(sum(mul(eta, ctx.Get("field")), -1), -1));
+  if (wq_) energy = sub(energy, sum(sum(mul(eta, ctx.field), -1), -1));
   return energy;
 }
 
-Var ExpFamAttention::EnergyGrad(const Var& eta, const EnergyContext& ctx) const {
+Var ExpFamAttention::EnergyGrad(const Var& eta, const ExpFamContext& ctx) const {
   Var grad = sub(eta, LogPartitionGrad(eta, ctx));
-  return wq_ ? sub(grad, ctx.Get("field")) : grad;
+  return wq_ ? sub(grad, ctx.field) : grad;
 }
 
-Var ExpFamAttention::Update(const Var& eta, const EnergyContext& ctx) const {
+Var ExpFamAttention::Update(const Var& eta, const ExpFamContext& ctx) const {
   if (options_.update == ExpFamUpdate::kCccp) {
     Var step = LogPartitionGrad(eta, ctx);
-    return wq_ ? add(ctx.Get("field"), step) : step;
+    return wq_ ? add(ctx.field, step) : step;
   }
   const Var step = LogPartitionGrad(eta, ctx);
   // With the norm, the residual sum goes into the fused norm of a sum (the

@@ -25,17 +25,17 @@
 // Shapes: the state and the input are [B, N, dim]; heads split dim into
 // heads x dh and each head has its own measure. Stored patterns (discrete
 // measure) are [B, S, dim], projected by W_K unless project_patterns is
-// false; the energy context then holds "patterns" [B, H, S, dh], and may
-// hold an attention "mask" (AddAttentionMask, energy_layer.h) over the
-// scores [B, H, N, S]: a hidden pattern drops out of the discrete measure
-// of that query (its log-partition sums over the visible patterns only).
+// false; the energy's context (ExpFamContext, below) then holds them
+// per head, and may hold an attention mask over the scores: a hidden
+// pattern drops out of the discrete measure of that query (its
+// log-partition sums over the visible patterns only).
 //
 // Query field (query_field, CCCP update only): the projected queries
 // q = x W_Q [B, N, dim] act on the tokens as an external field,
 //   E(eta) = 1/2 |eta|^2 - eta.q - G(eta),   eta <- q + grad G(eta),
 // so the fixed point keeps the query (for the discrete measure: q plus the
 // patterns' mean under softmax(beta X eta)) and W_Q learns through the
-// implicit gradient; the context then holds "field" [B, N, dim].
+// implicit gradient; the context then holds the field q.
 //
 // Contraction (discrete measure, contraction = c > 0): the Jacobian of the
 // CCCP update is beta Cov_p(X), p = softmax(beta X eta), symmetric and
@@ -123,7 +123,22 @@ struct ExpFamAttentionOptions {
   std::string ToString() const;
 };
 
-class ExpFamAttention : public EnergyLayer {
+// What the exponential-family energy reads besides the state eta
+// [B, N, dim]; every member is per sample.
+struct ExpFamContext {
+  // [B, N, dim]: the projected queries q = x W_Q (query_field); undefined
+  // otherwise.
+  Var field{};
+  // [B, H, S, dh]: the stored patterns per head (discrete measure only).
+  Var patterns{};
+  // [B, 1 or H, N, S]: added to the pattern scores, -inf where a pattern is
+  // hidden (MakeAttentionMask, energy_layer.h); undefined: no mask.
+  Var mask{};
+
+  static const ContextFields<ExpFamContext>& Fields();
+};
+
+class ExpFamAttention : public EnergyLayer<ExpFamContext> {
  public:
   ExpFamAttention(const ExpFamAttentionOptions& options, Rng& rng);
 
@@ -135,17 +150,17 @@ class ExpFamAttention : public EnergyLayer {
   Var Forward(const Var& x, const Var& patterns) const;
 
   // The context for a state [B, ...] (patterns: discrete measure only).
-  EnergyContext Prepare(const Var& patterns) const;
+  ExpFamContext Prepare(const Var& patterns) const;
   // With query_field: also the field x W_Q of the queries x [B, N, dim].
-  EnergyContext Prepare(const Var& patterns, const Var& queries) const;
+  ExpFamContext Prepare(const Var& patterns, const Var& queries) const;
 
   // G(eta) per token and head: eta [B, N, dim] -> [B, H, N].
-  Var LogPartition(const Var& eta, const EnergyContext& ctx) const;
+  Var LogPartition(const Var& eta, const ExpFamContext& ctx) const;
   // grad G(eta) (analytic): [B, N, dim].
-  Var LogPartitionGrad(const Var& eta, const EnergyContext& ctx) const;
+  Var LogPartitionGrad(const Var& eta, const ExpFamContext& ctx) const;
   // Discrete measure: the weights softmax(beta X eta) of the patterns,
   // [B, H, N, S].
-  Var Weights(const Var& eta, const EnergyContext& ctx) const;
+  Var Weights(const Var& eta, const ExpFamContext& ctx) const;
   // Discrete measure with contraction c > 0: each head's pattern norm
   // sqrt(c / beta_h), [H].
   Var PatternNorm() const;
@@ -154,11 +169,11 @@ class ExpFamAttention : public EnergyLayer {
   Var Covariance() const;
 
   // EnergyLayer: eta [B, N, dim] -> [B].
-  Var Energy(const Var& eta, const EnergyContext& ctx) const override;
+  Var Energy(const Var& eta, const ExpFamContext& ctx) const override;
   // eta - grad G(eta) (analytic).
-  Var EnergyGrad(const Var& eta, const EnergyContext& ctx) const override;
+  Var EnergyGrad(const Var& eta, const ExpFamContext& ctx) const override;
   // CCCP or residual (options().update).
-  Var Update(const Var& eta, const EnergyContext& ctx) const override;
+  Var Update(const Var& eta, const ExpFamContext& ctx) const override;
   bool UpdateIsMonotone() const override { return options_.update == ExpFamUpdate::kCccp; }
 
   const ExpFamAttentionOptions& options() const { return options_; }

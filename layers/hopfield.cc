@@ -60,6 +60,14 @@ HopfieldAttention::HopfieldAttention(const HopfieldOptions& options, Rng& rng)
   }
 }
 
+const ContextFields<HopfieldContext>& HopfieldContext::Fields() {
+  static const auto fields = ContextFields<HopfieldContext>("HopfieldContext")
+                                 .PerSample("keys", &HopfieldContext::keys)
+                                 .PerSample("mask", &HopfieldContext::mask)
+                                 .PerSample("field", &HopfieldContext::field);
+  return fields;
+}
+
 std::string HopfieldAttention::Name() const {
   std::ostringstream out;
   out << "HopfieldAttention(heads " << options_.heads << ", head_dim " << options_.head_dim << ", "
@@ -99,42 +107,42 @@ HopfieldProblem HopfieldAttention::Prepare(const Var& stored,
         mul_scalar(mul(abs(Beta4()), sum(square(keys), -1, /*keepdim=*/true)), 1.0 / o.contraction);
     keys = div(keys, sqrt(add_scalar(scaled, 1.0)));
   }
-  problem.context.Set("keys", keys);
-  AddAttentionMask(mask, o.causal, batch, o.heads, state.dim(1), stored.dim(1), o.dtype,
-                   &problem.context);
+  problem.context.keys = keys;
+  problem.context.mask =
+      MakeAttentionMask(mask, o.causal, batch, o.heads, state.dim(1), stored.dim(1), o.dtype);
   problem.initial_state = SplitHeads(wq_->Forward(r), o.head_dim);
-  if (o.query_field) problem.context.Set("field", problem.initial_state);
+  if (o.query_field) problem.context.field = problem.initial_state;
   problem.values = SplitHeads(wv_->Forward(values), o.value_head_dim);
   return problem;
 }
 
-void HopfieldAttention::CheckState(const Var& xi, const EnergyContext& ctx) const {
-  const Var& keys = ctx.Get("keys");
+void HopfieldAttention::CheckState(const Var& xi, const HopfieldContext& ctx) const {
+  const Var& keys = ctx.keys;
   SP_CHECK(xi.rank() == 4 && xi.dim(1) == options_.heads && xi.dim(3) == options_.head_dim &&
                xi.dim(0) == keys.dim(0),
            "HopfieldAttention: state ", xi.shape(), " must be [B, ", options_.heads, ", N, ",
            options_.head_dim, "] with the keys' batch (keys ", keys.shape(), ")");
 }
 
-Var HopfieldAttention::Scores(const Var& xi, const EnergyContext& ctx) const {
+Var HopfieldAttention::Scores(const Var& xi, const HopfieldContext& ctx) const {
   CheckState(xi, ctx);
-  Var scores = mul(matmul(xi, ctx.Get("keys"), false, true), Beta4());
-  return ApplyAttentionMask(scores, ctx);
+  Var scores = mul(matmul(xi, ctx.keys, false, true), Beta4());
+  return ApplyAttentionMask(scores, ctx.mask);
 }
 
-Var HopfieldAttention::Association(const Var& xi, const EnergyContext& ctx) const {
+Var HopfieldAttention::Association(const Var& xi, const HopfieldContext& ctx) const {
   return softmax(Scores(xi, ctx));
 }
 
-Var HopfieldAttention::Energy(const Var& xi, const EnergyContext& ctx) const {
+Var HopfieldAttention::Energy(const Var& xi, const HopfieldContext& ctx) const {
   const int64_t heads = options_.heads;
   Var beta3 = reshape(beta_, Shape{1, heads, 1});
   // [B, H, N]
   Var per_query = sub(mul_scalar(sum(square(xi), -1), 0.5), div(logsumexp(Scores(xi, ctx)), beta3));
-  if (options_.query_field) per_query = sub(per_query, sum(mul(xi, ctx.Get("field")), -1));
+  if (options_.query_field) per_query = sub(per_query, sum(mul(xi, ctx.field), -1));
   Var energy = sum(sum(per_query, -1), -1);  // [B]
   if (options_.energy_constants) {
-    const Var& keys = ctx.Get("keys");
+    const Var& keys = ctx.keys;
     const double num_keys = static_cast<double>(keys.dim(2));
     const double num_queries = static_cast<double>(xi.dim(2));
     // M^2 = max_s |k_s|^2 per (sample, head): [B, H]
@@ -146,14 +154,13 @@ Var HopfieldAttention::Energy(const Var& xi, const EnergyContext& ctx) const {
   return energy;
 }
 
-Var HopfieldAttention::Update(const Var& xi, const EnergyContext& ctx) const {
+Var HopfieldAttention::Update(const Var& xi, const HopfieldContext& ctx) const {
   CheckState(xi, ctx);
-  Var retrieved = hopfield_update(xi, ctx.Get("keys"), Beta4(),
-                                  ctx.Has("mask") ? ctx.Get("mask") : Var());
-  return options_.query_field ? add(ctx.Get("field"), retrieved) : retrieved;
+  Var retrieved = hopfield_update(xi, ctx.keys, Beta4(), ctx.mask);
+  return options_.query_field ? add(ctx.field, retrieved) : retrieved;
 }
 
-Var HopfieldAttention::EnergyGrad(const Var& xi, const EnergyContext& ctx) const {
+Var HopfieldAttention::EnergyGrad(const Var& xi, const HopfieldContext& ctx) const {
   return sub(xi, Update(xi, ctx));
 }
 

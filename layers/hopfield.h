@@ -31,12 +31,13 @@
 // so the fixed point is a function of the query (q + a retrieved pattern
 // mix), the queries and W_Q learn through the implicit gradient, and with
 // no stored patterns to retrieve the layer would return q itself. The
-// context then holds "field" [B, H, N, dk] as well.
+// context's field then holds q (HopfieldContext, below).
 //
 // Shapes: stored Y [B, S, stored_size], state R [B, N, state_size], values
 // Z [B, S, value_size] (default: Y) -> [B, N, output_size]. The energy's
-// state is xi [B, H, N, dk] and its context holds "keys" [B, H, S, dk] (and
-// "mask" when masks are given). Every query must keep at least one key.
+// state is xi [B, H, N, dk] and its context (HopfieldContext) the keys
+// [B, H, S, dk] and the mask when masks are given. Every query must keep at
+// least one key.
 //
 // Parameters: "beta" [H] (learnable unless learn_beta is false), the
 // projections "wq", "wk", "wv", "wo" (Linear, [in, out]), and with
@@ -109,15 +110,30 @@ struct HopfieldOptions {
   std::string ToString() const;
 };
 
+// What the Hopfield energy reads besides the state xi [B, H, N, dk]; every
+// member is per sample.
+struct HopfieldContext {
+  // [B, H, S, dk]: the projected stored patterns (scaled by contraction).
+  Var keys;
+  // [B, 1 or H, N, S]: added to the scores, -inf where a key is hidden
+  // (MakeAttentionMask); undefined when nothing is masked.
+  Var mask{};
+  // [B, H, N, dk]: the queries as an external field (query_field);
+  // undefined otherwise.
+  Var field{};
+
+  static const ContextFields<HopfieldContext>& Fields();
+};
+
 // What Prepare computes from the inputs: the energy's context, the initial
 // state and the per-head values.
 struct HopfieldProblem {
-  EnergyContext context;  // "keys" [B, H, S, dk] (+ "mask")
-  Var initial_state;      // xi_0 [B, H, N, dk]
-  Var values;             // [B, H, S, dv]
+  HopfieldContext context;
+  Var initial_state;  // xi_0 [B, H, N, dk]
+  Var values;         // [B, H, S, dv]
 };
 
-class HopfieldAttention : public EnergyLayer {
+class HopfieldAttention : public EnergyLayer<HopfieldContext> {
  public:
   HopfieldAttention(const HopfieldOptions& options, Rng& rng);
 
@@ -138,14 +154,14 @@ class HopfieldAttention : public EnergyLayer {
   // xi [B, H, N, dk] -> [B, N, output_size].
   Var Readout(const Var& xi, const HopfieldProblem& problem) const;
   // softmax(beta K xi + a): [B, H, N, S].
-  Var Association(const Var& xi, const EnergyContext& ctx) const;
+  Var Association(const Var& xi, const HopfieldContext& ctx) const;
 
   // EnergyLayer: xi [B, H, N, dk] -> [B].
-  Var Energy(const Var& xi, const EnergyContext& ctx) const override;
+  Var Energy(const Var& xi, const HopfieldContext& ctx) const override;
   // xi - [q +] K^T softmax(beta K xi + a) (analytic).
-  Var EnergyGrad(const Var& xi, const EnergyContext& ctx) const override;
+  Var EnergyGrad(const Var& xi, const HopfieldContext& ctx) const override;
   // CCCP: [q +] K^T softmax(beta K xi + a) (hopfield_update, framework/ops_hopfield.h).
-  Var Update(const Var& xi, const EnergyContext& ctx) const override;
+  Var Update(const Var& xi, const HopfieldContext& ctx) const override;
   bool UpdateIsMonotone() const override { return true; }
 
   const HopfieldOptions& options() const { return options_; }
@@ -164,9 +180,9 @@ class HopfieldAttention : public EnergyLayer {
   // beta as [1, H, 1, 1].
   Var Beta4() const;
   // Throws unless xi is [B, H, N, dk] with the keys' batch.
-  void CheckState(const Var& xi, const EnergyContext& ctx) const;
+  void CheckState(const Var& xi, const HopfieldContext& ctx) const;
   // beta K xi + a: [B, H, N, S].
-  Var Scores(const Var& xi, const EnergyContext& ctx) const;
+  Var Scores(const Var& xi, const HopfieldContext& ctx) const;
 
   HopfieldOptions options_;
   Var beta_;

@@ -29,7 +29,7 @@ Implicit::Implicit(Function f, std::shared_ptr<Module> cell, const ImplicitOptio
   RegisterModule("cell", cell_);
 }
 
-Implicit::Implicit(std::shared_ptr<EnergyLayer> layer,
+Implicit::Implicit(std::shared_ptr<EnergyLayerBase> layer,
                    const ImplicitOptions& options,
                    const EnergyImplicitOptions& energy_options)
     : cell_(layer),
@@ -101,19 +101,28 @@ Var Implicit::Forward(const Var& u, const Tensor& z0) {
   return last_.z_star;
 }
 
-Var Implicit::Forward(const EnergyContext& ctx, const Var& z0) {
+const EnergyLayerBase& Implicit::EnergyLayerOrThrow() const {
   SP_CHECK(energy_layer_ != nullptr,
            "Implicit: Forward(ctx, z0) needs an energy layer; this one solves a cell, call "
            "Forward(u)");
-  SP_CHECK(z0.defined() && z0.rank() >= 2, "Implicit: the initial state of ",
-           energy_layer_->Name(), " must be [B, ...] with rank >= 2, got ",
+  return *energy_layer_;
+}
+
+Var Implicit::Forward(const BoundEnergyPtr& energy, const Var& z0) {
+  const EnergyLayerBase& layer = EnergyLayerOrThrow();
+  SP_CHECK(
+      energy != nullptr && &energy->layer() == &layer, "Implicit: Forward over ", layer.Name(),
+      " was given ",
+      energy == nullptr ? std::string("no energy") : "the energy of " + energy->layer().Name());
+  SP_CHECK(z0.defined() && z0.rank() >= 2, "Implicit: the initial state of ", layer.Name(),
+           " must be [B, ...] with rank >= 2, got ",
            z0.defined() ? z0.shape().ToString() : std::string("undefined"));
-  SP_CHECK(ctx.batch_size() < 0 || ctx.batch_size() == z0.dim(0), "Implicit: the context of ",
-           energy_layer_->Name(), " has ", ctx.batch_size(), " samples but z0 ", z0.shape(),
-           " has ", z0.dim(0));
+  SP_CHECK(energy->batch_size() < 0 || energy->batch_size() == z0.dim(0),
+           "Implicit: the context of ", layer.Name(), " has ", energy->batch_size(), " samples (",
+           energy->DescribeContext(), ") but z0 ", z0.shape(), " has ", z0.dim(0));
   energy_trace_.clear();
-  last_ = SolveEnergyFixedPoint(*energy_layer_, z0.value(), ctx,
-                                TallyingAdjoints(options_, tally_), adjoint_warm_start_,
+  last_ = SolveEnergyFixedPoint(energy, z0.value(), TallyingAdjoints(options_, tally_),
+                                adjoint_warm_start_,
                                 energy_options_.trace_energy ? &energy_trace_ : nullptr);
   tally_->forward.Add(last_.forward.sample_termination);
   return last_.z_star;

@@ -37,15 +37,14 @@
 //
 // Over an energy layer (energy_layer.h) the user writes only an energy:
 //
-//   auto layer = std::make_shared<MyEnergy>(...);             // an EnergyLayer
-//   Implicit solved(layer, options);                          // child "layer"
-//   EnergyContext ctx;  ctx.Set("keys", keys);                // what E depends on
-//   Var z_star = solved.Forward(ctx, z0);                     // z0 [B, ...]
+//   auto layer = std::make_shared<MyEnergy>(...);  // an EnergyLayer<MyContext>
+//   Implicit solved(layer, options);               // child "layer"
+//   Var z_star = solved.Forward(MyContext{.keys = keys}, z0);  // z0 [B, ...]
 //
 // The map solved is the layer's Update, evaluated on the unconverged samples
-// with the context selected to them (MakeUpdateCell); the layer's Energy is
+// with the context selected to them (MakeUpdateCell on Bind(layer, ctx)); the layer's Energy is
 // handed to the solver as well, so the ceres_lbfgs forward solver minimises
-// it directly. Gradients reach the context entries and the layer's
+// it directly. Gradients reach the context's members and the layer's
 // parameters through the implicit backward; z0 gets none (a fixed point does
 // not depend on where the solve started; for fixed-k-step unrolls that do,
 // use UnrollUpdates). With EnergyImplicitOptions::trace_energy the energy of
@@ -59,6 +58,7 @@
 #include <vector>
 
 #include "framework/autograd.h"
+#include "framework/check.h"
 #include "framework/module.h"
 #include "framework/option_fields.h"
 #include "framework/tensor.h"
@@ -83,7 +83,8 @@ concept CellForwardWithoutIds = requires(M& m, const Var& z) {
 // Energy layers are not cells (their Forward solves on its own); they take
 // the EnergyLayer constructor below.
 template <typename M>
-concept ImplicitCellModule = std::derived_from<M, Module> && !std::derived_from<M, EnergyLayer> &&
+concept ImplicitCellModule =
+    std::derived_from<M, Module> && !std::derived_from<M, EnergyLayerBase> &&
     (CellForwardWithIds<M> || CellForwardWithoutIds<M>);
 
 // Options of an Implicit over an energy layer (besides the solver's).
@@ -124,17 +125,27 @@ class Implicit : public Module {
 
   // Solves layer's Update to its fixed point (see above). The layer is
   // registered as the child "layer" (its parameters are "layer.*").
-  explicit Implicit(std::shared_ptr<EnergyLayer> layer,
+  explicit Implicit(std::shared_ptr<EnergyLayerBase> layer,
                     const ImplicitOptions& options = {},
                     const EnergyImplicitOptions& energy_options = {});
 
   std::string Name() const override;
 
   // Energy layers only: the fixed point of the layer's Update for the
-  // context ctx (per-sample entries with extent B on axis 0), solved from
+  // context ctx (per-sample members with extent B on axis 0), solved from
   // z0 [B, ...] (the layer's state shape; rank >= 2). Returns Update(z*)
-  // (equal to z* at a fixed point), shaped like z0.
-  Var Forward(const EnergyContext& ctx, const Var& z0);
+  // (equal to z* at a fixed point), shaped like z0. ctx must be the layer's
+  // Context (an Error naming the layer and both structs otherwise).
+  template <EnergyContextType Context>
+  Var Forward(const Context& ctx, const Var& z0) {
+    const auto* typed = dynamic_cast<const EnergyLayer<Context>*>(&EnergyLayerOrThrow());
+    SP_CHECK(typed != nullptr, "Implicit: ", energy_layer_->Name(), "'s energy reads a ",
+             energy_layer_->ContextName(), ", not a ", Context::Fields().name());
+    return Forward(Bind(*typed, ctx), z0);
+  }
+  // The same for the layer already bound to its context (Bind); energy
+  // must be bound to this Implicit's layer.
+  Var Forward(const BoundEnergyPtr& energy, const Var& z0);
 
   // u [B, ...] -> f(z*) [B, ...], solved from z0 = 0 of u's shape.
   Var Forward(const Var& u);
@@ -150,7 +161,7 @@ class Implicit : public Module {
   // energy Implicit).
   const std::shared_ptr<Module>& cell() const { return cell_; }
   // The energy layer (null unless built from one).
-  const std::shared_ptr<EnergyLayer>& energy_layer() const { return energy_layer_; }
+  const std::shared_ptr<EnergyLayerBase>& energy_layer() const { return energy_layer_; }
   const EnergyImplicitOptions& energy_options() const { return energy_options_; }
   EnergyImplicitOptions& mutable_energy_options() { return energy_options_; }
 
@@ -188,6 +199,8 @@ class Implicit : public Module {
 
  private:
   Implicit(Function f, std::shared_ptr<Module> cell, const ImplicitOptions& options);
+  // The energy layer; an Error when this Implicit solves a cell.
+  const EnergyLayerBase& EnergyLayerOrThrow() const;
 
   template <typename M>
   static Function MakeFunction(const std::shared_ptr<M>& cell) {
@@ -204,7 +217,7 @@ class Implicit : public Module {
   Function f_;
   EnergyFunction energy_;
   std::shared_ptr<Module> cell_;
-  std::shared_ptr<EnergyLayer> energy_layer_;
+  std::shared_ptr<EnergyLayerBase> energy_layer_;
   ImplicitOptions options_;
   EnergyImplicitOptions energy_options_;
   // Shared with the adjoint observers of the graphs built (solve_tally.h).

@@ -434,9 +434,9 @@ void SequenceModel::SetDepthOverride(int64_t steps) {
 
 CellFn SequenceModel::FixedPointMap(const Var& u) const {
   if (options_.kind == ModelKind::kEnergy) {
-    const EnergyBlockProblem problem = energy_block_->Prepare(u);
-    const std::vector<int64_t> dims = problem.initial_state.shape().dims();
-    return MakeUpdateCell(*energy_block_->layer(), problem.context,
+    const EnergyBlockProblemPtr problem = energy_block_->Prepare(u);
+    const std::vector<int64_t> dims = problem->initial_state.shape().dims();
+    return MakeUpdateCell(problem->energy,
                           Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())));
   }
   SP_CHECK(options_.kind == ModelKind::kImplicit && !cells_.empty(),
@@ -515,16 +515,15 @@ std::vector<std::pair<std::string, AttentionDiagnostics>> SequenceModel::Diagnos
 
 Var SequenceModel::EncodeInjection(const Var& u) {
   if (options_.kind == ModelKind::kEnergy) {
-    const EnergyBlockProblem problem = energy_block_->Prepare(u);
-    Var start = problem.initial_state;
+    const EnergyBlockProblemPtr problem = energy_block_->Prepare(u);
+    Var start = problem->initial_state;
     if (is_training() && options_.solver_init != SolverInit::kZeros && depth_override_ == 0) {
       start = add(start, constant(RandomStart(start.shape(), options_.solver_init, init_rng_)));
     }
-    const Var state = depth_override_ > 0
-                          ? UnrollUpdates(*energy_block_->layer(), problem.initial_state,
-                                          problem.context, static_cast<int>(depth_override_))
-                          : implicit_->Forward(problem.context, start);
-    const Var h = energy_block_->Readout(state, problem);
+    const Var state = depth_override_ > 0 ? UnrollUpdates(*problem->energy, problem->initial_state,
+                                                          static_cast<int>(depth_override_))
+                                          : implicit_->Forward(problem->energy, start);
+    const Var h = energy_block_->Readout(state, *problem);
     return add(h, ffn_->Forward(ffn_norm_->Forward(h)));
   }
   // input_injection first_step (explicit, tied): z0 = u, cells get zeros.
@@ -602,13 +601,13 @@ PathIndependence SequenceModel::ComparePaths(const Var& u, Rng& rng) {
            stillpoint::ToString(options_.kind));
   NoGrad no_grad;
   if (options_.kind == ModelKind::kEnergy) {
-    const EnergyBlockProblem problem = energy_block_->Prepare(u);
-    const Tensor noise = RandomStart(problem.initial_state.shape(), SolverInit::kRandom, rng);
-    const Var from_start = implicit_->Forward(problem.context, problem.initial_state);
+    const EnergyBlockProblemPtr problem = energy_block_->Prepare(u);
+    const Tensor noise = RandomStart(problem->initial_state.shape(), SolverInit::kRandom, rng);
+    const Var from_start = implicit_->Forward(problem->energy, problem->initial_state);
     const Var from_random =
-        implicit_->Forward(problem.context, add(problem.initial_state, constant(noise)));
+        implicit_->Forward(problem->energy, add(problem->initial_state, constant(noise)));
     auto logits = [&](const Var& state) {
-      const Var h = energy_block_->Readout(state, problem);
+      const Var h = energy_block_->Readout(state, *problem);
       return Head(add(h, ffn_->Forward(ffn_norm_->Forward(h)))).value();
     };
     return ScorePathIndependence(from_start.value(), from_random.value(), logits(from_start),

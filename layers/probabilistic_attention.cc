@@ -462,26 +462,35 @@ ProbabilisticProblem ProbabilisticAttention::Prepare(const Var& x,
     logits =
         add(logits, mul_scalar(log(AsCols(beta)), 0.5 * static_cast<double>(o.value_head_dim)));
   }
-  EnergyContext masks;
-  AddAttentionMask(inputs.mask, o.causal, batch, heads, num_queries, num_keys, o.dtype, &masks);
-  logits = ApplyAttentionMask(logits, masks);
+  logits = ApplyAttentionMask(logits, MakeAttentionMask(inputs.mask, o.causal, batch, heads,
+                                                        num_queries, num_keys, o.dtype));
 
-  problem.context.Set("logits", logits);
-  problem.context.Set("values", mu);
+  problem.context.logits = logits;
+  problem.context.values = mu;
   if (per_key_beta) {
-    problem.context.Set("value_precision",
-                        AsCols(broadcast_to(beta, Shape{batch, heads, num_keys})));
+    problem.context.value_precision_per_key =
+        AsCols(broadcast_to(beta, Shape{batch, heads, num_keys}));
   } else {
-    problem.context.SetShared("value_precision", reshape(beta, Shape{1, heads, 1, 1}));
+    problem.context.value_precision = reshape(beta, Shape{1, heads, 1, 1});
   }
   if (with_initial_state) problem.initial_state = matmul(softmax(logits), mu);
   return problem;
 }
 
-Var ProbabilisticAttention::Logits(const Var& v, const EnergyContext& ctx) const {
-  const Var& logits = ctx.Get("logits");
-  const Var& mu = ctx.Get("values");
-  const Var& beta = ctx.Get("value_precision");
+const ContextFields<ProbabilisticContext>& ProbabilisticContext::Fields() {
+  using C = ProbabilisticContext;
+  static const auto fields = ContextFields<C>("ProbabilisticContext")
+                                 .PerSample("logits", &C::logits)
+                                 .PerSample("values", &C::values)
+                                 .Shared("value_precision", &C::value_precision)
+                                 .PerSample("value_precision_per_key", &C::value_precision_per_key);
+  return fields;
+}
+
+Var ProbabilisticAttention::Logits(const Var& v, const ProbabilisticContext& ctx) const {
+  const Var& logits = ctx.logits;
+  const Var& mu = ctx.values;
+  const Var& beta = ctx.ValuePrecision();
   SP_CHECK(v.rank() == 4 && v.dim(0) == mu.dim(0) && v.dim(1) == mu.dim(1) &&
                v.dim(2) == logits.dim(2) && v.dim(3) == mu.dim(3),
            "ProbabilisticAttention: state ", v.shape(), " does not match values ", mu.shape(),
@@ -490,26 +499,26 @@ Var ProbabilisticAttention::Logits(const Var& v, const EnergyContext& ctx) const
   return add(logits, mul(beta, v_term));
 }
 
-Var ProbabilisticAttention::Responsibilities(const Var& v, const EnergyContext& ctx) const {
+Var ProbabilisticAttention::Responsibilities(const Var& v, const ProbabilisticContext& ctx) const {
   return softmax(Logits(v, ctx));
 }
 
-Var ProbabilisticAttention::Energy(const Var& v, const EnergyContext& ctx) const {
+Var ProbabilisticAttention::Energy(const Var& v, const ProbabilisticContext& ctx) const {
   Var per_query = logsumexp(Logits(v, ctx));  // [B, H, N]
   return neg(sum(sum(per_query, -1), -1));
 }
 
-Var ProbabilisticAttention::Update(const Var& v, const EnergyContext& ctx) const {
-  const Var& mu = ctx.Get("values");
-  const Var& beta = ctx.Get("value_precision");
+Var ProbabilisticAttention::Update(const Var& v, const ProbabilisticContext& ctx) const {
+  const Var& mu = ctx.values;
+  const Var& beta = ctx.ValuePrecision();
   // Uniform beta: eq 19 (also right at beta = 0, where eq 15 would be 0/0),
   // fused (framework/ops_em.h: the value term's -|v|^2 / 2 is a constant
   // per query row, which the softmax ignores).
   if (beta.dim(-1) == 1) {
-    SP_CHECK(v.rank() == 4 && v.dim(0) == mu.dim(0) && v.dim(1) == mu.dim(1) &&
-                 v.dim(3) == mu.dim(3),
-             "ProbabilisticAttention: state ", v.shape(), " does not match values ", mu.shape());
-    return em_update(v, ctx.Get("logits"), mu, beta);
+    SP_CHECK(
+        v.rank() == 4 && v.dim(0) == mu.dim(0) && v.dim(1) == mu.dim(1) && v.dim(3) == mu.dim(3),
+        "ProbabilisticAttention: state ", v.shape(), " does not match values ", mu.shape());
+    return em_update(v, ctx.logits, mu, beta);
   }
   Var w = Responsibilities(v, ctx);
   Var weighted = mul(w, beta);

@@ -31,9 +31,8 @@
 // reference implementation does not do it), and out = concat_h(v) W_O.
 //
 // Shapes: x [B, N, dim], context [B, S, dim] -> [B, N, dim]. The energy
-// context holds "logits" l_ij without the v-dependent part [B, H, N, S],
-// "values" mu [B, H, S, dv] and "value_precision" beta, [1 or B, H, 1, 1]
-// when uniform or [B, H, 1, S] per key.
+// reads a ProbabilisticContext (below): the logits l_ij without the
+// v-dependent part, the values mu and the value precision beta.
 //
 // Parameters: "log_query_precision" log alpha [H] and "log_value_precision"
 // log beta [H] (uniform precisions, learned in log space so that no update
@@ -219,7 +218,7 @@ struct ProbabilisticAttentionOptions {
 struct ProbabilisticAttentionInputs {
   // Per-key precisions [B, H, S] replacing the uniform parameters.
   Var key_precision;
-  Var value_precision;
+  Var value_precision{};
   // log pi°_ij, broadcastable to [B, H, N, S] (undefined: uniform).
   Var log_prior;
   AttentionMask mask;
@@ -233,11 +232,32 @@ struct ProbabilisticAttentionInputs {
   Var clamped_values;
 };
 
+// What the EM energy reads besides the state v [B, H, N, dv].
+struct ProbabilisticContext {
+  // [B, H, N, S], per sample: l_ij without the v-dependent part, masks
+  // applied.
+  Var logits;
+  // [B, H, S, dv], per sample: the values mu.
+  Var values;
+  // The value precision beta: exactly one of the two is defined.
+  // [1, H, 1, 1], shared: uniform per head (the layer's parameter).
+  Var value_precision;
+  // [B, H, 1, S], per sample: per key (given, or adapted by value belief
+  // propagation).
+  Var value_precision_per_key{};
+
+  // Whichever of the two is defined.
+  const Var& ValuePrecision() const {
+    return value_precision.defined() ? value_precision : value_precision_per_key;
+  }
+  static const ContextFields<ProbabilisticContext>& Fields();
+};
+
 // What Prepare computes: the energy context (see above), the initial state
 // (the beta = 0 answer softmax(l) mu; undefined when Prepare was asked not
 // to compute it) and the clamping, if any.
 struct ProbabilisticProblem {
-  EnergyContext context;
+  ProbabilisticContext context;
   Var initial_state;   // [B, H, N, dv]
   Var clamped_values;  // [B, H, N, dv] or undefined
   Tensor clamp_mask;   // [B, N] or undefined
@@ -246,7 +266,7 @@ struct ProbabilisticProblem {
   std::vector<double> value_log_posterior;
 };
 
-class ProbabilisticAttention : public EnergyLayer {
+class ProbabilisticAttention : public EnergyLayer<ProbabilisticContext> {
  public:
   ProbabilisticAttention(const ProbabilisticAttentionOptions& options, Rng& rng);
 
@@ -270,12 +290,12 @@ class ProbabilisticAttention : public EnergyLayer {
   Var Readout(const Var& v, const ProbabilisticProblem& problem) const;
 
   // EnergyLayer: v [B, H, N, dv] -> [B].
-  Var Energy(const Var& v, const EnergyContext& ctx) const override;
+  Var Energy(const Var& v, const ProbabilisticContext& ctx) const override;
   // EM step (eq 15, or eq 19 for uniform precisions).
-  Var Update(const Var& v, const EnergyContext& ctx) const override;
+  Var Update(const Var& v, const ProbabilisticContext& ctx) const override;
   bool UpdateIsMonotone() const override { return true; }
   // The EM responsibilities w_ij at v: [B, H, N, S].
-  Var Responsibilities(const Var& v, const EnergyContext& ctx) const;
+  Var Responsibilities(const Var& v, const ProbabilisticContext& ctx) const;
 
   const ProbabilisticAttentionOptions& options() const { return options_; }
 
@@ -303,7 +323,7 @@ class ProbabilisticAttention : public EnergyLayer {
  private:
   Var SplitHeads(const Var& x, int64_t head_width) const;
   // l_ij(v) for the state v: [B, H, N, S].
-  Var Logits(const Var& v, const EnergyContext& ctx) const;
+  Var Logits(const Var& v, const ProbabilisticContext& ctx) const;
 
   ProbabilisticAttentionOptions options_;
   Var log_query_precision_, log_value_precision_;  // the latter undefined for beta = 0

@@ -15,13 +15,26 @@
 
 namespace sp = stillpoint;
 
+// What the energy reads besides the state, each member per sample (axis 0
+// is the sample, so the solver can select the samples still iterating).
+struct LseAttentionContext {
+  sp::Var queries;  // [B, T, d]: an external field on the state
+  sp::Var keys;     // [B, S, d]
+  static const sp::ContextFields<LseAttentionContext>& Fields() {
+    using C = LseAttentionContext;
+    static const auto fields = sp::ContextFields<C>("LseAttentionContext")
+                                   .PerSample("queries", &C::queries)
+                                   .PerSample("keys", &C::keys);
+    return fields;
+  }
+};
+
 // E(Z) = sum_t ( |z_t|^2 / 2 - q_t . z_t - lse_s(beta k_s . z_t) / beta ):
-// one energy per sample ([B], as EnergyLayer requires); z [B, T, d], the
-// queries q [B, T, d] (an external field) and keys [B, S, d] from the
-// context. Its gradient step of size 1 is z_t <- q_t + K^T softmax(beta K
-// z_t): attention, with the query as a field that keeps the fixed point a
+// one energy per sample ([B], as EnergyLayer requires); z [B, T, d]. Its
+// gradient step of size 1 is z_t <- q_t + K^T softmax(beta K z_t):
+// attention, with the query as a field that keeps the fixed point a
 // function of the query (without it, only through where the solve starts).
-class LseAttentionEnergy : public sp::EnergyLayer {
+class LseAttentionEnergy : public sp::EnergyLayer<LseAttentionContext> {
  public:
   explicit LseAttentionEnergy(sp::DType dtype) {
     set_gradient_step(1.0);
@@ -29,10 +42,10 @@ class LseAttentionEnergy : public sp::EnergyLayer {
   }
   std::string Name() const override { return "LseAttentionEnergy"; }
   const sp::Var& beta() const { return beta_; }
-  sp::Var Energy(const sp::Var& z, const sp::EnergyContext& ctx) const override {
-    const sp::Var scores = sp::matmul(z, ctx.Get("keys"), false, true);  // [B, T, S]
-    const sp::Var lse = sp::logsumexp(scores * beta_) / beta_;           // [B, T]
-    const sp::Var field = sp::sum(z * ctx.Get("queries"), 2);            // [B, T]
+  sp::Var Energy(const sp::Var& z, const LseAttentionContext& ctx) const override {
+    const sp::Var scores = sp::matmul(z, ctx.keys, false, true);       // [B, T, S]
+    const sp::Var lse = sp::logsumexp(scores * beta_) / beta_;         // [B, T]
+    const sp::Var field = sp::sum(z * ctx.queries, 2);                 // [B, T]
     return sp::sum(sp::sum(sp::square(z), 2) * 0.5 - field - lse, 1);  // [B]
   }
 
@@ -40,42 +53,49 @@ class LseAttentionEnergy : public sp::EnergyLayer {
   sp::Var beta_;
 };
 
+// What the block's Output reads besides the state and the context.
+struct LseAttentionExtras {
+  sp::Var values;  // [B, T, d]
+};
+
 // The block around it: the tokens u normalised (x = LN(u), so the energy's
 // scale does not depend on the embedding's), queries and keys projected from
 // x, the state starting at x, and as output the attention the solved state
 // pays to the keys, applied to values of x, through an output projection.
-class LseAttentionBlock : public sp::EnergyBlock {
+// EnergyBlockOf registers the energy as the child "layer" and hands Output
+// the Problem that MakeProblem built.
+class LseAttentionBlock : public sp::EnergyBlockOf<LseAttentionEnergy, LseAttentionExtras> {
  public:
-  LseAttentionBlock(const sp::EnergyBlockOptions& o, sp::Rng& rng) {
-    norm_ = RegisterModule("norm", std::make_shared<sp::LayerNorm>(
-                                       o.dim, sp::LayerNormOptions{.dtype = o.dtype}));
+  LseAttentionBlock(const sp::EnergyBlockOptions& o, sp::Rng& rng)
+      : EnergyBlockOf(std::make_shared<LseAttentionEnergy>(o.dtype)) {
+    norm_ = RegisterModule(
+        "norm", std::make_shared<sp::LayerNorm>(o.dim, sp::LayerNormOptions{.dtype = o.dtype}));
     queries_ = RegisterModule("queries", std::make_shared<sp::Linear>(
                                              o.dim, o.dim, rng, sp::LinearOptions{false, o.dtype}));
-    keys_ = RegisterModule("keys", std::make_shared<sp::Linear>(
-                                       o.dim, o.dim, rng, sp::LinearOptions{false, o.dtype}));
+    keys_ = RegisterModule(
+        "keys", std::make_shared<sp::Linear>(o.dim, o.dim, rng, sp::LinearOptions{false, o.dtype}));
     values_ = RegisterModule("values", std::make_shared<sp::Linear>(
                                            o.dim, o.dim, rng, sp::LinearOptions{false, o.dtype}));
-    out_ = RegisterModule("out", std::make_shared<sp::Linear>(o.dim, o.dim, rng,
-                                                              sp::LinearOptions{true, o.dtype}));
-    energy_ = std::make_shared<LseAttentionEnergy>(o.dtype);
-    layer_ = RegisterModule("layer", std::shared_ptr<sp::EnergyLayer>(energy_));
+    out_ = RegisterModule(
+        "out", std::make_shared<sp::Linear>(o.dim, o.dim, rng, sp::LinearOptions{true, o.dtype}));
   }
   std::string Name() const override { return "LseAttentionBlock"; }
-  const std::shared_ptr<sp::EnergyLayer>& layer() const override { return layer_; }
-  sp::EnergyBlockProblem Prepare(const sp::Var& u) const override {
-    sp::EnergyBlockProblem problem;
+
+ protected:
+  Problem MakeProblem(const sp::Var& u, bool /*with_initial_state*/) const override {
+    Problem problem;
     const sp::Var x = norm_->Forward(u);
-    problem.context.Set("queries", Project(*queries_, x));
-    problem.context.Set("keys", Project(*keys_, x));
-    problem.extras.Set("values", Project(*values_, x));
+    problem.context.queries = Project(*queries_, x);
+    problem.context.keys = Project(*keys_, x);
+    problem.extras.values = Project(*values_, x);
     problem.initial_state = x;
     problem.injection = u;
     return problem;
   }
-  sp::Var Output(const sp::Var& state, const sp::EnergyBlockProblem& problem) const override {
-    const sp::Var scores = sp::matmul(state, problem.context.Get("keys"), false, true);
-    const sp::Var weights = sp::softmax(scores * energy_->beta());  // [B, T, S]
-    return Project(*out_, sp::matmul(weights, problem.extras.Get("values")));
+  sp::Var Output(const sp::Var& state, const Problem& problem) const override {
+    const sp::Var scores = sp::matmul(state, problem.context.keys, false, true);
+    const sp::Var weights = sp::softmax(scores * typed_->beta());  // [B, T, S]
+    return Project(*out_, sp::matmul(weights, problem.extras.values));
   }
 
  private:
@@ -86,8 +106,6 @@ class LseAttentionBlock : public sp::EnergyBlock {
   }
   std::shared_ptr<sp::LayerNorm> norm_;
   std::shared_ptr<sp::Linear> queries_, keys_, values_, out_;
-  std::shared_ptr<LseAttentionEnergy> energy_;
-  std::shared_ptr<sp::EnergyLayer> layer_;
 };
 
 int main(int argc, char** argv) {
@@ -104,8 +122,8 @@ int main(int argc, char** argv) {
       },
       "log-sum-exp attention energy (examples/custom_layer_from_yaml)");
   try {
-    const sp::Config config = sp::Config::FromFile(
-        sp::StillpointSchema(), argv[1], std::vector<std::string>(argv + 2, argv + argc));
+    const sp::Config config = sp::Config::FromFile(sp::StillpointSchema(), argv[1],
+                                                   std::vector<std::string>(argv + 2, argv + argc));
     sp::Experiment experiment = sp::BuildExperiment(config, argv[1]);
     sp::TrainOptions options;
     options.progress = &std::cout;

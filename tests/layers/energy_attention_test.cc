@@ -301,8 +301,8 @@ TEST(EnergyAttentionTest, ProbabilisticPrecisionsArePositiveByConstruction) {
   EXPECT_GT(layer.query_precision().value().at(0), 0.0);
   EXPECT_GT(layer.value_precision().value().at(1), 0.0);
   const Var x = RandnVar({1, 3, 8}, rng);
-  const EnergyBlockProblem problem = block->Prepare(x);  // checks the precisions, must not throw
-  EXPECT_EQ(problem.initial_state.shape(), Shape({1, 2, 3, 4}));
+  const EnergyBlockProblemPtr problem = block->Prepare(x);  // checks the precisions, must not throw
+  EXPECT_EQ(problem->initial_state.shape(), Shape({1, 2, 3, 4}));
 }
 
 }  // namespace

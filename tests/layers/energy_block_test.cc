@@ -63,8 +63,8 @@ class ScaledHopfieldBlock : public EnergyBlock {
     inner_ = RegisterModule("inner", CreateEnergyBlock(inner, rng));
   }
   std::string Name() const override { return "ScaledHopfieldBlock"; }
-  const std::shared_ptr<EnergyLayer>& layer() const override { return inner_->layer(); }
-  EnergyBlockProblem Prepare(const Var& u) const override { return inner_->Prepare(u); }
+  const std::shared_ptr<EnergyLayerBase>& layer() const override { return inner_->layer(); }
+  EnergyBlockProblemPtr Prepare(const Var& u) const override { return inner_->Prepare(u); }
   Var Output(const Var& state, const EnergyBlockProblem& problem) const override {
     return mul_scalar(inner_->Output(state, problem), 0.5);
   }
@@ -112,27 +112,27 @@ TEST(EnergyBlockTest, EveryBuiltinReadsOutTokensAndItsProblemIsAFixedPoint) {
     Implicit implicit(block->layer(), solver);
     const Var u = RandnVar({2, 5, 8}, rng);
     NoGrad no_grad;
-    const EnergyBlockProblem problem = block->Prepare(u);
-    EXPECT_EQ(problem.context.batch_size(), 2);
-    const Var z = implicit.Forward(problem.context, problem.initial_state);
+    const EnergyBlockProblemPtr problem = block->Prepare(u);
+    EXPECT_EQ(problem->energy->batch_size(), 2);
+    const Var z = implicit.Forward(problem->energy, problem->initial_state);
     EXPECT_EQ(implicit.forward_summary().termination_type, TerminationType::kConverged)
         << implicit.forward_summary().BriefReport();
-    EXPECT_LT(MaxAbsDiff(block->layer()->Update(z, problem.context).value(), z.value()), 1e-10);
-    const Var out = block->Readout(z, problem);
+    EXPECT_LT(MaxAbsDiff(problem->energy->Update(z).value(), z.value()), 1e-10);
+    const Var out = block->Readout(z, *problem);
     EXPECT_EQ(out.shape(), Shape({2, 5, 8}));
     // The output depends on the input beyond the residual: another u of the
     // same first sample but a different second sample leaves sample 0 alone
     // and changes sample 1.
     Tensor other = u.value().Clone();
     for (int64_t i = 40; i < 80; ++i) other.set(i, -other.at(i));
-    const EnergyBlockProblem p2 = block->Prepare(Var(other));
-    const Var out2 = block->Readout(implicit.Forward(p2.context, p2.initial_state), p2);
+    const EnergyBlockProblemPtr p2 = block->Prepare(Var(other));
+    const Var out2 = block->Readout(implicit.Forward(p2->energy, p2->initial_state), *p2);
     EXPECT_LT(MaxAbsDiff(out2.value().SliceRows(0, 1), out.value().SliceRows(0, 1)), 1e-9);
     EXPECT_GT(MaxAbsDiff(out2.value().SliceRows(1, 2), out.value().SliceRows(1, 2)), 1e-3);
   }
 }
 
-// The Energy Transformer's external current ("input"): both dynamics still
+// The Energy Transformer's external current (its context's input): both dynamics still
 // descend their Lyapunov function, whose gradient is (dg/dx) times the
 // force; and the stationary state follows the input.
 TEST(EnergyBlockTest, EnergyTransformerInputCurrentKeepsTheLyapunovFunction) {
@@ -152,8 +152,8 @@ TEST(EnergyBlockTest, EnergyTransformerInputCurrentKeepsTheLyapunovFunction) {
     options.dtype = DType::kFloat64;
     EnergyTransformerBlock block(options, rng);
     const Var x = RandnVar({2, 4, 6}, rng);
-    EnergyContext ctx = block.Prepare(x);
-    ctx.Set("input", RandnVar({2, 4, 6}, rng));
+    EnergyTransformerContext ctx = block.Prepare(x);
+    ctx.input = RandnVar({2, 4, 6}, rng);
     const EnergyTrace trace = TraceUpdates(block, x.value(), ctx, {.max_steps = 100});
     EXPECT_EQ(trace.CountIncreases(1e-12), 0);
     EXPECT_LT(trace.energies.back()[0], trace.energies.front()[0] - 1e-3);
@@ -191,22 +191,22 @@ TEST(EnergyBlockTest, EnergyTransformerSolveIsWhereTheEnergyDescentEnds) {
   std::shared_ptr<EnergyBlock> block = CreateEnergyBlock(options, rng);
   Implicit implicit(block->layer(), testing_energy::TightImplicitOptions());
   NoGrad no_grad;
-  const EnergyBlockProblem problem = block->Prepare(RandnVar({2, 5, 16}, rng));
-  const Tensor solved = implicit.Forward(problem.context, problem.initial_state).value();
+  const EnergyBlockProblemPtr problem = block->Prepare(RandnVar({2, 5, 16}, rng));
+  const Tensor solved = implicit.Forward(problem->energy, problem->initial_state).value();
   ASSERT_EQ(implicit.forward_summary().termination_type, TerminationType::kConverged)
       << implicit.forward_summary().BriefReport();
   // The move is not negligible: the stationary state is not the start.
-  EXPECT_GT(MaxAbsDiff(solved, problem.initial_state.value()), 0.1);
-  const EnergyLayer& layer = *block->layer();
-  Tensor x = problem.initial_state.value().Clone();
-  std::vector<double> previous = layer.Energy(Var(x), problem.context).value().ToVector();
+  EXPECT_GT(MaxAbsDiff(solved, problem->initial_state.value()), 0.1);
+  const BoundEnergy& layer = *problem->energy;
+  Tensor x = problem->initial_state.value().Clone();
+  std::vector<double> previous = layer.SampleEnergies(Var(x)).value().ToVector();
   const double alpha = 0.05;
   int increases = 0;
   for (int t = 0; t < 1500; ++t) {
     // With step 1, Update(x) = x - force: an Euler step of size alpha.
-    const Var force = sub(Var(x), layer.Update(Var(x), problem.context));
+    const Var force = sub(Var(x), layer.Update(Var(x)));
     x = sub(Var(x), mul_scalar(force, alpha)).value();
-    const std::vector<double> energy = layer.Energy(Var(x), problem.context).value().ToVector();
+    const std::vector<double> energy = layer.SampleEnergies(Var(x)).value().ToVector();
     for (std::size_t b = 0; b < energy.size(); ++b) {
       if (energy[b] > previous[b] + 1e-12 * (1.0 + std::abs(previous[b]))) ++increases;
     }

@@ -47,7 +47,7 @@ TEST(ExpFamAttentionTest, DiscreteGradientAndHessian) {
   options.project_patterns = false;
   ExpFamAttention layer(options, rng);
   Tensor x = Randn({1, S, d}, rng);
-  EnergyContext ctx = layer.Prepare(Var(x));
+  ExpFamContext ctx = layer.Prepare(Var(x));
   Tensor eta = Randn({1, 1, d}, rng);
 
   auto log_partition = [&](const Var& e) { return sum(layer.LogPartition(e, ctx)); };
@@ -124,7 +124,7 @@ TEST(ExpFamAttentionTest, GaussianClosedForm) {
   LoadScale(layer, kScale);
   const Eigen::Matrix3d sigma = SigmaOf(kScale);
   const Eigen::Vector3d mu(1.0, -1.0, 0.5), eta(0.2, 0.1, -0.3);
-  EnergyContext ctx = layer.Prepare(Var());
+  ExpFamContext ctx = layer.Prepare(Var());
   Var leaf(Vector({0.2, 0.1, -0.3}), true);
   Var g = layer.LogPartition(leaf, ctx);
   EXPECT_NEAR(g.item(), mu.dot(eta) + 0.5 * eta.dot(sigma * eta), 1e-14);
@@ -170,7 +170,7 @@ TEST(ExpFamAttentionTest, GaussianMixtureClosedForm) {
   for (int n = 0; n < 3; ++n) {
     for (int k = 0; k < 3; ++k) expected(k) += w[n] / total * means[n * 3 + k];
   }
-  EnergyContext ctx = layer.Prepare(Var());
+  ExpFamContext ctx = layer.Prepare(Var());
   Var leaf(Vector({0.2, 0.1, -0.3}), true);
   Var g = layer.LogPartition(leaf, ctx);
   EXPECT_NEAR(g.item(), lse_arg + 0.5 * eta.dot(sigma * eta), 1e-14);
@@ -214,7 +214,7 @@ TEST(ExpFamAttentionTest, BregmanIsReversedKl) {
   options.project_patterns = false;
   ExpFamAttention layer(options, rng);
   // Patterns = the standard basis, so G(eta) = lse(eta) (categorical family).
-  EnergyContext ctx = layer.Prepare(
+  ExpFamContext ctx = layer.Prepare(
       Var(Tensor::FromVector({1, 3, 3}, {1, 0, 0, 0, 1, 0, 0, 0, 1}, DType::kFloat64)));
   const Tensor eta1 = Vector({0.0, 1.0, 3.0}), eta2 = Vector({0.5, 0.0, 0.0});
   auto bregman = [&](const Tensor& a, const Tensor& b) {
@@ -254,7 +254,7 @@ TEST(ExpFamAttentionTest, EnergyGradientCccpAndResidualForm) {
     options.beta = 1.3;
     ExpFamAttention layer(options, rng);
     Var patterns = measure == ExpFamMeasure::kDiscrete ? RandnVar({3, 5, 6}, rng) : Var();
-    EnergyContext ctx = layer.Prepare(patterns);
+    ExpFamContext ctx = layer.Prepare(patterns);
     Tensor eta = Randn({3, 4, 6}, rng);
     EXPECT_LT(MaxAbsDiff(layer.EnergyGrad(Var(eta), ctx).value(),
                          AutodiffEnergyGrad(layer, Var(eta), ctx).value()),
@@ -310,7 +310,7 @@ TEST(ExpFamAttentionTest, LayerNormEquilibriumIsTopEigenvector) {
     return std::min((v - top).norm(), (v + top).norm());
   };
 
-  EnergyContext ctx = layer.Prepare(Var());
+  ExpFamContext ctx = layer.Prepare(Var());
   Tensor z0 = Randn({1, 1, D}, rng);
   EnergyTraceOptions trace_options;
   trace_options.max_steps = 400;
@@ -388,9 +388,9 @@ TEST(ExpFamAttentionTest, ContractionBoundsTheUpdate) {
       Var(layer.parameter("beta"))
           .mutable_value()
           .CopyFrom(Tensor::FromVector({heads}, betas, DType::kFloat64));
-      EnergyContext ctx = layer.Prepare(RandnVar({1, 7, d}, rng, 3.0));
+      ExpFamContext ctx = layer.Prepare(RandnVar({1, 7, d}, rng, 3.0));
       if (contraction > 0.0) {
-        const Tensor& x = ctx.Get("patterns").value();  // [1, H, S, dh]
+        const Tensor& x = ctx.patterns.value();  // [1, H, S, dh]
         for (int64_t h = 0; h < heads; ++h) {
           for (int64_t s = 0; s < 7; ++s) {
             double norm_sq = 0.0;

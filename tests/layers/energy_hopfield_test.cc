@@ -81,8 +81,7 @@ TEST(HopfieldEnergyTest, AnalyticGradientMatchesAutodiff) {
   Rng rng(1);
   HopfieldAttention layer(RawOptions(2, 3, 0.7), rng);
   Var(layer.beta()).mutable_value().CopyFrom(Tensor::FromVector({2}, {0.7, 2.5}, DType::kFloat64));
-  EnergyContext ctx;
-  ctx.Set("keys", RandnVar({3, 2, 5, 3}, rng));
+  HopfieldContext ctx{.keys = RandnVar({3, 2, 5, 3}, rng)};
   Var xi = RandnVar({3, 2, 4, 3}, rng);
   Var analytic = layer.EnergyGrad(xi, ctx);
   Var autodiff = AutodiffEnergyGrad(layer, xi, ctx);
@@ -96,9 +95,8 @@ TEST(HopfieldEnergyTest, UnitGradientStepIsAttention) {
   const std::vector<double> beta = {0.5, 3.0};
   HopfieldAttention layer(RawOptions(2, 4, 1.0), rng);
   Var(layer.beta()).mutable_value().CopyFrom(Tensor::FromVector({2}, beta, DType::kFloat64));
-  EnergyContext ctx;
   Tensor keys = Randn({2, 2, 6, 4}, rng);
-  ctx.Set("keys", Var(keys));
+  HopfieldContext ctx{.keys = Var(keys)};
   Tensor xi = Randn({2, 2, 3, 4}, rng);
   const std::vector<double> attention =
       ReferenceAttention(xi, keys, beta, [](int64_t, int64_t, int64_t) { return false; });
@@ -124,9 +122,9 @@ TEST(HopfieldEnergyTest, MaskedStepIsMaskedAttention) {
   Tensor xi = Randn({B, 1, N, d}, rng);
   AttentionMask mask;
   mask.key_mask = Tensor::FromVector({B, S}, {0, 0, 0, 1, 0, 1, 0, 0, 0, 0}, DType::kFloat64);
-  EnergyContext ctx;
-  ctx.Set("keys", Var(keys));
-  AddAttentionMask(mask, /*causal=*/true, B, 1, N, S, DType::kFloat64, &ctx);
+  HopfieldContext ctx{
+      .keys = Var(keys),
+      .mask = MakeAttentionMask(mask, /*causal=*/true, B, 1, N, S, DType::kFloat64)};
   auto hidden = [](int64_t b, int64_t n, int64_t s) {
     const bool padded = (b == 0 && s == 3) || (b == 1 && s == 0);
     const bool future = s > n + (S - N);
@@ -140,8 +138,8 @@ TEST(HopfieldEnergyTest, MaskedStepIsMaskedAttention) {
   // Moving a hidden key changes neither the energy nor the update.
   Tensor moved = keys.Clone();
   for (int64_t k = 0; k < d; ++k) moved.set((0 * S + 3) * d + k, 100.0 + k);
-  EnergyContext moved_ctx = ctx;
-  moved_ctx.Set("keys", Var(moved));
+  HopfieldContext moved_ctx = ctx;
+  moved_ctx.keys = Var(moved);
   EXPECT_LT(
       MaxAbsDiff(layer.Energy(Var(xi), ctx).value(), layer.Energy(Var(xi), moved_ctx).value()),
       1e-12);
@@ -160,9 +158,8 @@ TEST(HopfieldEnergyTest, CccpNeverIncreasesEnergyAcrossBeta) {
     HopfieldOptions options = RawOptions(1, 16, beta);
     options.energy_constants = true;
     HopfieldAttention layer(options, rng);
-    EnergyContext ctx;
     Tensor keys = Randn({100, 1, 32, 16}, rng);
-    ctx.Set("keys", Var(keys));
+    HopfieldContext ctx{.keys = Var(keys)};
     EnergyTraceOptions trace_options;
     trace_options.max_steps = 60;
     EnergyTrace trace = TraceUpdates(layer, Randn({100, 1, 1, 16}, rng), ctx, trace_options);
@@ -196,8 +193,7 @@ TEST(HopfieldEnergyTest, CccpNeverIncreasesEnergyAcrossBeta) {
 TEST(HopfieldEnergyTest, OneMinusJacobianIsHessian) {
   Rng rng(4);
   HopfieldAttention layer(RawOptions(1, 5, 1.7), rng);
-  EnergyContext ctx;
-  ctx.Set("keys", RandnVar({1, 1, 7, 5}, rng));
+  HopfieldContext ctx{.keys = RandnVar({1, 1, 7, 5}, rng)};
   Tensor xi = Randn({1, 1, 2, 5}, rng);
   Eigen::MatrixXd jacobian = DenseJacobian([&](const Var& z) { return layer.Update(z, ctx); }, xi);
   Eigen::MatrixXd hessian =

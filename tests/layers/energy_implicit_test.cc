@@ -53,8 +53,7 @@ struct HopfieldFixture {
   // L = <c, xi*> for the keys given and the cell built by make_cell.
   double Loss(const Tensor& k, const Tensor& start, const ImplicitOptions& options) {
     NoGrad no_grad;
-    EnergyContext ctx;
-    ctx.Set("keys", Var(k));
+    const HopfieldContext ctx{.keys = Var(k)};
     EnergySolveOptions solve;
     solve.mode = EnergySolveMode::kFixedPoint;
     solve.implicit = options;
@@ -67,8 +66,7 @@ struct HopfieldFixture {
                           double step,
                           AdjointSummary* backward_summary = nullptr) {
     Var k(keys.Clone(), true);
-    EnergyContext ctx;
-    ctx.Set("keys", k);
+    const HopfieldContext ctx{.keys = k};
     const Shape state{1, 2, 4};
     CellFn cell = step > 0.0 ? MakeGradientStepCell(layer, ctx, state, step)
                              : MakeUpdateCell(layer, ctx, state);
@@ -139,8 +137,7 @@ TEST(EnergyImplicitTest, HopfieldGradientIndependentOfStepAndSolvers) {
 // positive definite (a minimum).
 TEST(EnergyImplicitTest, HopfieldOneMinusJacobianIsHessianAtFixedPoint) {
   HopfieldFixture f;
-  EnergyContext ctx;
-  ctx.Set("keys", Var(f.keys.SliceRows(0, 1).Clone()));
+  const HopfieldContext ctx{.keys = Var(f.keys.SliceRows(0, 1).Clone())};
   EnergySolveOptions solve;
   solve.mode = EnergySolveMode::kFixedPoint;
   solve.implicit = TightOptions(ForwardSolverType::kAnderson, AdjointSolverType::kGmres);

@@ -1,6 +1,7 @@
 // The EnergyLayer interface: a layer written as an energy only (default
-// autodiff gradient and gradient-step update), contexts, cells for the
-// solvers, traces, masks, and the two solve modes.
+// autodiff gradient and gradient-step update), cells for the solvers,
+// traces, masks, and the two solve modes (contexts and their selection:
+// energy_context_test.cc).
 
 #include "layers/energy_layer.h"
 
@@ -26,14 +27,23 @@ using testing_energy::RandnVar;
 // E(z) = 1/2 |z|^2 - sum_m softplus(z W + u)_m per sample: a Bernoulli
 // cumulant (RBM) energy with a per-sample injection u from the context.
 // Only the energy is written.
-class SoftplusMemory : public EnergyLayer {
+struct InjectionContext {
+  Var injection;  // [B, M], per sample
+  static const ContextFields<InjectionContext>& Fields() {
+    static const auto fields = ContextFields<InjectionContext>("InjectionContext")
+                                   .PerSample("injection", &InjectionContext::injection);
+    return fields;
+  }
+};
+
+class SoftplusMemory : public EnergyLayer<InjectionContext> {
  public:
   SoftplusMemory(int64_t dim, int64_t memories, Rng& rng) {
     weight_ = RegisterParameter("weight", Randn({dim, memories}, rng, 0.5));
   }
   std::string Name() const override { return "SoftplusMemory"; }
-  Var Energy(const Var& z, const EnergyContext& ctx) const override {
-    Var drive = add(matmul(z, weight_), ctx.Get("injection"));  // [B, M]
+  Var Energy(const Var& z, const InjectionContext& ctx) const override {
+    Var drive = add(matmul(z, weight_), ctx.injection);  // [B, M]
     return sub(mul_scalar(sum(square(z), -1), 0.5), sum(softplus(drive), -1));
   }
   const Var& weight() const { return weight_; }
@@ -47,16 +57,12 @@ struct Fixture {
   SoftplusMemory layer{3, 5, rng};
   Tensor injection = Randn({4, 5}, rng);
   Tensor z = Randn({4, 3}, rng);
-  EnergyContext Context(const Var& u) const {
-    EnergyContext ctx;
-    ctx.Set("injection", u);
-    return ctx;
-  }
+  InjectionContext Context(const Var& u) const { return InjectionContext{.injection = u}; }
 };
 
 TEST(EnergyLayerTest, DefaultGradientIsAutodiffOfTheEnergy) {
   Fixture f;
-  EnergyContext ctx = f.Context(Var(f.injection));
+  InjectionContext ctx = f.Context(Var(f.injection));
   // dE/dz = z - sigmoid(z W + u) W^T.
   Var w = f.layer.weight();
   Tensor expected =
@@ -72,7 +78,7 @@ TEST(EnergyLayerTest, DefaultGradientIsAutodiffOfTheEnergy) {
 
 TEST(EnergyLayerTest, DefaultUpdateIsGradientStep) {
   Fixture f;
-  EnergyContext ctx = f.Context(Var(f.injection));
+  InjectionContext ctx = f.Context(Var(f.injection));
   Tensor g = f.layer.EnergyGrad(Var(f.z), ctx).value();
   EXPECT_DOUBLE_EQ(f.layer.gradient_step(), 0.1);
   f.layer.set_gradient_step(0.5);
@@ -98,42 +104,10 @@ TEST(EnergyLayerTest, UnrolledUpdatesAreDifferentiable) {
   EXPECT_TRUE(p) << p;
 }
 
-TEST(EnergyLayerTest, ContextEntriesAndSelection) {
-  Rng rng(2);
-  EnergyContext ctx;
-  EXPECT_EQ(ctx.batch_size(), -1);
-  Var keys(Randn({4, 2, 3}, rng), true);
-  ctx.Set("keys", keys);
-  ctx.SetShared("scale", Var(Tensor::Full({3}, 2.0, DType::kFloat64)));
-  EXPECT_EQ(ctx.batch_size(), 4);
-  EXPECT_TRUE(ctx.Has("keys"));
-  EXPECT_FALSE(ctx.Has("values"));
-  try {
-    ctx.Get("values");
-    FAIL() << "expected an Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("keys [4, 2, 3]"), std::string::npos) << e.what();
-  }
-  EXPECT_THROW(ctx.Set("other", RandnVar({3, 2}, rng)), Error);  // batch mismatch
-
-  EnergyContext same = ctx.Select({0, 1, 2, 3});
-  EXPECT_TRUE(same.Get("keys").value().SameStorage(keys.value()));
-  EnergyContext sub = ctx.Select({1, 3});
-  EXPECT_EQ(sub.batch_size(), 2);
-  EXPECT_EQ(sub.Get("keys").shape(), (Shape{2, 2, 3}));
-  EXPECT_EQ(sub.Get("keys").value().at(0), keys.value().at(6));
-  EXPECT_EQ(sub.Get("scale").shape(), (Shape{3}));
-  // Gradients reach the full entry through the selection.
-  backward(sum(sub.Get("keys")));
-  EXPECT_EQ(keys.grad().value().at(0), 0.0);
-  EXPECT_EQ(keys.grad().value().at(6), 1.0);
-  EXPECT_THROW(ctx.Select({4}), Error);
-}
-
 // Cells evaluate the samples a solver names, in either state layout.
 TEST(EnergyLayerTest, CellsAndBatchedEnergyFollowSampleIds) {
   Fixture f;
-  EnergyContext ctx = f.Context(Var(f.injection));
+  InjectionContext ctx = f.Context(Var(f.injection));
   Tensor full = f.layer.Update(Var(f.z), ctx).value();
   CellFn cell = MakeUpdateCell(f.layer, ctx, Shape{3});
   Var rows = gather(Var(f.z), 0, {1, 3});
@@ -159,7 +133,7 @@ TEST(EnergyLayerTest, CellsAndBatchedEnergyFollowSampleIds) {
 
 TEST(EnergyLayerTest, TraceRecordsEnergiesAndStops) {
   Fixture f;
-  EnergyContext ctx = f.Context(Var(f.injection));
+  InjectionContext ctx = f.Context(Var(f.injection));
   f.layer.set_gradient_step(0.2);
   EnergyTraceOptions options;
   options.max_steps = 500;
@@ -225,9 +199,7 @@ TEST(EnergyLayerTest, AttentionMaskConventions) {
   AttentionMask mask;
   mask.key_mask = Tensor::FromVector({2, 3}, {0, 1, 0, 0, 0, 0}, DType::kFloat64);
   mask.additive = Tensor::FromVector({2, 3}, {0.5, 0, 0, 0, 0, -1}, DType::kFloat64);
-  EnergyContext ctx;
-  AddAttentionMask(mask, /*causal=*/true, 2, 4, 2, 3, DType::kFloat64, &ctx);
-  const Tensor m = ctx.Get("mask").value();
+  const Tensor m = MakeAttentionMask(mask, /*causal=*/true, 2, 4, 2, 3, DType::kFloat64).value();
   ASSERT_EQ(m.shape(), (Shape{2, 1, 2, 3}));
   // Sample 0: key 1 hidden; query 0 (offset S - N = 1) sees keys 0, 1.
   const std::vector<double> expected0 = {0.5, -INFINITY, -INFINITY, 0, -INFINITY, -1};
@@ -236,12 +208,10 @@ TEST(EnergyLayerTest, AttentionMaskConventions) {
     EXPECT_EQ(m.at(i), expected0[i]) << i;
     EXPECT_EQ(m.at(6 + i), expected1[i]) << i;
   }
-  EnergyContext none;
-  AddAttentionMask({}, false, 2, 4, 2, 3, DType::kFloat64, &none);
-  EXPECT_FALSE(none.Has("mask"));
+  EXPECT_FALSE(MakeAttentionMask({}, false, 2, 4, 2, 3, DType::kFloat64).defined());
   AttentionMask bad;
   bad.key_mask = Tensor::Zeros({2, 4}, DType::kFloat64);
-  EXPECT_THROW(AddAttentionMask(bad, false, 2, 4, 2, 3, DType::kFloat64, &none), Error);
+  EXPECT_THROW(MakeAttentionMask(bad, false, 2, 4, 2, 3, DType::kFloat64), Error);
 }
 
 TEST(EnergyLayerTest, EnumStrings) {
@@ -259,10 +229,10 @@ TEST(EnergyLayerTest, EnumStrings) {
 
 // An Energy that returns one number for the whole batch (a sum over the
 // samples) instead of [B] is refused, naming the layer.
-class BatchSummedEnergy : public EnergyLayer {
+class BatchSummedEnergy : public EnergyLayer<NoContext> {
  public:
   std::string Name() const override { return "BatchSummedEnergy"; }
-  Var Energy(const Var& z, const EnergyContext&) const override {
+  Var Energy(const Var& z, const NoContext&) const override {
     return mul_scalar(sum(square(z)), 0.5);
   }
 };
@@ -272,7 +242,7 @@ TEST(EnergyLayerTest, AnEnergyNotShapedBatchIsRefused) {
   Rng rng(3);
   const Var z(RandomNormal({4, 2}, 0, 1, DType::kFloat64, rng));
   try {
-    layer.EnergyGrad(z, EnergyContext());
+    layer.EnergyGrad(z, NoContext());
     ADD_FAILURE() << "a scalar energy was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("BatchSummedEnergy::Energy returned shape []"),

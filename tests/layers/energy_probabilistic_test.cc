@@ -33,11 +33,11 @@ ProbabilisticAttentionOptions SmallOptions(int64_t dim, int64_t heads) {
 }
 
 // A raw value-inference problem: logits a [1, 1, N, S], values mu [1, 1, S, dv], uniform beta.
-EnergyContext RawContext(const Tensor& logits, const Tensor& values, double beta) {
-  EnergyContext ctx;
-  ctx.Set("logits", Var(logits));
-  ctx.Set("values", Var(values));
-  ctx.SetShared("value_precision", Var(Tensor::Full({1, 1, 1, 1}, beta, DType::kFloat64)));
+ProbabilisticContext RawContext(const Tensor& logits, const Tensor& values, double beta) {
+  ProbabilisticContext ctx;
+  ctx.logits = Var(logits);
+  ctx.values = Var(values);
+  ctx.value_precision = Var(Tensor::Full({1, 1, 1, 1}, beta, DType::kFloat64));
   return ctx;
 }
 
@@ -103,7 +103,7 @@ TEST(ProbabilisticAttentionTest, FirstOrderSlopeInValuePrecision) {
   const std::vector<double> slope = CovarianceTimesMean(logits, values, 0);
   std::vector<double> residuals;
   for (double beta : {1e-2, 1e-3, 1e-4}) {
-    EnergyContext ctx = RawContext(logits, values, beta);
+    ProbabilisticContext ctx = RawContext(logits, values, beta);
     Tensor v0 = matmul(softmax(Var(logits)), Var(values)).value();
     EnergyTraceOptions options;
     options.max_steps = 100;
@@ -131,7 +131,7 @@ TEST(ProbabilisticAttentionTest, EmIsMonotoneAndJacobianIsBetaCovariance) {
   Tensor logits = Randn({1, 1, N, S}, rng);
   Tensor values = Randn({1, 1, S, dv}, rng, 0.4);
   ProbabilisticAttention layer(SmallOptions(dv, 1), rng);
-  EnergyContext ctx = RawContext(logits, values, beta);
+  ProbabilisticContext ctx = RawContext(logits, values, beta);
   EnergyTraceOptions options;
   options.max_steps = 300;
   options.tolerance = 1e-13;
@@ -204,10 +204,10 @@ TEST(ProbabilisticAttentionTest, EmNeverIncreasesEnergyAcrossBeta) {
     Tensor logits = Randn({20, 2, 3, 8}, rng);
     Tensor values = Randn({20, 2, 8, 4}, rng);
     ProbabilisticAttention layer(SmallOptions(4, 1), rng);
-    EnergyContext ctx;
-    ctx.Set("logits", Var(logits));
-    ctx.Set("values", Var(values));
-    ctx.SetShared("value_precision", Var(Tensor::Full({1, 2, 1, 1}, beta, DType::kFloat64)));
+    ProbabilisticContext ctx;
+    ctx.logits = Var(logits);
+    ctx.values = Var(values);
+    ctx.value_precision = Var(Tensor::Full({1, 2, 1, 1}, beta, DType::kFloat64));
     EnergyTraceOptions options;
     options.max_steps = 50;
     EnergyTrace trace = TraceUpdates(layer, Randn({20, 2, 3, 4}, rng), ctx, options);

@@ -69,7 +69,7 @@ TEST(EnergyTransformerTest, GradientsMatchFiniteDifferences) {
       Var(block.parameter("delta")).mutable_value().CopyFrom(Randn({12}, rng, 0.3));
       Var(block.parameter("gamma")).mutable_value().Fill(1.3);
       Tensor x = Randn({2, 7, 12}, rng);
-      EnergyContext ctx = block.Prepare(Var(x));
+      EnergyTransformerContext ctx = block.Prepare(Var(x));
       Tensor g = block.Normalize(Var(x)).value();
 
       NoGrad no_grad;
@@ -105,7 +105,7 @@ TEST(EnergyTransformerTest, StopKeyGradIsQuerySideTerm) {
   options.key_grad = KeyGrad::kStop;
   EnergyTransformerBlock block(options, rng);
   Tensor x = Randn({2, 7, 12}, rng);
-  EnergyContext ctx = block.Prepare(Var(x));
+  EnergyTransformerContext ctx = block.Prepare(Var(x));
   Tensor g = block.Normalize(Var(x)).value();
   // E_ATT with queries from g and keys from the constant g0.
   Var leaf(g.Clone(), true);
@@ -115,7 +115,7 @@ TEST(EnergyTransformerTest, StopKeyGradIsQuerySideTerm) {
   };
   Var q = split(matmul(leaf, wq)), k = split(matmul(Var(g), wk));
   Var scores = mul_scalar(matmul(q, k, false, true), 0.5);  // beta = 1/sqrt(4)
-  scores = ApplyAttentionMask(scores, ctx);
+  scores = ApplyAttentionMask(scores, ctx.mask);
   Var energy = mul_scalar(sum(logsumexp(scores)), -2.0);
   Var expected = grad({energy}, {leaf})[0];
   EXPECT_LT(MaxAbsDiff(block.AttentionEnergyGrad(Var(g), ctx).value(), expected.value()), 1e-12);
@@ -138,7 +138,7 @@ TEST(EnergyTransformerTest, UpdateForceIsConsistentWithEnergy) {
     options.step = 0.25;
     EnergyTransformerBlock block(options, rng);
     Tensor x = Randn({2, 7, 12}, rng);
-    EnergyContext ctx = block.Prepare(Var(x));
+    EnergyTransformerContext ctx = block.Prepare(Var(x));
     Tensor force = mul_scalar(sub(Var(x), block.Update(Var(x), ctx)), 1.0 / 0.25).value();
     Var leaf(x.Clone(), true);
     Var vjp = grad({block.Normalize(leaf)}, {leaf}, {Var(force)})[0];
@@ -159,7 +159,7 @@ TEST(EnergyTransformerTest, NoEnergyIncreaseInEitherDynamics) {
       options.step = step;
       EnergyTransformerBlock block(options, rng);
       Tensor x = Randn({4, 7, 12}, rng);
-      EnergyContext ctx = block.Prepare(Var(x));
+      EnergyTransformerContext ctx = block.Prepare(Var(x));
       EnergyTraceOptions trace_options;
       trace_options.max_steps = 200;
       EnergyTrace trace = TraceUpdates(block, x, ctx, trace_options);

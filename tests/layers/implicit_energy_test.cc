@@ -29,11 +29,21 @@ ImplicitOptions TightOptions(ForwardSolverType forward = ForwardSolverType::kAnd
 
 GradCheckOptions SolveTolerances() { return testing_energy::SolveGradCheckOptions(1e-8); }
 
+// Keys K [B, S, d], per sample.
+struct KeysContext {
+  Var keys;
+  static const ContextFields<KeysContext>& Fields() {
+    static const auto fields =
+        ContextFields<KeysContext>("KeysContext").PerSample("keys", &KeysContext::keys);
+    return fields;
+  }
+};
+
 // A layer written as an energy only: per sample z [d] with keys K [S, d],
 //   E(z) = a/2 |z|^2 - lse(K z) - b.z,
 // a [1] and b [d] learnable. Its Hessian a I - Cov_p[K] is positive definite
 // for a above the keys' spread, so the default gradient step contracts.
-class QuadraticLseEnergy : public EnergyLayer {
+class QuadraticLseEnergy : public EnergyLayer<KeysContext> {
  public:
   explicit QuadraticLseEnergy(int64_t dim) {
     a_ = RegisterParameter("a", Tensor::Full({1}, 2.0, DType::kFloat64));
@@ -42,8 +52,8 @@ class QuadraticLseEnergy : public EnergyLayer {
   }
   std::string Name() const override { return "QuadraticLseEnergy"; }
 
-  Var Energy(const Var& z, const EnergyContext& ctx) const override {
-    const Var& keys = ctx.Get("keys");  // [B, S, d]
+  Var Energy(const Var& z, const KeysContext& ctx) const override {
+    const Var& keys = ctx.keys;  // [B, S, d]
     Var scores = reshape(matmul(keys, reshape(z, Shape{z.dim(0), z.dim(1), 1})),
                          Shape{z.dim(0), keys.dim(1)});
     Var quadratic = mul(mul_scalar(sum(square(z), 1), 0.5), a_);
@@ -71,8 +81,7 @@ TEST(ImplicitEnergyTest, HopfieldGradientMatchesFiniteDifferencesOfTheSolve) {
   // Context: the stored patterns.
   auto r = CheckGradients(
       [&](const VarList& in) {
-        EnergyContext ctx;
-        ctx.Set("keys", in[0]);
+        const HopfieldContext ctx{.keys = in[0]};
         return solved.Forward(ctx, Var(xi0));
       },
       {RandnVar({2, 1, 5, 4}, rng, 0.5)}, SolveTolerances());
@@ -88,15 +97,13 @@ TEST(ImplicitEnergyTest, HopfieldGradientMatchesFiniteDifferencesOfTheSolve) {
   auto p = testing_energy::CheckParameterGradients(
       solved,
       [&] {
-        EnergyContext ctx;
-        ctx.Set("keys", keys);
+        const HopfieldContext ctx{.keys = keys};
         return sum(mul(solved.Forward(ctx, Var(xi0)), Var(probe)));
       },
       1e-5, 1e-5, 1e-8);
   EXPECT_TRUE(p) << p;
   solved.ZeroGrad();
-  EnergyContext ctx;
-  ctx.Set("keys", keys);
+  const HopfieldContext ctx{.keys = keys};
   backward(sum(mul(solved.Forward(ctx, Var(xi0)), Var(probe))));
   ASSERT_TRUE(layer->beta().has_grad());
   EXPECT_GT(testing_energy::MaxAbs(layer->beta().grad().value()), 1e-3);
@@ -109,8 +116,7 @@ TEST(ImplicitEnergyTest, EnergyOnlyLayerGradientMatchesFiniteDifferences) {
   const Tensor z0 = Randn({3, 3}, rng);
   auto r = CheckGradients(
       [&](const VarList& in) {
-        EnergyContext ctx;
-        ctx.Set("keys", in[0]);
+        const KeysContext ctx{.keys = in[0]};
         return solved.Forward(ctx, Var(z0));
       },
       {RandnVar({3, 4, 3}, rng, 0.5)}, SolveTolerances());
@@ -120,15 +126,13 @@ TEST(ImplicitEnergyTest, EnergyOnlyLayerGradientMatchesFiniteDifferences) {
   auto p = testing_energy::CheckParameterGradients(
       solved,
       [&] {
-        EnergyContext ctx;
-        ctx.Set("keys", keys);
+        const KeysContext ctx{.keys = keys};
         return sum(mul(solved.Forward(ctx, Var(z0)), Var(probe)));
       },
       1e-5, 1e-5, 1e-8);
   EXPECT_TRUE(p) << p;
   // The solution is a stationary point: the energy's gradient vanishes.
-  EnergyContext ctx;
-  ctx.Set("keys", keys);
+  const KeysContext ctx{.keys = keys};
   NoGrad no_grad;
   const Var z_star = solved.Forward(ctx, Var(z0));
   EXPECT_LT(testing_energy::MaxAbs(layer->EnergyGrad(z_star, ctx).value()), 1e-10);
@@ -149,8 +153,7 @@ TEST(ImplicitEnergyTest, HopfieldEnergyTraceIsNonIncreasing) {
   ImplicitOptions implicit = TightOptions(ForwardSolverType::kPicard);
   implicit.forward.absolute_tolerance = 1e-10;
   Implicit solved(layer, implicit, EnergyImplicitOptions{.trace_energy = true});
-  EnergyContext ctx;
-  ctx.Set("keys", RandnVar({3, 1, 6, 4}, rng));
+  const HopfieldContext ctx{.keys = RandnVar({3, 1, 6, 4}, rng)};
   const Var xi0 = RandnVar({3, 1, 2, 4}, rng);
   const Var z_star = solved.Forward(ctx, xi0);
   const std::vector<std::vector<double>>& trace = solved.energy_trace();
@@ -178,8 +181,7 @@ TEST(ImplicitEnergyTest, TraceIsEmptyWhenOff) {
   Rng rng(4);
   auto layer = std::make_shared<HopfieldAttention>(RawHopfield(), rng);
   Implicit solved(layer, TightOptions());
-  EnergyContext ctx;
-  ctx.Set("keys", RandnVar({1, 1, 3, 4}, rng));
+  const HopfieldContext ctx{.keys = RandnVar({1, 1, 3, 4}, rng)};
   solved.Forward(ctx, RandnVar({1, 1, 2, 4}, rng));
   EXPECT_TRUE(solved.energy_trace().empty());
   solved.mutable_energy_options().trace_energy = true;
@@ -193,8 +195,7 @@ TEST(ImplicitEnergyTest, SummariesAreFilled) {
   Implicit solved(layer, TightOptions());
   Var keys = RandnVar({2, 1, 5, 4}, rng);
   keys.set_requires_grad(true);
-  EnergyContext ctx;
-  ctx.Set("keys", keys);
+  const HopfieldContext ctx{.keys = keys};
   Var z_star = solved.Forward(ctx, RandnVar({2, 1, 2, 4}, rng, 0.5));
   EXPECT_EQ(solved.forward_summary().termination_type, TerminationType::kConverged)
       << solved.forward_summary().BriefReport();
@@ -213,8 +214,7 @@ TEST(ImplicitEnergyTest, SummariesAreFilled) {
 TEST(ImplicitEnergyTest, CeresLbfgsMinimisesTheEnergy) {
   Rng rng(6);
   auto layer = std::make_shared<QuadraticLseEnergy>(3);
-  EnergyContext ctx;
-  ctx.Set("keys", RandnVar({2, 4, 3}, rng, 0.5));
+  const KeysContext ctx{.keys = RandnVar({2, 4, 3}, rng, 0.5)};
   const Var z0 = RandnVar({2, 3}, rng);
   NoGrad no_grad;
   Implicit anderson(layer, TightOptions());
@@ -234,14 +234,13 @@ TEST(ImplicitEnergyTest, MisuseIsAnError) {
   auto layer = std::make_shared<QuadraticLseEnergy>(3);
   Implicit solved(layer);
   EXPECT_THROW(solved.Forward(RandnVar({2, 3}, rng)), Error);
-  EnergyContext ctx;
-  ctx.Set("keys", RandnVar({2, 4, 3}, rng));
+  const KeysContext ctx{.keys = RandnVar({2, 4, 3}, rng)};
   EXPECT_THROW(solved.Forward(ctx, RandnVar({3, 3}, rng)), Error);  // batch mismatch
   Implicit plain([](const Var& z, const Var& u, const std::vector<int64_t>&) {
     return add(mul_scalar(z, 0.5), u);
   });
   EXPECT_THROW(plain.Forward(ctx, RandnVar({2, 3}, rng)), Error);
-  EXPECT_THROW(Implicit(std::shared_ptr<EnergyLayer>()), Error);
+  EXPECT_THROW(Implicit(std::shared_ptr<EnergyLayerBase>()), Error);
 }
 
 }  // namespace

@@ -332,8 +332,8 @@ Tensor ClampedValues(SequenceModel& model,
   // Each key unit's value depends on its own token and position only (the
   // block normalises each token, then projects it), so one pass gives every
   // clamped position its value.
-  const EnergyBlockProblem problem = model.energy_block()->Prepare(model.Embed(labelled, shape));
-  const Var& values = problem.context.Get("values");  // [B, H, T, dv]
+  const EnergyBlockProblemPtr problem = model.energy_block()->Prepare(model.Embed(labelled, shape));
+  const Var& values = ContextOf<ProbabilisticContext>(*problem->energy).values;  // [B, H, T, dv]
   const Var tokens = permute(values, {0, 2, 1, 3});
   return reshape(tokens, Shape{values.dim(0), values.dim(2), values.dim(1) * values.dim(3)})
       .value()

@@ -192,13 +192,13 @@ Measured RunTrainedModel(const HiddenStateDemoOptions& o) {
 
   CellFn f;
   Tensor z0;
-  EnergyBlockProblem problem;
+  EnergyBlockProblemPtr problem;
   if (model.options().kind == ModelKind::kEnergy) {
     problem = model.energy_block()->Prepare(u);
-    z0 = problem.initial_state.value().Clone();
+    z0 = problem->initial_state.value().Clone();
     std::vector<int64_t> dims;
     for (int i = 1; i < z0.rank(); ++i) dims.push_back(z0.dim(i));
-    f = MakeUpdateCell(*model.energy_block()->layer(), problem.context, Shape(dims));
+    f = MakeUpdateCell(problem->energy, Shape(dims));
   } else {
     std::shared_ptr<Cell> cell = model.cell(0);
     const Var injection = u;
