@@ -85,7 +85,7 @@ TEST(EnergyContextTest, MembersGiveSamplesValuesAndDescription) {
   const ContextFields<KeysContext>& fields = KeysContext::Fields();
   EXPECT_EQ(fields.BatchSize(ctx, "test"), 4);
   EXPECT_EQ(fields.BatchSize(KeysContext{}, "test"), -1);
-  EXPECT_EQ(fields.BatchSize(KeysContext{.scale = ctx.scale}, "test"), -1);
+  EXPECT_EQ(fields.BatchSize(KeysContext{.keys = {}, .scale = ctx.scale}, "test"), -1);
   // The undefined mask is absent: two values, in declaration order.
   const VarList values = fields.Values(ctx);
   ASSERT_EQ(values.size(), 2u);
