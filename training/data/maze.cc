@@ -29,18 +29,15 @@ struct MazeOptions {
 
   static const OptionFields<MazeOptions>& Fields() {
     using O = MazeOptions;
-    static const auto* fields =
-        &(new OptionFields<O>)
-             ->Int("size", &O::size, 2, 31,
-                   "Cells per side of the training mazes, drawn as (2 size + 1)^2 tokens "
-                   "(`stillpoint eval --size` for the held-out set)")
-             .Int("min_size", &O::min_size, 0, 31,
-                  "Training mazes get a random size from task.min_size to task.size cells per "
-                  "side, each at a random place in the task.size grid, walls around it; the "
-                  "held-out mazes keep task.size (0: every training maze has task.size)")
-             .Int("train_examples", &O::train_examples, 1, 1 << 24, "Training sequences generated")
-             .Int("test_examples", &O::test_examples, 1, 1 << 24,
-                  "Held-out sequences generated with another seed");
+    static const auto* fields = &ExampleCountFields(
+        (new OptionFields<O>)
+            ->Int("size", &O::size, 2, 31,
+                  "Cells per side of the training mazes, drawn as (2 size + 1)^2 tokens "
+                  "(`stillpoint eval --size` for the held-out set)")
+            .Int("min_size", &O::min_size, 0, 31,
+                 "Training mazes get a random size from task.min_size to task.size cells per "
+                 "side, each at a random place in the task.size grid, walls around it; the "
+                 "held-out mazes keep task.size (0: every training maze has task.size)"));
     return *fields;
   }
 };

@@ -35,10 +35,8 @@ struct PrefixSumOptions {
       f->Bool("start_token", &O::start_token,
               "prefix_sum and prefix_parity: open every sequence with a start symbol (its "
               "target ignored) before its task.length digits, so that models with relative "
-              "or no positions can tell the first tokens apart")
-          .Int("train_examples", &O::train_examples, 1, 1 << 24, "Training sequences generated")
-          .Int("test_examples", &O::test_examples, 1, 1 << 24,
-               "Held-out sequences generated with another seed");
+              "or no positions can tell the first tokens apart");
+      ExampleCountFields(*f);
       return f;
     }();
     return *fields;

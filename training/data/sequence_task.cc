@@ -4,13 +4,10 @@ namespace stillpoint {
 
 const OptionFields<SequenceTaskOptions>& SequenceTaskOptions::Fields() {
   using O = SequenceTaskOptions;
-  static const auto* fields =
-      &(new OptionFields<O>)
-           ->Int("length", &O::length, 2, 4096, "Tokens per training sequence")
-           .Int("vocab_size", &O::vocab_size, 2, 1 << 20, "Symbols of the sequences")
-           .Int("train_examples", &O::train_examples, 1, 1 << 24, "Training sequences generated")
-           .Int("test_examples", &O::test_examples, 1, 1 << 24,
-                "Held-out sequences generated with another seed");
+  static const auto* fields = &ExampleCountFields(
+      (new OptionFields<O>)
+          ->Int("length", &O::length, 2, 4096, "Tokens per training sequence")
+          .Int("vocab_size", &O::vocab_size, 2, 1 << 20, "Symbols of the sequences"));
   return *fields;
 }
 

@@ -128,6 +128,17 @@ TaskDefinition DefineTask(std::string doc,
 template <typename Options>
 using ApplyOverrides = std::function<Options(Options, const DatasetRequest&)>;
 
+// Declares task.train_examples and task.test_examples, the example counts
+// DefineSyntheticTask reads, on a task's fields: one declaration, so the
+// tasks that share the keys agree on their type, range and wording.
+template <typename Options>
+OptionFields<Options>& ExampleCountFields(OptionFields<Options>& fields) {
+  return fields
+      .Int("train_examples", &Options::train_examples, 1, 1 << 24, "Training sequences generated")
+      .Int("test_examples", &Options::test_examples, 1, 1 << 24,
+           "Held-out sequences generated with another seed");
+}
+
 // A synthetic task: Options has int64_t train_examples and test_examples;
 // `draw` makes `examples` examples from `seed`; `test_options` applies the
 // request's overrides (--length, --size) to the held-out set's options.
