@@ -18,7 +18,7 @@
 #error "the build gives the path of the stillpoint program"
 #endif
 
-namespace stillpoint {
+namespace stillpoint::energy_transformer_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -58,4 +58,4 @@ TEST_F(EnergyTransformerExampleTest, LearnsTheReverseTaskOnAReducedBudget) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_transformer_test

@@ -21,7 +21,7 @@
 #error "the build gives the path of the stillpoint program"
 #endif
 
-namespace stillpoint {
+namespace stillpoint::expfam_attention_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -67,4 +67,4 @@ TEST_F(ExpFamAttentionTrainingTest, ExplicitTransformerLearnsTheReverseTask) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::expfam_attention_test

@@ -19,7 +19,7 @@
 #error "the build gives the path of the stillpoint program"
 #endif
 
-namespace stillpoint {
+namespace stillpoint::seed_demos_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -244,4 +244,4 @@ TEST_F(SeedDemosTest, BadInputExitsWithTwoAndNamesTheCulprit) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::seed_demos_test

@@ -27,7 +27,7 @@
 #error "the build gives the path of the stillpoint program"
 #endif
 
-namespace stillpoint {
+namespace stillpoint::stable_equilibria_test {
 namespace {
 
 using testing_support::TrainCommand;
@@ -118,4 +118,4 @@ TEST_F(StableEquilibriaTest, TheImplicitCellContractsWithTheDefaultPenalty) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::stable_equilibria_test

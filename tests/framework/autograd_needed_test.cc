@@ -10,7 +10,7 @@
 #include "framework/ops.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::autograd_needed_test {
 namespace {
 
 Var Random(const Shape& shape, uint64_t seed, bool requires_grad = true) {
@@ -118,4 +118,4 @@ TEST(InputGradNeededTest, SkippingDoesNotChangeTheRequestedGradients) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::autograd_needed_test

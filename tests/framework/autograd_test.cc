@@ -14,7 +14,7 @@
 #include "framework/parallel.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::autograd_test {
 namespace {
 
 Var Leaf(std::initializer_list<double> values, bool requires_grad = true) {
@@ -290,4 +290,4 @@ TEST(GradModeTest, IsPerThreadAndParallelForTasksTakeTheCallers) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::autograd_test

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace stillpoint::internal {
+namespace stillpoint::internal::gemm_test {
 namespace {
 
 template <typename T>
@@ -412,4 +412,4 @@ TEST(GemmTest, NamesItsBackend) {
 }
 
 }  // namespace
-}  // namespace stillpoint::internal
+}  // namespace stillpoint::internal::gemm_test

@@ -8,7 +8,7 @@
 #include "framework/ops.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::gradcheck_test {
 namespace {
 
 Var RandomInput(const Shape& shape, uint64_t seed) {
@@ -153,4 +153,4 @@ TEST(GradCheckTest, CheckParameterGradientsComparesTheModulesOwnParameters) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::gradcheck_test

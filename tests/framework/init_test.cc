@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace stillpoint {
+namespace stillpoint::init_test {
 namespace {
 
 struct Moments {
@@ -211,4 +211,4 @@ TEST(InitErrorsTest, EmptyWeightIsLeftAlone) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::init_test

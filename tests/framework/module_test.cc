@@ -9,7 +9,7 @@
 
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::module_test {
 namespace {
 
 // Expects `statement` to throw stillpoint::Error whose message contains every
@@ -307,4 +307,4 @@ TEST(ModuleTest, ToStringMarksSharedModules) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::module_test

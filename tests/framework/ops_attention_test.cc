@@ -14,7 +14,7 @@
 #include "framework/parallel.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::ops_attention_test {
 namespace {
 
 Var Random(const Shape& shape,
@@ -481,4 +481,4 @@ TEST(MultiHeadAttentionTest, ErrorsNameTheOpAndShapes) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::ops_attention_test

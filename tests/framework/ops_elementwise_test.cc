@@ -17,7 +17,7 @@
 #include "framework/random.h"
 #include "framework/kernels/vector_math.h"
 
-namespace stillpoint {
+namespace stillpoint::ops_elementwise_test {
 namespace {
 
 using UnaryOp = std::function<Var(const Var&)>;
@@ -543,4 +543,4 @@ TEST(ElementwiseOpsTest, GeluRecordedValueAndVjpMatchTheSeparateKernelsBitwise) 
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::ops_elementwise_test

@@ -19,7 +19,7 @@
 #include "framework/parallel.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::ops_em_test {
 namespace {
 
 Tensor RandomTensor(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat64) {
@@ -231,4 +231,4 @@ TEST(EmQueryLogitsTest, PerKeyPrecisionFallsBackToTheComposedOps) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::ops_em_test

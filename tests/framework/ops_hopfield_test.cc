@@ -14,7 +14,7 @@
 #include "framework/ops.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::ops_hopfield_test {
 namespace {
 
 Tensor RandomTensor(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat64) {
@@ -134,4 +134,4 @@ TEST(HopfieldUpdateTest, MismatchedShapesAreErrors) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::ops_hopfield_test

@@ -18,7 +18,7 @@
 #include "framework/parallel.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::ops_linalg_test {
 namespace {
 
 Var Random(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat64) {
@@ -531,4 +531,4 @@ TEST(FeedForwardTest, ErrorsNameTheOpAndShapes) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::ops_linalg_test

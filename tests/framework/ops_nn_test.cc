@@ -15,7 +15,7 @@
 #include "framework/parallel.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::ops_nn_test {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -588,4 +588,4 @@ TEST(CrossEntropyTest, BadTargets) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::ops_nn_test

@@ -15,7 +15,7 @@
 #include "framework/parallel.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::ops_reduce_test {
 namespace {
 
 Var Normal(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat64) {
@@ -418,4 +418,4 @@ TEST(ReduceTest, ReductionGradientsAreIdenticalForOneAndTwoThreads) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::ops_reduce_test

@@ -12,7 +12,7 @@
 #include "framework/parallel.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::ops_shape_test {
 namespace {
 
 Var Random(const Shape& shape, uint64_t seed, DType dtype = DType::kFloat64) {
@@ -340,4 +340,4 @@ TEST(ShapeOpsTest, LargeCopiesAreIndependentOfThreadCount) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::ops_shape_test

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace stillpoint {
+namespace stillpoint::option_fields_test {
 namespace {
 
 enum class Color { kRed, kBlue };
@@ -88,4 +88,4 @@ TEST(OptionFieldsTest, DescribePrintsEveryFieldAndSettersRoundTrip) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::option_fields_test

@@ -13,7 +13,7 @@
 
 #include "framework/check.h"
 
-namespace stillpoint {
+namespace stillpoint::parallel_test {
 namespace {
 
 TEST(ParallelTest, ParallelForCoversEveryIndexOnce) {
@@ -186,4 +186,4 @@ TEST(ParallelTest, DISABLED_ARaceBetweenLoopBodiesIsReportedByThreadSanitizer) {
 #endif
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::parallel_test

@@ -16,7 +16,7 @@
 #include "framework/random.h"
 #include "tests/scratch_path.h"
 
-namespace stillpoint {
+namespace stillpoint::serialize_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -466,4 +466,4 @@ TEST_F(SerializeTest, ModuleShapeMismatchNamesFileAndParameter) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::serialize_test

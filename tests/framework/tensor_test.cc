@@ -13,7 +13,7 @@
 #include "framework/kernels/buffer.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::tensor_test {
 namespace {
 
 TEST(ShapeTest, ExtentsNumelAndNegativeAxes) {
@@ -287,4 +287,4 @@ TEST(RngTest, NormalHasUnitMomentsAndUniformIsInRange) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::tensor_test

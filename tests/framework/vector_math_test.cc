@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-namespace stillpoint::internal {
+namespace stillpoint::internal::vector_math_test {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -261,4 +261,4 @@ TEST(VectorMathTest, DoubleKeepsLibm) {
 }
 
 }  // namespace
-}  // namespace stillpoint::internal
+}  // namespace stillpoint::internal::vector_math_test

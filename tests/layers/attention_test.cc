@@ -12,7 +12,7 @@
 #include "framework/ops.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::attention_test {
 namespace {
 
 constexpr DType kF64 = DType::kFloat64;
@@ -177,4 +177,4 @@ TEST(AttentionReferenceTest, Float32AgreesWithFloat64) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::attention_test

@@ -21,10 +21,10 @@
 #include "layers/mlp.h"
 #include "tests/layers/module_gradcheck.h"
 
-namespace stillpoint {
+namespace stillpoint::building_blocks_test {
 namespace {
 
-using testing::CheckModuleGradients;
+using testing_support::CheckModuleGradients;
 constexpr DType kF64 = DType::kFloat64;
 
 Var RandomVar(const Shape& shape, Rng& rng, double stddev = 1.0) {
@@ -476,4 +476,4 @@ TEST(DEQCellTest, RejectsUnknownExtraOption) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::building_blocks_test

@@ -13,7 +13,7 @@
 #include "layers/models.h"
 #include "tests/layers/module_gradcheck.h"
 
-namespace stillpoint {
+namespace stillpoint::correction_loss_test {
 namespace {
 
 ModelOptions ImplicitOptions64(int sampled_iterates) {
@@ -58,7 +58,7 @@ TEST(FixedPointCorrectionLossTest, ItsGradientMatchesFiniteDifferencesInFloat64)
   flat.gamma = 1.0;
   EXPECT_NE(model.FixedPointCorrectionLoss(model.Embed(kIds, kShape), TaskLoss, flat).item(),
             value);
-  const GradCheckResult result = testing::CheckModuleGradients(model, loss, {});
+  const GradCheckResult result = testing_support::CheckModuleGradients(model, loss, {});
   EXPECT_TRUE(result.ok) << result.log;
   EXPECT_GT(result.entries_checked, 100);
   EXPECT_FALSE(result.all_zero);
@@ -78,4 +78,4 @@ TEST(FixedPointCorrectionLossTest, NeedsAnImplicitModelWithKeptIterates) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::correction_loss_test

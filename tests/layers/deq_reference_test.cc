@@ -28,7 +28,7 @@
 #error "STILLPOINT_SOURCE_DIR must name the source tree (set by tests/CMakeLists.txt)"
 #endif
 
-namespace stillpoint {
+namespace stillpoint::deq_reference_test {
 namespace {
 
 constexpr double kRelativeTolerance = 1e-8;
@@ -219,4 +219,4 @@ TEST(DEQReferenceTest, ParameterNamesAndOrderMatchTheReference) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::deq_reference_test

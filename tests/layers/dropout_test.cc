@@ -12,7 +12,7 @@
 #include "framework/random.h"
 #include "layers/linear.h"
 
-namespace stillpoint {
+namespace stillpoint::dropout_test {
 namespace {
 
 constexpr DType kF64 = DType::kFloat64;
@@ -112,4 +112,4 @@ TEST(DropoutTest, RejectsInvalidProbability) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::dropout_test

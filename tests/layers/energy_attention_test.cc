@@ -20,7 +20,7 @@
 #include "layers/probabilistic_attention.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_attention_test {
 namespace {
 
 using testing_energy::Randn;
@@ -306,4 +306,4 @@ TEST(EnergyAttentionTest, ProbabilisticPrecisionsArePositiveByConstruction) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_attention_test

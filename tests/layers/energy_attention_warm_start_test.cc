@@ -17,7 +17,7 @@
 #include "solvers/solve_scope.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_attention_warm_start_test {
 namespace {
 
 using testing_energy::Randn;
@@ -193,4 +193,4 @@ TEST(WarmStartTest, StartsOnlyFromTheSameSamplesOfTheSameSolve) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_attention_warm_start_test

@@ -18,7 +18,7 @@
 #include "layers/models.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_block_test {
 namespace {
 
 using testing_energy::Randn;
@@ -359,4 +359,4 @@ TEST(EnergyModelTest, HopfieldQueriesLearnThroughTheFixedPoint) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_block_test

@@ -19,7 +19,7 @@
 #include "layers/implicit_layer.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_context_test {
 namespace {
 
 using testing_energy::Randn;
@@ -206,4 +206,4 @@ TEST(EnergyContextTest, ABlockRefusesAnotherBlocksProblem) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_context_test

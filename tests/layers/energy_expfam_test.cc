@@ -13,7 +13,7 @@
 #include "layers/expfam_attention.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_expfam_test {
 namespace {
 
 using testing_energy::CheckParameterGradients;
@@ -441,4 +441,4 @@ TEST(ExpFamAttentionTest, RejectsMisuse) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_expfam_test

@@ -15,7 +15,7 @@
 #include "layers/hopfield.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_hopfield_test {
 namespace {
 
 using testing_energy::CheckParameterGradients;
@@ -510,4 +510,4 @@ TEST(HopfieldAttentionTest, RejectsMismatchedInputs) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_hopfield_test

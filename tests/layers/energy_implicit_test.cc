@@ -21,7 +21,7 @@
 #include "solvers/implicit_solve.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_implicit_test {
 namespace {
 
 using testing_energy::DenseHessian;
@@ -313,4 +313,4 @@ TEST(EnergyImplicitTest, GradcheckEnergyTransformerFixedPoint) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_implicit_test

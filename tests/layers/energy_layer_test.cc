@@ -17,7 +17,7 @@
 #include "framework/ops.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_layer_test {
 namespace {
 
 using testing_energy::CheckParameterGradients;
@@ -253,4 +253,4 @@ TEST(EnergyLayerTest, AnEnergyNotShapedBatchIsRefused) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_layer_test

@@ -16,7 +16,7 @@
 #include "layers/probabilistic_attention.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_probabilistic_test {
 namespace {
 
 using testing_energy::CheckParameterGradients;
@@ -575,4 +575,4 @@ TEST(ProbabilisticAttentionTest, RejectsBadPrecisionsAndClamping) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_probabilistic_test

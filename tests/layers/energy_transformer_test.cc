@@ -15,7 +15,7 @@
 #include "framework/ops.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::energy_transformer_test {
 namespace {
 
 using testing_energy::CheckParameterGradients;
@@ -213,4 +213,4 @@ TEST(EnergyTransformerTest, RejectsMisuse) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::energy_transformer_test

@@ -16,7 +16,7 @@
 #include "layers/models.h"
 #include "tests/layers/module_gradcheck.h"
 
-namespace stillpoint {
+namespace stillpoint::fixed_point_penalties_test {
 namespace {
 
 const std::vector<int64_t> kIds = {1, 3, 0, 2, 4, 4, 1, 0};
@@ -51,7 +51,7 @@ TEST(FixedPointPenaltiesTest, JacobianPenaltyGradientMatchesFiniteDifferences) {
       return model.FixedPointJacobianPenalty(model.Embed(kIds, kShape), 2, probes);
     };
     EXPECT_GT(penalty({}).item(), 0.0);
-    const GradCheckResult result = testing::CheckModuleGradients(model, penalty, {});
+    const GradCheckResult result = testing_support::CheckModuleGradients(model, penalty, {});
     EXPECT_TRUE(result.ok) << result.log;
     EXPECT_GT(result.entries_checked, 50);
     EXPECT_FALSE(result.all_zero);
@@ -114,4 +114,4 @@ TEST(FixedPointPenaltiesTest, ModelsWithoutAFixedPointOfTheirOwnAreRefused) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::fixed_point_penalties_test

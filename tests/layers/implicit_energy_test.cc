@@ -17,7 +17,7 @@
 #include "layers/implicit_layer.h"
 #include "tests/layers/energy_test_util.h"
 
-namespace stillpoint {
+namespace stillpoint::implicit_energy_test {
 namespace {
 
 using testing_energy::Randn;
@@ -244,4 +244,4 @@ TEST(ImplicitEnergyTest, MisuseIsAnError) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::implicit_energy_test

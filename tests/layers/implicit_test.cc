@@ -16,7 +16,7 @@
 #include "layers/deq_cell.h"
 #include "tests/layers/module_gradcheck.h"
 
-namespace stillpoint {
+namespace stillpoint::implicit_test {
 namespace {
 
 constexpr DType kF64 = DType::kFloat64;
@@ -167,7 +167,7 @@ TEST(ImplicitTest, ModuleCellGradientsWrtInjectionAndParameters) {
   const Var u(RandomNormal({2, 3, 4}, 0.0, 1.0, kF64, rng));
   GradCheckOptions check;
   check.relative_tolerance = 1e-5;
-  auto r = testing::CheckModuleGradients(
+  auto r = testing_support::CheckModuleGradients(
       layer, [&](const VarList& in) { return layer.Forward(in[0]); }, {u}, check);
   EXPECT_TRUE(r) << r;
 }
@@ -255,7 +255,7 @@ TEST(ImplicitTest, GradientOfTheImplicitGradientMatchesFiniteDifferences) {
   GradCheckOptions check;
   check.relative_tolerance = 1e-5;
   check.absolute_tolerance = 1e-7;
-  auto r = testing::CheckModuleGradients(layer, forward, {u}, check);
+  auto r = testing_support::CheckModuleGradients(layer, forward, {u}, check);
   EXPECT_TRUE(r) << r;
 }
 
@@ -290,4 +290,4 @@ TEST(ImplicitTest, RejectsMismatchedInitialState) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::implicit_test

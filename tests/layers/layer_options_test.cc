@@ -23,7 +23,7 @@
 #include "layers/linear.h"
 #include "layers/probabilistic_attention.h"
 
-namespace stillpoint {
+namespace stillpoint::layer_options_test {
 namespace {
 
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
@@ -378,4 +378,4 @@ TEST(LayerOptionsTest, BuildingBlockOptions) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::layer_options_test

@@ -14,7 +14,7 @@
 #include "framework/random.h"
 #include "tests/layers/module_gradcheck.h"
 
-namespace stillpoint {
+namespace stillpoint::models_test {
 namespace {
 
 struct ToyBatch {
@@ -337,7 +337,7 @@ TEST(ModelTest, HopfieldReadoutGradientsMatchFiniteDifferences) {
   auto forward = [&](const VarList&) {
     return cross_entropy(model.Forward(batch.x, batch.shape), batch.classes);
   };
-  const GradCheckResult r = testing::CheckModuleGradients(model, forward, {});
+  const GradCheckResult r = testing_support::CheckModuleGradients(model, forward, {});
   EXPECT_TRUE(r) << r;
 }
 
@@ -356,4 +356,4 @@ TEST(ModelTest, KindNamesRoundTrip) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::models_test

@@ -18,7 +18,7 @@
 #include "framework/ops.h"
 
 namespace stillpoint {
-namespace testing {
+namespace testing_support {
 
 inline GradCheckResult CheckModuleGradients(Module& module,
                                             const std::function<Var(const VarList&)>& forward,
@@ -57,5 +57,5 @@ inline GradCheckResult CheckModuleGradients(Module& module,
   return result;
 }
 
-}  // namespace testing
+}  // namespace testing_support
 }  // namespace stillpoint

@@ -11,7 +11,7 @@
 #include "framework/random.h"
 #include "layers/models.h"
 
-namespace stillpoint {
+namespace stillpoint::path_independence_test {
 namespace {
 
 TEST(PathIndependenceScore, MatchesAHandComputation) {
@@ -149,4 +149,4 @@ TEST(InputInjection, FirstStepStartsFromTheInputAndInjectsNothing) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::path_independence_test

@@ -18,7 +18,7 @@
 #include "layers/energy_attention.h"
 #include "layers/models.h"
 
-namespace stillpoint {
+namespace stillpoint::positions_test {
 namespace {
 
 bool HasParameter(const Module& module, const std::string& name) {
@@ -359,4 +359,4 @@ TEST(ModelPositions, InvalidLayoutsNameTheProblem) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::positions_test

@@ -11,7 +11,7 @@
 #include "layers/deq_cell.h"
 #include "layers/linear.h"
 
-namespace stillpoint {
+namespace stillpoint::registry_test {
 namespace {
 
 bool Contains(const std::vector<std::string>& names, const std::string& name) {
@@ -123,4 +123,4 @@ TEST(RegistryTest, DuplicateNamesNeedReplace) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::registry_test

@@ -15,7 +15,7 @@
 #include "framework/parallel.h"
 #include "framework/random.h"
 
-namespace stillpoint {
+namespace stillpoint::adjoint_test {
 namespace {
 
 // Per-sample Jacobians and the VJP they define.
@@ -835,4 +835,4 @@ TEST(AdjointSummary, ReportsSayWhatHappened) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::adjoint_test

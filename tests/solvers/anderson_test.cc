@@ -40,7 +40,7 @@ void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 #pragma GCC diagnostic pop
 
-namespace stillpoint {
+namespace stillpoint::anderson_test {
 namespace {
 
 ForwardSolverOptions AndersonOptions() {
@@ -315,4 +315,4 @@ TEST(Anderson, InnerLoopAllocatesNothingAfterTheFirstIteration) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::anderson_test

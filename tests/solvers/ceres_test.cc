@@ -8,7 +8,7 @@
 #include "solvers/fixed_point_solver.h"
 #include "tests/solvers/problems.h"
 
-namespace stillpoint {
+namespace stillpoint::ceres_test {
 namespace {
 
 constexpr double kTolerance = 1e-8;
@@ -171,4 +171,4 @@ TEST(CeresBackends, TrustRegionRefusesLargeStates) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::ceres_test

@@ -11,7 +11,7 @@
 #include "solvers/fixed_point_solver.h"
 #include "tests/solvers/problems.h"
 
-namespace stillpoint {
+namespace stillpoint::fallback_test {
 namespace {
 
 ForwardSolverOptions Options(ForwardSolverType type) {
@@ -167,4 +167,4 @@ TEST(Fallback, LinksThatCannotRunAreSkippedAndSaidSo) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::fallback_test

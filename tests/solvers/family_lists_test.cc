@@ -24,7 +24,7 @@
 #include "solvers/implicit_solve.h"
 #include "tests/solvers/implicit_problems.h"
 
-namespace stillpoint {
+namespace stillpoint::family_lists_test {
 namespace {
 
 // Lines in each list, counted from the lists themselves.
@@ -152,4 +152,4 @@ TEST(FamilyLists, BackwardModesAreNamedAndEachRunsItsOwnBackward) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::family_lists_test

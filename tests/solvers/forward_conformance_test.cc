@@ -16,7 +16,7 @@
 #include "solvers/solver_summary.h"
 #include "tests/solvers/problems.h"
 
-namespace stillpoint {
+namespace stillpoint::forward_conformance_test {
 namespace {
 
 // Tolerances of the suite: solves stop at abs residual 1e-9 (float64); every
@@ -488,4 +488,4 @@ TEST(ForwardConformance, LbfgsWithoutEnergyIsMisuse) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::forward_conformance_test

@@ -15,7 +15,7 @@
 #include "solvers/implicit_solve.h"
 #include "tests/solvers/implicit_problems.h"
 
-namespace stillpoint {
+namespace stillpoint::implicit_grad_test {
 namespace {
 
 using implicit_test::AffineProblem;
@@ -660,4 +660,4 @@ TEST(ImplicitGrad, CellThatChangesShapeIsMisuse) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::implicit_grad_test

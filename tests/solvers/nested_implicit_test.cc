@@ -17,7 +17,7 @@
 #include "solvers/implicit_solve.h"
 #include "tests/solvers/implicit_problems.h"
 
-namespace stillpoint {
+namespace stillpoint::nested_implicit_test {
 namespace {
 
 using implicit_test::ImplicitProblem;
@@ -175,4 +175,4 @@ TEST(NestedImplicit, OutsideAnOuterAdjointSolveTheOptionChangesNothing) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::nested_implicit_test

@@ -14,7 +14,7 @@
 #include "solvers/fixed_point_solver.h"
 #include "solvers/solver_summary.h"
 
-namespace stillpoint {
+namespace stillpoint::options_test {
 namespace {
 
 TEST(ForwardSolverOptions, DefaultsAreValid) {
@@ -282,4 +282,4 @@ TEST(SolverSummary, UnusedOptionsAreReportedNotIgnored) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::options_test

@@ -29,7 +29,7 @@
 #include "framework/random.h"
 #include "solvers/fixed_point_solver.h"
 
-namespace stillpoint {
+namespace stillpoint::reference_roots_test {
 namespace {
 
 using Matrix = Eigen::MatrixXd;
@@ -370,4 +370,4 @@ TEST(ReferenceRoots, BroydenInitialScaleSolvesTheStiffStep) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::reference_roots_test

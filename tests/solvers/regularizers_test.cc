@@ -11,7 +11,7 @@
 #include "framework/ops.h"
 #include "tests/solvers/implicit_problems.h"
 
-namespace stillpoint {
+namespace stillpoint::regularizers_test {
 namespace {
 
 using implicit_test::AffineProblem;
@@ -358,4 +358,4 @@ TEST(FixedPointCorrection, RejectsMisuse) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::regularizers_test

@@ -10,7 +10,7 @@
 
 #include "framework/ops.h"
 
-namespace stillpoint {
+namespace stillpoint::solve_tally_test {
 namespace {
 
 using T = TerminationType;
@@ -77,4 +77,4 @@ TEST(SolveTally, TallyingAdjointsCountsEveryBackwardPass) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::solve_tally_test

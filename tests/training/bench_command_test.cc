@@ -29,7 +29,7 @@
 #error "STILLPOINT_SOURCE_DIR must name the source tree (set by tests/CMakeLists.txt)"
 #endif
 
-namespace stillpoint {
+namespace stillpoint::bench_command_test {
 namespace {
 
 const char* TinyPath() { return STILLPOINT_SOURCE_DIR "/tests/data/deq_tiny.json"; }
@@ -606,4 +606,4 @@ TEST(BenchCommandTest, EnergyAttentionW1ReportsItsInnerSolves) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::bench_command_test

@@ -20,7 +20,7 @@
 #include "framework/check.h"
 #include "training/cli/bench_command.h"
 
-namespace stillpoint {
+namespace stillpoint::bench_scale_test {
 namespace {
 
 BenchArgs ScaleArgs() {
@@ -211,4 +211,4 @@ TEST(BenchScaleTest, TextTableHasOneLinePerPoint) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::bench_scale_test

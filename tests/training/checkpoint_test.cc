@@ -8,7 +8,7 @@
 #include "framework/serialize.h"
 #include "tests/scratch_path.h"
 
-namespace stillpoint {
+namespace stillpoint::checkpoint_test {
 namespace {
 
 CheckpointState SampleState() {
@@ -135,4 +135,4 @@ TEST_F(CheckpointTest, MissingFileNamesThePath) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::checkpoint_test

@@ -24,7 +24,7 @@
 #error "the build gives the path of the stillpoint program"
 #endif
 
-namespace stillpoint {
+namespace stillpoint::cli_process_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -322,4 +322,4 @@ TEST_F(CliProcessTest, ARegularizerOnAModelWithoutAFixedPointIsRefused) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::cli_process_test

@@ -13,7 +13,7 @@
 #include "training/config_reference.h"
 #include "training/config_schema.h"
 
-namespace stillpoint {
+namespace stillpoint::config_cli_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -170,4 +170,4 @@ TEST(ConfigCommandTest, ResolvedConfigAndReferences) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::config_cli_test

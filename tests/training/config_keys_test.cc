@@ -40,7 +40,7 @@
 #include "training/trainer.h"
 #include "training/weights_file.h"
 
-namespace stillpoint {
+namespace stillpoint::config_keys_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -576,4 +576,4 @@ TEST_F(ConfigKeysTest, EveryKeyChangesBehaviour) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::config_keys_test

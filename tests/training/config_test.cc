@@ -14,7 +14,7 @@
 #include "training/trainer_options.h"
 #include "tests/scratch_path.h"
 
-namespace stillpoint {
+namespace stillpoint::config_test {
 namespace {
 
 ConfigSchema TestSchema() {
@@ -534,4 +534,4 @@ TEST(EnergyConfigTest, CompareKnowsTheEnergyVariants) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::config_test

@@ -29,7 +29,7 @@
 #include "tests/training/tiny_transformer.h"
 #include "training/optimizer.h"
 
-namespace stillpoint {
+namespace stillpoint::data_parallel_test {
 namespace {
 
 TEST(ShardRowsTest, CutsContiguousShardsThatDifferByAtMostOneRow) {
@@ -53,8 +53,8 @@ TEST(ShardRowsTest, RejectsImpossibleCuts) {
   EXPECT_THROW(ShardRows(4, 2, -1), Error);
 }
 
-using testing::TinyOptions;
-using testing::TinyShapes;
+using testing_support::TinyOptions;
+using testing_support::TinyShapes;
 
 // The shard's share of the batch's mean cross-entropy.
 DataParallel::ShardLoss TokenLoss(const TokenBatch& batch) {
@@ -291,4 +291,4 @@ TEST(DataParallelTest, BenchWithTwoShardsTrainsTheSameTrajectory) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::data_parallel_test

@@ -14,7 +14,7 @@
 #include "training/config_schema.h"
 #include "training/data/dataset_registry.h"
 
-namespace stillpoint {
+namespace stillpoint::dataset_test {
 namespace {
 
 // 50 examples of a synthetic task as a config with these keys draws them.
@@ -321,4 +321,4 @@ TEST_F(FileTest, DataFilesBeyondTheCapAreRefusedNamingTheKey) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::dataset_test

@@ -13,7 +13,7 @@
 #include "training/config/config.h"
 #include "training/config_schema.h"
 
-namespace stillpoint {
+namespace stillpoint::example_configs_test {
 namespace {
 
 std::vector<std::string> ExampleConfigs() {
@@ -48,4 +48,4 @@ TEST(ExampleConfigsTest, EveryExampleParsesAgainstTheSchema) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::example_configs_test

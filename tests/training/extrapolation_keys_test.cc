@@ -15,7 +15,7 @@
 #include "training/metrics.h"
 #include "training/trainer.h"
 
-namespace stillpoint {
+namespace stillpoint::extrapolation_keys_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -123,4 +123,4 @@ TEST_F(ExtrapolationKeysTest, ImplicitRunsLogThePathIndependenceScore) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::extrapolation_keys_test

@@ -29,7 +29,7 @@
 #include "training/experiment.h"
 #include "training/svg_plot.h"
 
-namespace stillpoint {
+namespace stillpoint::extrapolation_test {
 namespace {
 
 Config Load(const std::vector<std::string>& overrides) {
@@ -465,4 +465,4 @@ TEST(HeatMapSvgTest, CellsCarryTheirPercentAndMissingCellsAreEmpty) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::extrapolation_test

@@ -17,7 +17,7 @@
 #include "training/generate.h"
 #include "training/generate_step.h"
 
-namespace stillpoint {
+namespace stillpoint::generate_step_test {
 namespace {
 
 constexpr int64_t kVocab = 9;
@@ -244,4 +244,4 @@ TEST(GenerateFallbackTest, ModelsWithoutAStepReadTheWholeWindowAndSayWhy) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::generate_step_test

@@ -31,7 +31,7 @@
 #include "training/distributed_training.h"
 #include "training/optimizer.h"
 
-namespace stillpoint {
+namespace stillpoint::gradient_reducer_test {
 namespace {
 
 // Starts MPI when the test runs under mpirun (a no-op otherwise).
@@ -245,4 +245,4 @@ TEST(DistributedTest, GatheredStringsComeInRankOrder) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::gradient_reducer_test

@@ -20,7 +20,7 @@
 #include "training/metrics.h"
 #include "training/trainer.h"
 
-namespace stillpoint {
+namespace stillpoint::health_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -344,4 +344,4 @@ TEST_F(HealthTest, PooledCellsSayHowManySeedsTheyPool) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::health_test

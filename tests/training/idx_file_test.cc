@@ -14,7 +14,7 @@
 #include "training/data/fashion_mnist_reader.h"
 #include "training/data/idx_file.h"
 
-namespace stillpoint {
+namespace stillpoint::idx_file_test {
 namespace {
 
 using testing_support::ErrorOf;
@@ -159,4 +159,4 @@ TEST(FashionMnistTest, TheInstalledDatasetHasItsKnownShape) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::idx_file_test

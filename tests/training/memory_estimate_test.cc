@@ -11,7 +11,7 @@
 #include "training/config_schema.h"
 #include "training/experiment.h"
 
-namespace stillpoint {
+namespace stillpoint::memory_estimate_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -109,4 +109,4 @@ TEST(MemoryEstimateTest, TheGeneratedDatasetCountsAndItsKeysAreNamed) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::memory_estimate_test

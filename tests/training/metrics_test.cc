@@ -12,7 +12,7 @@
 #include "tests/scratch_path.h"
 #include "training/svg_plot.h"
 
-namespace stillpoint {
+namespace stillpoint::metrics_test {
 namespace {
 
 class MetricsTest : public ::testing::Test {
@@ -140,4 +140,4 @@ TEST(SvgPlotTest, LogScaleSkipsNonPositiveValuesAndEmptyDataSaysSo) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::metrics_test

@@ -10,7 +10,7 @@
 #include "framework/parallel.h"
 #include "training/schedule.h"
 
-namespace stillpoint {
+namespace stillpoint::optimizer_test {
 namespace {
 
 NamedVars OneParameter(double value, double gradient, const std::string& name = "w") {
@@ -297,4 +297,4 @@ TEST(ScheduleTest, StepAndConstant) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::optimizer_test

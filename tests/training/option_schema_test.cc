@@ -24,7 +24,7 @@
 #include "training/schedule.h"
 #include "training/trainer_options.h"
 
-namespace stillpoint {
+namespace stillpoint::option_schema_test {
 namespace {
 
 // For every config field of Options: the schema key prefix + name exists
@@ -255,4 +255,4 @@ TEST(OptionSchemaTest, TheSchemaAndTheSolverAgreeWhereTheyOnceDisagreed) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::option_schema_test

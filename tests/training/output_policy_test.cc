@@ -22,7 +22,7 @@
 #include "training/config/config.h"
 #include "training/run_directory.h"
 
-namespace stillpoint {
+namespace stillpoint::output_policy_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -351,4 +351,4 @@ TEST_F(OutputPolicyTest, StaleTemporariesAreRemovedAndLiveOnesKept) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::output_policy_test

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace stillpoint {
+namespace stillpoint::progress_test {
 namespace {
 
 // What a terminal would show on each redraw: the text between carriage
@@ -128,4 +128,4 @@ TEST(ProgressTest, NarrowerTerminalsGetShorterTextThenNoBarThenACut) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::progress_test

@@ -22,7 +22,7 @@
 #include "training/svg_plot.h"
 #include "training/trainer.h"
 
-namespace stillpoint {
+namespace stillpoint::report_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -360,4 +360,4 @@ TEST_F(ReportTest, ProvenanceIsRecordedInTheSummaryAndTheReport) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::report_test

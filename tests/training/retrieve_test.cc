@@ -15,7 +15,7 @@
 #include "tests/scratch_path.h"
 #include "training/cli/cli_commands.h"
 
-namespace stillpoint {
+namespace stillpoint::retrieve_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -231,4 +231,4 @@ TEST_F(RetrieveCliTest, OutOfRangeOptionsAreInputErrors) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::retrieve_test

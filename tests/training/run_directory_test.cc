@@ -21,7 +21,7 @@
 #include "training/signals.h"
 #include "training/trainer.h"
 
-namespace stillpoint {
+namespace stillpoint::run_directory_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -386,4 +386,4 @@ TEST_F(RunDirectoryTest, NegativeStopAfterAndConflictingFlagsAreBadInput) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::run_directory_test

@@ -36,7 +36,7 @@
 #error "STILLPOINT_SOURCE_DIR must name the source tree (set by tests/CMakeLists.txt)"
 #endif
 
-namespace stillpoint {
+namespace stillpoint::task_list_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -290,4 +290,4 @@ TEST(FamilyListsTest, NoFileCopiesThePositionSchemesByHand) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::task_list_test

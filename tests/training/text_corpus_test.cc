@@ -13,7 +13,7 @@
 #include "tests/scratch_path.h"
 #include "training/data/text_corpus.h"
 
-namespace stillpoint {
+namespace stillpoint::text_corpus_test {
 namespace {
 
 using testing_support::ErrorOf;
@@ -181,4 +181,4 @@ TEST(TextSplitTest, BitsPerCharacterIsNatsOverLnTwo) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::text_corpus_test

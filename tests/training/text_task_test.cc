@@ -19,7 +19,7 @@
 #include "training/summary_json.h"
 #include "training/trainer.h"
 
-namespace stillpoint {
+namespace stillpoint::text_task_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -270,4 +270,4 @@ TEST_F(TextTaskTest, ImplicitGenerationStartsFromThePreviousFixedPoint) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::text_task_test

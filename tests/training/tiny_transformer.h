@@ -7,7 +7,7 @@
 #include "training/cli/bench_command.h"
 
 namespace stillpoint {
-namespace testing {
+namespace testing_support {
 
 inline TransformerShapes TinyShapes() {
   TransformerShapes shapes;
@@ -25,5 +25,5 @@ inline ModelOptions TinyOptions(ModelKind kind, DType dtype) {
   return BenchModelOptions(TinyShapes(), kind, 6, dtype, 3);
 }
 
-}  // namespace testing
+}  // namespace testing_support
 }  // namespace stillpoint

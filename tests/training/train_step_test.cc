@@ -26,11 +26,11 @@
 #include "training/cli/bench_command.h"
 #include "tests/training/tiny_transformer.h"
 
-namespace stillpoint {
+namespace stillpoint::train_step_test {
 namespace {
 
-using testing::TinyOptions;
-using testing::TinyShapes;
+using testing_support::TinyOptions;
+using testing_support::TinyShapes;
 
 Batch TinyBatch() {
   const TokenBatch tokens = ReversalBatch(TinyShapes(), 5);
@@ -228,4 +228,4 @@ TEST(TrainStepTest, HoldUnconvergedHoldsBackAStepWhoseAdjointMissedItsTolerance)
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::train_step_test

@@ -21,7 +21,7 @@
 #include "training/metrics.h"
 #include "training/optimizer.h"
 
-namespace stillpoint {
+namespace stillpoint::trainer_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -777,4 +777,4 @@ TEST(ExampleConfigsTest, EveryShippedConfigLoadsAndBuilds) {
 }
 
 }  // namespace
-}  // namespace stillpoint
+}  // namespace stillpoint::trainer_test

@@ -3,11 +3,15 @@
 collision, every header with its implementation or a reason) and
 scripts/room_arrows.py (the rooms inside training/ include only their own
 room and the rooms below), each on the source tree and on small trees
-written here, which they must refuse.
+written here, which they must refuse; and that every test file of a folder
+executable keeps its code in a namespace named for the file, which the
+folder's unity build relies on (tests/CMakeLists.txt).
 
     python3 tests/walls/house_checks_test.py SOURCE_DIR
 """
+import glob
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -106,6 +110,26 @@ class RoomArrowsTest(unittest.TestCase):
                          "training/data/dataset.cc": '#include "training/config/config.h"\n'})
             code, out = run("room_arrows.py", root)
             self.assertEqual(code, 0, out)
+
+
+class TestFileNamespacesTest(unittest.TestCase):
+    """tests/<folder>/<stem>_test.cc are compiled several to a translation
+    unit, so each must open `namespace stillpoint::<stem>` (or
+    `stillpoint::internal::<stem>`) around its helpers and tests: helpers of
+    the same name in two files (a `Random`, a `kF64`) then cannot collide."""
+
+    def test_every_test_file_has_a_namespace_of_its_own(self):
+        files = sorted(glob.glob(os.path.join(ROOT, "tests", "*", "*_test.cc")))
+        self.assertGreater(len(files), 50)
+        missing = []
+        for path in files:
+            stem = os.path.basename(path)[:-len(".cc")]
+            with open(path, encoding="utf-8") as source:
+                text = source.read()
+            if not re.search(r"^namespace stillpoint(::internal)?::%s \{$" % re.escape(stem),
+                             text, re.MULTILINE):
+                missing.append(os.path.relpath(path, ROOT))
+        self.assertEqual(missing, [], "test files without `namespace stillpoint::<file stem> {`")
 
 
 if __name__ == "__main__":
