@@ -43,6 +43,21 @@ std::pair<int64_t, int64_t> CountCorrect(const Tensor& logits, const Batch& batc
   return {correct, counted};
 }
 
+void CountConfusion(const Tensor& logits, const Batch& batch, std::vector<int64_t>& counts) {
+  const int64_t rows = logits.dim(0), classes = logits.dim(1);
+  SP_CHECK(rows == static_cast<int64_t>(batch.targets.size()) &&
+               static_cast<int64_t>(counts.size()) == classes * classes,
+           "CountConfusion: ", rows, " rows of logits for ", batch.targets.size(),
+           " targets, ", counts.size(), " counts for ", classes, " classes");
+  const std::vector<double> values = logits.ToVector();
+  for (int64_t r = 0; r < rows; ++r) {
+    if (batch.targets[r] == kIgnoreTarget) continue;
+    const auto begin = values.begin() + r * classes;
+    const int64_t predicted = std::max_element(begin, begin + classes) - begin;
+    ++counts[batch.targets[r] * classes + predicted];
+  }
+}
+
 std::pair<int64_t, int64_t> CountSolved(const Tensor& logits, const Batch& batch) {
   const int64_t rows = logits.dim(0), classes = logits.dim(1);
   SP_CHECK(rows == static_cast<int64_t>(batch.targets.size()) && batch.batch_size > 0 &&

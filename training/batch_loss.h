@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "framework/autograd.h"
 #include "layers/models.h"
@@ -23,5 +24,8 @@ std::pair<int64_t, int64_t> CountCorrect(const Tensor& logits, const Batch& batc
 // (solved, counted) examples: an example is solved when the argmax is right
 // at every one of its targets; examples without a target are not counted.
 std::pair<int64_t, int64_t> CountSolved(const Tensor& logits, const Batch& batch);
+// Adds the batch's argmax predictions to counts [target * classes + predicted]
+// (classes: the logits' columns; targets ignored by the loss are skipped).
+void CountConfusion(const Tensor& logits, const Batch& batch, std::vector<int64_t>& counts);
 
 }  // namespace stillpoint

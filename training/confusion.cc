@@ -6,8 +6,7 @@
 #include <limits>
 #include <sstream>
 
-#include "framework/autograd.h"
-#include "training/experiment.h"
+#include "framework/check.h"
 #include "training/metrics.h"
 
 namespace stillpoint {
@@ -28,34 +27,16 @@ double ConfusionMatrix::Accuracy() const {
   return total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
 }
 
-ConfusionMatrix ComputeConfusion(SequenceModel& model, const Dataset& dataset,
-                                 int64_t batch_size, DType dtype,
-                                 const std::vector<std::string>& names) {
-  const DatasetInfo& info = dataset.info();
-  SP_CHECK(!info.per_token_targets, "ComputeConfusion: needs one target per example");
-  const int64_t classes = info.num_classes;
+ConfusionMatrix MakeConfusion(const std::vector<int64_t>& counts,
+                              const std::vector<std::string>& names) {
+  const auto classes = static_cast<int64_t>(std::lround(std::sqrt(counts.size())));
+  SP_CHECK(classes * classes == static_cast<int64_t>(counts.size()),
+           "MakeConfusion: ", counts.size(), " counts are not a square matrix");
   ConfusionMatrix matrix;
-  matrix.counts.assign(classes, std::vector<int64_t>(classes, 0));
-  for (int64_t c = 0; c < classes; ++c) {
-    matrix.names.push_back(c < static_cast<int64_t>(names.size()) ? names[c] : std::to_string(c));
+  for (int64_t t = 0; t < classes; ++t) {
+    matrix.counts.emplace_back(counts.begin() + t * classes, counts.begin() + (t + 1) * classes);
+    matrix.names.push_back(t < static_cast<int64_t>(names.size()) ? names[t] : std::to_string(t));
   }
-  const bool was_training = model.is_training();
-  model.Eval();
-  NoGrad no_grad;
-  for (int64_t begin = 0; begin < dataset.size(); begin += batch_size) {
-    std::vector<int64_t> indices;
-    for (int64_t i = begin; i < std::min(dataset.size(), begin + batch_size); ++i) {
-      indices.push_back(i);
-    }
-    const Batch batch = MakeBatch(dataset, indices, dtype);
-    const std::vector<double> logits = ForwardBatch(model, batch).value().ToVector();
-    for (std::size_t r = 0; r < batch.targets.size(); ++r) {
-      const auto row = logits.begin() + static_cast<int64_t>(r) * classes;
-      const int64_t predicted = std::max_element(row, row + classes) - row;
-      ++matrix.counts[batch.targets[r]][predicted];
-    }
-  }
-  model.Train(was_training);
   return matrix;
 }
 

@@ -7,9 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "layers/models.h"
-#include "training/data/dataset.h"
-
 namespace stillpoint {
 
 struct ConfusionMatrix {
@@ -24,12 +21,11 @@ struct ConfusionMatrix {
   double Accuracy() const;
 };
 
-// Counts the model's argmax predictions against the targets of every
-// example (eval mode, tape off; the mode is restored). One target per
-// example (classification) only.
-ConfusionMatrix ComputeConfusion(SequenceModel& model, const Dataset& dataset,
-                                 int64_t batch_size, DType dtype,
-                                 const std::vector<std::string>& names);
+// The matrix of an evaluation's counts [target * classes + predicted]
+// (EvalResult::confusion), with the class names (fewer names than classes:
+// the rest are named by their number).
+ConfusionMatrix MakeConfusion(const std::vector<int64_t>& counts,
+                              const std::vector<std::string>& names);
 
 std::string ConfusionSvg(const ConfusionMatrix& matrix, const std::string& title);
 // A Markdown table: class, examples, accuracy.

@@ -182,6 +182,9 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
     Rng rng(kPathIndependenceSeed);
     path_independence = model.ComparePaths(EmbedBatch(model, batch), rng);
   }
+  const DatasetInfo& info = dataset.info();
+  std::vector<int64_t> confusion;  // this rank's batches
+  if (!info.per_token_targets) confusion.assign(info.num_classes * info.num_classes, 0);
   int64_t batches = 0;
   for (int64_t begin = 0; begin < dataset.size(); begin += batch_size, ++batches) {
     if (batches % ranks != rank) continue;
@@ -193,6 +196,7 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
     const Var logits = ForwardBatch(model, batch);
     const auto [c, n] = CountCorrect(logits.value(), batch);
     const auto [solved, judged] = CountSolved(logits.value(), batch);
+    if (!confusion.empty()) CountConfusion(logits.value(), batch, confusion);
     const SolverStats stats = ForwardStats(model);
     mine.insert(mine.end(),
                 {n > 0 ? BatchLoss(logits, batch).item() * static_cast<double>(n) : 0.0,
@@ -212,8 +216,21 @@ EvalResult Evaluate(SequenceModel& model, const Dataset& dataset, int64_t batch_
       parts.push_back(std::move(part));
     }
   }
+  if (ranks > 1 && !confusion.empty()) {
+    std::vector<int64_t> total(confusion.size(), 0);
+    for (const std::string& bytes : AllGatherStrings(std::string(
+             reinterpret_cast<const char*>(confusion.data()), confusion.size() * sizeof(int64_t)))) {
+      SP_CHECK(bytes.size() == total.size() * sizeof(int64_t),
+               "Evaluate: a rank sent a confusion matrix of another size");
+      std::vector<int64_t> part(total.size());
+      std::memcpy(part.data(), bytes.data(), bytes.size());
+      for (std::size_t i = 0; i < total.size(); ++i) total[i] += part[i];
+    }
+    confusion = std::move(total);
+  }
   EvalResult result;
   result.path_independence = path_independence;
+  result.confusion = std::move(confusion);
   double loss_sum = 0, iterations_sum = 0;
   int64_t correct = 0, counted = 0, solved = 0, judged = 0;
   for (int64_t k = 0; k < batches; ++k) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "layers/models.h"
 #include "solvers/solver_summary.h"
@@ -65,6 +66,11 @@ struct EvalResult {
   // from zeros and from a random start (SequenceModel::ComparePaths) on the
   // first kPathIndependenceExamples examples; NaN for other kinds.
   PathIndependence path_independence;
+  // Classification (one target per example): how often each class was
+  // predicted for each true class, counts [target * classes + predicted],
+  // from the same pass as the figures above (all ranks' batches); empty for
+  // per-token targets.
+  std::vector<int64_t> confusion;
 };
 
 // Examples of the path-independence probe of every evaluation, and the

@@ -342,9 +342,9 @@ void TrainSession::Finish() {
   }
   if (!writes_) return;  // rank 0 writes the run directory
   if (settings_.log.plots) LogHook::WritePlots(summary_.run_dir);
-  const bool classification = !e_.test->info().per_token_targets;
-  if (classification && !ranks_ && step_ >= steps) {
-    summary_.confusion = ComputeConfusion(model_, *e_.test, eval_batch, e_.dtype, e_.class_names);
+  // The held-out evaluation's own counts: no second pass over the test set.
+  if (!summary_.final_eval.confusion.empty() && step_ >= steps) {
+    summary_.confusion = MakeConfusion(summary_.final_eval.confusion, e_.class_names);
     if (settings_.log.plots) {
       WriteTextFile(summary_.run_dir + "/confusion.svg",
                     ConfusionSvg(summary_.confusion, "Held-out confusion matrix"));
