@@ -21,20 +21,14 @@
 
 #include "framework/kernels/layer_norm_rows.h"
 #include "framework/ops.h"
-#include "framework/parallel.h"
+#include "framework/parallel_loops.h"
 #include "framework/kernels/vector_math.h"
 
 namespace stillpoint {
 namespace {
 
-// Row entries a task should process at least, so small inputs run inline.
-constexpr int64_t kEntriesPerTask = 1 << 14;
 // Rows per block of the deterministic cross-row reductions.
 constexpr int64_t kRowsPerBlock = 32;
-
-int64_t MinChunk(int64_t row_length) {
-  return std::max<int64_t>(1, kEntriesPerTask / std::max<int64_t>(1, row_length));
-}
 
 // x seen as [rows, n] with n the last extent.
 struct RowLayout {

@@ -12,17 +12,10 @@
 #include <vector>
 
 #include "framework/ops.h"
-#include "framework/parallel.h"
+#include "framework/parallel_loops.h"
 
 namespace stillpoint {
 namespace {
-
-// Entries a task should copy at least, so tiny copies run inline.
-constexpr int64_t kEntriesPerTask = 1 << 14;
-
-int64_t MinChunk(int64_t entries_per_index) {
-  return std::max<int64_t>(1, kEntriesPerTask / std::max<int64_t>(1, entries_per_index));
-}
 
 std::string VectorString(const std::vector<int64_t>& values) {
   std::string text = "[";

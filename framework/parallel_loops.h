@@ -15,6 +15,13 @@ namespace stillpoint {
 // Below this many elements a loop is not worth splitting across threads.
 inline constexpr int64_t kMinParallelElements = 16384;
 
+// The min_chunk of a ParallelFor over indices of entries_per_index elements
+// each (rows of a row op, blocks of a copy): enough indices for
+// kMinParallelElements elements, so small inputs run inline, and at least one.
+inline int64_t MinChunk(int64_t entries_per_index) {
+  return std::max<int64_t>(1, kMinParallelElements / std::max<int64_t>(1, entries_per_index));
+}
+
 // ParallelFor, except that a range of at most min_chunk indices runs inline
 // without building a std::function (small tensors pay no dispatch cost).
 template <typename Fn>

@@ -31,6 +31,7 @@ PROGRAM_STEMS = {"main"}
 
 HEADER_ONLY = {
     "framework/check.h": "the SP_CHECK macros",
+    "training/cli/exit_codes.h": "the exit codes, constants",
     "framework/ops.h": "declares the ops; defined by section in ops_<section>.cc",
     "framework/option_fields.h": "OptionFields<T>, a template",
     "framework/parallel_loops.h": "inline templates over raw arrays",

@@ -35,8 +35,18 @@ fi
 # test's backtrace and a sanitizer report still name file and line, and
 # every file compiles markedly faster (CONTRIBUTING.md). For variables and
 # types in a debugger, configure a build directory of your own (full -g).
+#
+# A unity build (CMake's CMAKE_UNITY_BUILD): the libraries' files compile in
+# batches of 8 to a translation unit, as the tests' do in every build
+# (tests/CMakeLists.txt), for markedly less compile time from a fresh clone
+# (CONTRIBUTING.md). The release builds (scripts/quickstart.sh) and the
+# sanitizer builds compile every file on its own, so a file that does not
+# include what it uses still fails there. STILLPOINT_UNITY=0 turns it off, for
+# quick rebuilds after editing one library file.
+unity=ON
+[[ "${STILLPOINT_UNITY:-1}" == 0 ]] && unity=OFF
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" "${launcher[@]}"
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_UNITY_BUILD=$unity "${launcher[@]}"
 cmake --build "$build_dir" -j "$jobs"
 # ctest ends with its summary: "N% tests passed, M tests failed out of K",
 # the total time, and the names of failed tests.
@@ -60,7 +70,7 @@ fi
 if grep -qw avx2 /proc/cpuinfo 2>/dev/null; then
   native_dir="$build_dir-native"
   cmake -S . -B "$native_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTILLPOINT_NATIVE=ON \
-    "${launcher[@]}"
+    -DCMAKE_UNITY_BUILD=$unity "${launcher[@]}"
   # framework_tests (and, with STILLPOINT_TESTS_PER_FILE in that directory,
   # the framework_<name>_test executables).
   mapfile -t native_tests < <(cmake --build "$native_dir" --target help |

@@ -8,11 +8,16 @@
 
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
 
 namespace stillpoint {
+
+// A figure that was not measured (or does not apply): an empty CSV cell, null
+// in JSON, a dash in a report; never a 0.
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 class MetricsWriter {
  public:

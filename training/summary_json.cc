@@ -14,8 +14,6 @@
 namespace stillpoint {
 namespace {
 
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 double Number(const YAML::Node& node, const std::string& key, double fallback = kNaN) {
   const YAML::Node value = node[key];
   if (!value || value.IsNull()) return fallback;

@@ -19,6 +19,7 @@
 #include "framework/random.h"
 #include "layers/energy_attention.h"
 #include "layers/energy_block.h"
+#include "training/cli/exit_codes.h"
 #include "training/config/config.h"
 #include "training/metrics.h"
 #include "training/retrieve.h"
@@ -26,9 +27,6 @@
 namespace stillpoint {
 namespace {
 
-constexpr int kOk = 0;
-constexpr int kRuntimeFailure = 1;
-constexpr int kBadInput = 2;
 // The most timed (or warm-up) steps one bench invocation takes.
 constexpr int64_t kMaxBenchSteps = 100000;
 
@@ -42,14 +40,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-// CPU time of the whole process (all threads), in seconds. With one thread
-// it is a load-robust companion of the wall time on a shared machine.
-double ProcessCpuSeconds() {
-  timespec now{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
-  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
 // Step-time statistics over the timed steps.
@@ -554,6 +544,12 @@ double TransformerStepFlops(const TransformerShapes& s, ModelKind kind, int iter
            3.0 * feed_forward + head;
   }
   return k * cell + feed_forward + k * vjp_state + vjp_all + head;
+}
+
+double ProcessCpuSeconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
 int64_t PeakResidentBytes() {

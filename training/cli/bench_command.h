@@ -206,6 +206,10 @@ class TransformerBench {
 // which the count leaves out.)
 double TransformerStepFlops(const TransformerShapes& shapes, ModelKind kind, int iterations);
 
+// CPU time of the whole process (all threads), in seconds. With one thread
+// it is a load-robust companion of the wall time on a shared machine.
+double ProcessCpuSeconds();
+
 // The peak resident set size of this process (VmHWM of /proc/self/status),
 // in bytes; 0 where it cannot be read.
 int64_t PeakResidentBytes();

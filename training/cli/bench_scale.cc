@@ -3,7 +3,6 @@
 #include "training/cli/bench_scale.h"
 
 #include <CLI/CLI.hpp>
-#include <time.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -19,15 +18,13 @@
 #include "framework/parallel.h"
 #include "training/cli/bench_command.h"
 #include "training/cli/child_process.h"
+#include "training/cli/exit_codes.h"
 #include "training/config/config.h"
 #include "training/svg_plot.h"
 
 namespace stillpoint {
 namespace {
 
-constexpr int kOk = 0;
-constexpr int kRuntimeFailure = 1;
-constexpr int kBadInput = 2;
 // Bounds that keep a mistyped grid from running for ever.
 constexpr int64_t kMaxLength = 1 << 16;
 constexpr int64_t kMaxDepth = 1024;
@@ -94,12 +91,6 @@ std::vector<std::string> ParseNameList(const std::string& text, const std::strin
 }
 
 using Clock = std::chrono::steady_clock;
-
-double ProcessCpuSeconds() {
-  timespec now{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
-  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
-}
 
 // The resident set now (VmRSS), in bytes; 0 where it cannot be read.
 int64_t ResidentBytes() {

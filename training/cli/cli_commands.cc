@@ -11,19 +11,20 @@
 #include <map>
 #include <ostream>
 
+#include "framework/parallel.h"
 #include "training/checkpoint.h"
-#include "training/report/compare.h"
-#include "training/report/compare_report.h"
+#include "training/cli/exit_codes.h"
 #include "training/config_reference.h"
 #include "training/config_schema.h"
 #include "training/distributed.h"
 #include "training/experiment.h"
 #include "training/gradient_check.h"
-#include "framework/parallel.h"
 #include "training/memory_estimate.h"
 #include "training/metrics.h"
-#include "training/retrieve.h"
 #include "training/output_policy.h"
+#include "training/report/compare.h"
+#include "training/report/compare_report.h"
+#include "training/retrieve.h"
 #include "training/run_directory.h"
 #include "training/signals.h"
 #include "training/trainer.h"
@@ -31,10 +32,6 @@
 
 namespace stillpoint {
 namespace {
-
-constexpr int kOk = 0;
-constexpr int kRuntimeFailure = 1;
-constexpr int kBadInput = 2;
 
 
 // Exit code of a run stopped by a signal, as a shell reports one killed by it.

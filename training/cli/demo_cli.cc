@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "training/cli/cli_commands.h"
+#include "training/cli/exit_codes.h"
 #include "training/config/config.h"
 #include "training/demos/correction_demo.h"
 #include "training/demos/exchangeable_demo.h"
@@ -16,9 +17,6 @@
 
 namespace stillpoint {
 namespace {
-
-constexpr int kOk = 0;
-constexpr int kBadInput = 2;
 
 // check: option validation (any error is bad input); work: a ConfigError
 // (an unusable run, input or output directory) is bad input, anything else

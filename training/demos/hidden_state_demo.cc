@@ -21,8 +21,6 @@
 namespace stillpoint {
 namespace {
 
-constexpr DType kF64 = DType::kFloat64;
-
 // The hidden states of one iteration as rows (one per token).
 Eigen::MatrixXd Rows(const Tensor& states, int64_t width) {
   const std::vector<double> v = states.ToVector();
@@ -145,11 +143,11 @@ Measured RunLayerNormEquilibrium(const HiddenStateDemoOptions& o) {
   std::vector<double> flat;
   for (int64_t i = 0; i < D; ++i)
     for (int64_t j = 0; j < D; ++j) flat.push_back(expansion(i, j));
-  const Var expand(Tensor::FromVector(Shape{D, D}, flat, kF64));  // symmetric
+  const Var expand(Tensor::FromVector(Shape{D, D}, flat, DType::kFloat64));  // symmetric
   const CellFn f = [expand](const Var& z, const std::vector<int64_t>&) {
     return layer_norm(matmul(z, expand), Var(), Var(), /*eps=*/0.0);
   };
-  const Tensor z0 = RandomNormal(Shape{o.tokens, D}, 0.0, 1.0, kF64, rng);
+  const Tensor z0 = RandomNormal(Shape{o.tokens, D}, 0.0, 1.0, DType::kFloat64, rng);
   const std::vector<Tensor> states = Iterate(f, z0, o.iterations);
   for (const Tensor& t : states) m.iterates.push_back(Rows(t, D));
   m.residual = RelativeResiduals(states);

@@ -31,8 +31,6 @@
 namespace stillpoint {
 namespace {
 
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 std::vector<double> DepthSweep(const Config& config) {
   std::vector<double> sweep = config.GetDoubleList("eval.iterations_sweep");
   if (sweep.empty()) sweep = {1, 2, 4, 8, 16, 32};

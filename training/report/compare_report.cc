@@ -21,8 +21,6 @@
 namespace stillpoint {
 namespace {
 
-const double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 std::string Scientific(double value) {
   if (!std::isfinite(value)) return "-";
   char buffer[32];
