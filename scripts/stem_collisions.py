@@ -31,7 +31,6 @@ PROGRAM_STEMS = {"main"}
 
 HEADER_ONLY = {
     "framework/check.h": "the SP_CHECK macros",
-    "training/cli/exit_codes.h": "the exit codes, constants",
     "framework/ops.h": "declares the ops; defined by section in ops_<section>.cc",
     "framework/option_fields.h": "OptionFields<T>, a template",
     "framework/parallel_loops.h": "inline templates over raw arrays",
@@ -53,6 +52,7 @@ HEADER_ONLY = {
     "training/statistics.h": "inline summary statistics",
     "training/data/task.h": "TaskDefinition and the DefineTask templates",
     "training/data/task_list.h": "an X-macro list (SP_TASKS)",
+    "training/cli/exit_codes.h": "the exit codes, constants",
     "python/src/py_bindings.h": "declares each py_*.cc's Register function",
 }
 

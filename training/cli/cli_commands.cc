@@ -33,7 +33,6 @@
 namespace stillpoint {
 namespace {
 
-
 // Exit code of a run stopped by a signal, as a shell reports one killed by it.
 int SignalExitCode(int signal_number) { return 128 + signal_number; }
 
