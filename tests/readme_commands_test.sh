@@ -65,11 +65,13 @@ case "$mode" in
     ;;
   command)
     command=$5
-    reduced_compare="train.steps=2 train.eval_every=2 train.checkpoint_every=2 eval.iterations_sweep=[1] eval.gradient_check_batch_size=2 log.progress=none"
+    reduced_compare="train.steps=2 train.eval_every=2 train.checkpoint_every=2 eval.max_examples=256 eval.iterations_sweep=[1] eval.gradient_check_batch_size=2 log.progress=none"
     line=${command/#build-release\/bin\/stillpoint/$binary}
     [[ "$command" == "build-release/bin/stillpoint train "* ]] && line="${line/ log.dir=/ train.steps=2 log.dir=}"
-    # A comparison runs two steps per variant, evaluated once (the examples'
-    # full budgets take minutes each); the README's own flags follow.
+    # A comparison runs two steps per variant, evaluated once on the first 256
+    # held-out examples (the examples' full budgets take minutes each, and the
+    # real-data examples' whole held-out sets most of the rest); the README's
+    # own flags follow.
     [[ "$command" == "build-release/bin/stillpoint compare "* ]] &&
       line="${line/.yaml/.yaml $reduced_compare}"
     if ! output=$(eval "$line" 2>&1); then

@@ -13,6 +13,7 @@
 #include "training/config_schema.h"
 #include "training/data/dataset_registry.h"
 #include "training/distributed.h"
+#include "training/trainer_options.h"
 
 namespace stillpoint {
 namespace {
@@ -64,7 +65,7 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
   DatasetRequest request{&config, config_path, length_override, seed, size_override};
   DatasetSplit split = MakeTaskSplit(request);
   e.train = std::move(split.train);
-  e.test = std::move(split.test);
+  e.test = FirstExamples(std::move(split.test), EvalOptions::FromConfig(config).max_examples);
   const int64_t vocab = split.vocab_size, classes = split.num_classes;
   const int64_t feature_dim = split.feature_dim, longest = split.longest;
   const bool per_token = split.per_token_targets;

@@ -68,6 +68,10 @@ const OptionFields<EvalOptions>& EvalOptions::Fields() {
   static const auto* fields =
       &(new OptionFields<O>)
            ->Int("batch_size", &O::batch_size, 1, 1 << 20, "Examples per evaluation batch")
+           .Int("max_examples", &O::max_examples, 0, 1 << 30,
+                "Evaluate on the first N held-out examples only (every evaluation: the periodic "
+                "and final ones, the iteration sweep, other lengths and sizes), for quick runs; "
+                "summary.json's test_examples says how many were evaluated (0: all of them)")
            .Int("gradient_check_batch_size", &O::gradient_check_batch_size, 0, 1 << 20,
                 "Models with an implicit layer: at every evaluation, the gradient the trainer "
                 "uses (its backward modes, warm starts and pretraining) is compared with a "

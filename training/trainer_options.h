@@ -43,6 +43,7 @@ struct TrainerOptions {
 // eval.*
 struct EvalOptions {
   int64_t batch_size = 256;
+  int64_t max_examples = 0;  // 0: the whole held-out set
   int64_t gradient_check_batch_size = 8;
   int64_t max_iterations = 0;
   double iterations_per_token = 0;  // 0: the trained iterations per training token

@@ -409,6 +409,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
         "stop"}},
       {"train.max_skipped_steps", {nonfinite, "1"}},
       {"eval.batch_size", {{}, "4"}},
+      {"eval.max_examples", {{}, "3"}},
       {"eval.max_iterations", {{}, "1"}},
       {"eval.iterations_sweep", {{}, "[1, 2]", ProbeKind::kCompare}},
       {"eval.lengths", {{}, "[6]", ProbeKind::kCompare}},

@@ -108,6 +108,21 @@ TEST(BatcherTest, CoversEveryExampleOncePerEpochAndRestoresItsPosition) {
   for (int k = 0; k < 5; ++k) EXPECT_EQ(a.Next().tokens, b.Next().tokens);
 }
 
+TEST(FirstExamplesTest, KeepsTheFirstExamplesOrAllOfThem) {
+  std::unique_ptr<InMemoryDataset> whole = Task("reverse", 6, 8);
+  std::vector<std::vector<int64_t>> first;
+  for (int64_t i = 0; i < 7; ++i) first.push_back(whole->Get(i).tokens);
+  std::unique_ptr<Dataset> part = FirstExamples(std::move(whole), 7);
+  ASSERT_EQ(part->size(), 7);
+  EXPECT_EQ(part->info().length, 6);
+  for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(part->Get(i).tokens, first[i]);
+  EXPECT_THROW(part->Get(7), Error);
+  // 0, or a count at least the size: the whole set.
+  EXPECT_EQ(FirstExamples(Task("reverse", 6, 8), 0)->size(), 50);
+  EXPECT_EQ(FirstExamples(Task("reverse", 6, 8), 50)->size(), 50);
+  EXPECT_EQ(FirstExamples(Task("reverse", 6, 8), 1000)->size(), 50);
+}
+
 TEST(SliceBatchTest, TakesTheExamplesTokensTargetsAndFeaturesOfARange) {
   auto data = Task("reverse", 4, 8);
   const Batch batch = MakeBatch(*data, {3, 1, 4, 1, 5}, DType::kFloat64);

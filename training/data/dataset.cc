@@ -24,6 +24,33 @@ const Example& InMemoryDataset::Get(int64_t index) const {
   return examples_[index];
 }
 
+namespace {
+
+class FirstExamplesView : public Dataset {
+ public:
+  FirstExamplesView(std::unique_ptr<Dataset> whole, int64_t count)
+      : whole_(std::move(whole)), count_(count) {}
+  const DatasetInfo& info() const override { return whole_->info(); }
+  int64_t size() const override { return count_; }
+  const Example& Get(int64_t index) const override {
+    SP_CHECK(index >= 0 && index < count_, "Dataset::Get: index ", index, " out of range [0, ",
+             count_, ")");
+    return whole_->Get(index);
+  }
+
+ private:
+  std::unique_ptr<Dataset> whole_;
+  int64_t count_;
+};
+
+}  // namespace
+
+std::unique_ptr<Dataset> FirstExamples(std::unique_ptr<Dataset> whole, int64_t count) {
+  SP_CHECK(count >= 0, "FirstExamples: count must be >= 0, got ", count);
+  if (count == 0 || count >= whole->size()) return whole;
+  return std::make_unique<FirstExamplesView>(std::move(whole), count);
+}
+
 Batch MakeBatch(const Dataset& dataset, const std::vector<int64_t>& indices, DType dtype) {
   const DatasetInfo& info = dataset.info();
   Batch batch;

@@ -65,6 +65,11 @@ class InMemoryDataset : public Dataset {
   std::vector<Example> examples_;
 };
 
+// The first `count` examples of `whole`, or all of it when count is 0 or at
+// least its size (eval.max_examples: a quick evaluation on part of a held-out
+// set). The examples stay owned by `whole`, which the result keeps.
+std::unique_ptr<Dataset> FirstExamples(std::unique_ptr<Dataset> whole, int64_t count);
+
 // A batch in the layout models consume.
 struct Batch {
   int64_t batch_size = 0;
