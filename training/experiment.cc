@@ -73,6 +73,7 @@ Experiment BuildExperiment(const Config& config, const std::string& config_path,
   e.language_model = split.language_model;
   e.test_unknown_symbols = split.test_unknown_symbols;
   e.run_files = std::move(split.run_files);
+  e.train_augment = std::move(split.train_augment);
 
   ModelOptions options = ModelOptionsFromConfig(config);
   if (split.language_model) MakeCausal(config, &options);

@@ -38,6 +38,7 @@ struct Experiment {
   bool language_model = false;
   int64_t test_unknown_symbols = 0;
   std::map<std::string, std::string> run_files;
+  BatchAugment train_augment;  // of every training batch (empty: none)
 };
 
 // Builds datasets and model from a validated config. length_override > 0

@@ -126,7 +126,7 @@ TrainSession::TrainSession(Experiment& e,
       implicit_(e.model->implicit() != nullptr),
       parameters_(e.model->named_parameters()),
       optimizer_(Optimizer::Create(settings.optimizer, parameters_)),
-      batcher_(*e.train, settings.trainer.batch_size, settings.seed, e.dtype),
+      batcher_(*e.train, settings.trainer.batch_size, settings.seed, e.dtype, e.train_augment),
       rng_(settings.seed + 7919) {
   summary_.num_parameters = model_.NumParameters();
   if (run_directory_.resumed()) RestoreFromCheckpoint();

@@ -340,6 +340,8 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"task.test_path", {csv, path("test_b.csv")}},
       {"task.test_fraction", {digits, "0.3"}},
       {"task.patch", {fashion, "7"}},
+      {"task.flip", {fashion, "true"}},
+      {"task.shift", {fashion, "2"}},
       {"task.encoding", {text, "bytes"}},
       {"task.context", {text, "12"}},
       {"task.validation_fraction", {text, "0.2"}},

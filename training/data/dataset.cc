@@ -96,8 +96,13 @@ Batch SliceBatch(const Batch& batch, int64_t begin, int64_t end) {
   return slice;
 }
 
-Batcher::Batcher(const Dataset& dataset, int64_t batch_size, uint64_t seed, DType dtype)
-    : dataset_(dataset), batch_size_(batch_size), seed_(seed), dtype_(dtype) {
+Batcher::Batcher(const Dataset& dataset, int64_t batch_size, uint64_t seed, DType dtype,
+                 BatchAugment augment)
+    : dataset_(dataset),
+      batch_size_(batch_size),
+      seed_(seed),
+      dtype_(dtype),
+      augment_(std::move(augment)) {
   SP_CHECK(batch_size >= 1, "Batcher: batch_size must be >= 1, got ", batch_size);
   SP_CHECK(dataset.size() >= 1, "Batcher: the dataset is empty");
   Shuffle();
@@ -115,6 +120,7 @@ void Batcher::Shuffle() {
 }
 
 Batch Batcher::Next() {
+  const Position start = position();
   std::vector<int64_t> indices;
   indices.reserve(batch_size_);
   while (static_cast<int64_t>(indices.size()) < batch_size_) {
@@ -125,7 +131,15 @@ Batch Batcher::Next() {
     }
     indices.push_back(order_[offset_++]);
   }
-  return MakeBatch(dataset_, indices, dtype_);
+  Batch batch = MakeBatch(dataset_, indices, dtype_);
+  if (augment_) {
+    // A generator of the batch's own, from where it starts: (seed, epoch,
+    // offset) names the batch, so a restored position draws the same.
+    Rng rng((seed_ * 1000003 + static_cast<uint64_t>(start.epoch)) * 1000033 +
+            static_cast<uint64_t>(start.offset) + 0x5eed);
+    augment_(rng, &batch);
+  }
+  return batch;
 }
 
 void Batcher::Restore(const Position& position) {

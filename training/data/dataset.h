@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -86,12 +87,19 @@ Batch MakeBatch(const Dataset& dataset, const std::vector<int64_t>& indices, DTy
 // features a view). Throws unless 0 <= begin < end <= batch_size.
 Batch SliceBatch(const Batch& batch, int64_t begin, int64_t end);
 
+// Changes a training batch in place with random choices drawn from rng
+// (e.g. image flips: training/data/image_augment.h).
+using BatchAugment = std::function<void(Rng& rng, Batch* batch)>;
+
 // Draws batches in a seeded random order, epoch after epoch; the position
 // (epoch, offset within the epoch's permutation) can be saved and restored so
-// a resumed run sees exactly the same batches.
+// a resumed run sees exactly the same batches. With an augment, each batch is
+// passed through it with a generator seeded by the batch's position, so a
+// restored position augments the same way too.
 class Batcher {
  public:
-  Batcher(const Dataset& dataset, int64_t batch_size, uint64_t seed, DType dtype);
+  Batcher(const Dataset& dataset, int64_t batch_size, uint64_t seed, DType dtype,
+          BatchAugment augment = nullptr);
   Batch Next();
 
   struct Position {
@@ -107,6 +115,7 @@ class Batcher {
   int64_t batch_size_;
   uint64_t seed_;
   DType dtype_;
+  BatchAugment augment_;
   int64_t epoch_ = 0;
   int64_t offset_ = 0;
   std::vector<int64_t> order_;

@@ -1,6 +1,9 @@
 // fashion_mnist: Fashion-MNIST's 28x28 images (training/data/fashion_mnist_reader.h) as
 // patch tokens, one class per image.
 #include "training/data/fashion_mnist_reader.h"
+#include "training/data/image_augment.h"
+
+#include <cmath>
 
 #include "training/data/task_list.h"
 #include "training/data/dataset_registry.h"
@@ -14,6 +17,8 @@ struct FashionMnistTaskOptions {
   // Shared with the sequence tasks (same default and range): here, at most
   // this many training images, the first ones.
   int64_t train_examples = 4096;
+  bool flip = false;
+  int64_t shift = 0;
 
   static const OptionFields<FashionMnistTaskOptions>& Fields() {
     using O = FashionMnistTaskOptions;
@@ -27,7 +32,14 @@ struct FashionMnistTaskOptions {
                   "Pixels per side of a patch token; divides 28 (4: 49 tokens of 16 pixels, 7: "
                   "16 tokens of 49)")
              .Int("train_examples", &O::train_examples, 1, 1 << 24,
-                  "The first N training images (60000 or more: all)");
+                  "The first N training images (60000 or more: all)")
+             .Bool("flip", &O::flip,
+                   "Training images only: mirror each left-right with probability 1/2, drawn "
+                   "anew every time it is drawn (the held-out images are never changed)")
+             .Int("shift", &O::shift, 0, 27,
+                  "Training images only: move each by a random whole number of pixels in "
+                  "[-shift, shift], rows and columns apart, drawn anew every time, the uncovered "
+                  "pixels 0 (0: off)");
     return *fields;
   }
 };
@@ -53,6 +65,18 @@ DatasetSplit MakeFashionMnist(const FashionMnistTaskOptions& o, const DatasetReq
   split.num_classes = 10;
   split.per_token_targets = false;
   split.class_names.assign(FashionMnistClasses().begin(), FashionMnistClasses().end());
+  if (o.flip || o.shift > 0) {
+    // The images' side, from the tokens per image (square images).
+    const int64_t patches_per_side = std::llround(std::sqrt(static_cast<double>(split.longest)));
+    if (patches_per_side * patches_per_side != split.longest) {
+      throw ConfigError("task.flip and task.shift need square images; the images in " + options.dir +
+                        " has " + std::to_string(split.longest) + " patches per image");
+    }
+    const ImageAugmentOptions augment{patches_per_side * o.patch, o.patch, o.flip, o.shift};
+    split.train_augment = [augment](Rng& rng, Batch* batch) {
+      AugmentPatchedImages(augment, rng, batch);
+    };
+  }
   return split;
 }
 

@@ -67,6 +67,9 @@ struct DatasetSplit {
   // Files the run directory keeps beside config.yaml (name -> content), e.g.
   // a text task's vocabulary.json.
   std::map<std::string, std::string> run_files;
+  // Applied to every training batch (empty: none), e.g. fashion_mnist's
+  // task.flip and task.shift.
+  BatchAugment train_augment;
 };
 
 // Throws ConfigError for settings the task cannot use.
