@@ -25,25 +25,30 @@ void AugmentPatchedImages(const ImageAugmentOptions& options, Rng& rng, Batch* b
   for (int64_t r = 0; r < side; ++r) {
     for (int64_t c = 0; c < side; ++c) index[r * side + c] = PatchedPixelIndex(options, r, c);
   }
-  std::vector<double> image(pixels);
-  for (int64_t b = 0; b < batch->batch_size; ++b) {
-    const bool flip = options.flip && rng.UniformInt(2) == 1;
-    const int64_t dr = options.shift > 0 ? rng.UniformInt(2 * options.shift + 1) - options.shift : 0;
-    const int64_t dc = options.shift > 0 ? rng.UniformInt(2 * options.shift + 1) - options.shift : 0;
-    if (!flip && dr == 0 && dc == 0) continue;
-    const int64_t base = b * pixels;
-    for (int64_t k = 0; k < pixels; ++k) image[k] = batch->features.at(base + index[k]);
-    for (int64_t r = 0; r < side; ++r) {
-      for (int64_t c = 0; c < side; ++c) {
-        // Output (r, c) shows pixel (r - dr, c - dc) of the image, mirrored
-        // first when flip.
-        const int64_t sr = r - dr, shifted_col = c - dc;
-        const int64_t sc = flip ? side - 1 - shifted_col : shifted_col;
-        const bool inside = sr >= 0 && sr < side && sc >= 0 && sc < side;
-        batch->features.set(base + index[r * side + c], inside ? image[sr * side + sc] : 0.0);
+  DispatchDType(batch->features.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    T* features = batch->features.data<T>();
+    std::vector<T> image(pixels);
+    for (int64_t b = 0; b < batch->batch_size; ++b) {
+      const bool flip = options.flip && rng.UniformInt(2) == 1;
+      const int64_t shift = options.shift;
+      const int64_t dr = shift > 0 ? rng.UniformInt(2 * shift + 1) - shift : 0;
+      const int64_t dc = shift > 0 ? rng.UniformInt(2 * shift + 1) - shift : 0;
+      if (!flip && dr == 0 && dc == 0) continue;
+      T* example = features + b * pixels;
+      for (int64_t k = 0; k < pixels; ++k) image[k] = example[index[k]];
+      for (int64_t r = 0; r < side; ++r) {
+        for (int64_t c = 0; c < side; ++c) {
+          // Output (r, c) shows pixel (r - dr, c - dc) of the image, mirrored
+          // first when flip.
+          const int64_t sr = r - dr, shifted_col = c - dc;
+          const int64_t sc = flip ? side - 1 - shifted_col : shifted_col;
+          const bool inside = sr >= 0 && sr < side && sc >= 0 && sc < side;
+          example[index[r * side + c]] = inside ? image[sr * side + sc] : T(0);
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace stillpoint
