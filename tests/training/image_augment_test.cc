@@ -31,6 +31,21 @@ double Pixel(const Batch& batch, int64_t b, int64_t r, int64_t c) {
   return batch.features.at(b * 64 + PatchedPixelIndex({8, 4, false, 0}, r, c));
 }
 
+// Whether image b of an OneImage batch is the original mirrored left-right
+// (when flip), then moved by (dr, dc) with 0 on the uncovered pixels: every
+// pixel checked.
+bool ShowsTransform(const Batch& batch, int64_t b, bool flip, int64_t dr, int64_t dc) {
+  for (int64_t r = 0; r < 8; ++r) {
+    for (int64_t c = 0; c < 8; ++c) {
+      const int64_t sr = r - dr, shifted_col = c - dc;
+      const int64_t sc = flip ? 7 - shifted_col : shifted_col;
+      const bool inside = sr >= 0 && sr < 8 && sc >= 0 && sc < 8;
+      if (Pixel(batch, b, r, c) != (inside ? 1.0 + 8 * sr + sc : 0.0)) return false;
+    }
+  }
+  return true;
+}
+
 TEST(ImageAugmentTest, PatchedPixelIndexFollowsThePatchTokenLayout) {
   const ImageAugmentOptions layout{8, 4, false, 0};
   EXPECT_EQ(PatchedPixelIndex(layout, 0, 0), 0);
@@ -51,11 +66,7 @@ TEST(ImageAugmentTest, FlipMirrorsTheColumnsOrLeavesTheImage) {
   for (int64_t b = 0; b < 200; ++b) {
     const bool flipped = Pixel(batch, b, 0, 0) == 8.0;
     mirrored += flipped;
-    for (int64_t r = 0; r < 8; ++r) {
-      for (int64_t c = 0; c < 8; ++c) {
-        ASSERT_EQ(Pixel(batch, b, r, c), 1.0 + 8 * r + (flipped ? 7 - c : c)) << b;
-      }
-    }
+    ASSERT_TRUE(ShowsTransform(batch, b, flipped, 0, 0)) << "image " << b;
   }
   EXPECT_GT(mirrored, 70);
   EXPECT_LT(mirrored, 130);
@@ -78,13 +89,8 @@ TEST(ImageAugmentTest, ShiftMovesThePixelsAndFillsWithZeros) {
     }
     ASSERT_NE(dr, -99) << b;
     ++seen[(dr + 2) * 5 + dc + 2];
-    for (int64_t r = 0; r < 8; ++r) {
-      for (int64_t c = 0; c < 8; ++c) {
-        const int64_t sr = r - dr, sc = c - dc;
-        const bool inside = sr >= 0 && sr < 8 && sc >= 0 && sc < 8;
-        ASSERT_EQ(Pixel(batch, b, r, c), inside ? 1.0 + 8 * sr + sc : 0.0) << b;
-      }
-    }
+    ASSERT_TRUE(ShowsTransform(batch, b, false, dr, dc))
+        << "image " << b << " shifted by (" << dr << ", " << dc << ")";
   }
   for (int count : seen) EXPECT_GT(count, 0);
 }
@@ -100,19 +106,8 @@ TEST(ImageAugmentTest, FlipThenShift) {
     for (int flip = 0; flip < 2 && !matched; ++flip) {
       for (int64_t dr = -1; dr <= 1 && !matched; ++dr) {
         for (int64_t dc = -1; dc <= 1 && !matched; ++dc) {
-          bool all = true;
-          for (int64_t r = 0; r < 8 && all; ++r) {
-            for (int64_t c = 0; c < 8 && all; ++c) {
-              const int64_t sr = r - dr, shifted = c - dc;
-              const int64_t sc = flip ? 7 - shifted : shifted;
-              const bool inside = sr >= 0 && sr < 8 && sc >= 0 && sc < 8;
-              all = Pixel(batch, b, r, c) == (inside ? 1.0 + 8 * sr + sc : 0.0);
-            }
-          }
-          if (all) {
-            matched = true;
-            both += flip == 1 && (dr != 0 || dc != 0);
-          }
+          matched = ShowsTransform(batch, b, flip == 1, dr, dc);
+          both += matched && flip == 1 && (dr != 0 || dc != 0);
         }
       }
     }
