@@ -1,12 +1,12 @@
 // fashion_mnist: Fashion-MNIST's 28x28 images (training/data/fashion_mnist_reader.h) as
 // patch tokens, one class per image.
 #include "training/data/fashion_mnist_reader.h"
-#include "training/data/image_augment.h"
 
 #include <cmath>
 
-#include "training/data/task_list.h"
 #include "training/data/dataset_registry.h"
+#include "training/data/image_augment.h"
+#include "training/data/task_list.h"
 
 namespace stillpoint {
 namespace {
@@ -69,8 +69,9 @@ DatasetSplit MakeFashionMnist(const FashionMnistTaskOptions& o, const DatasetReq
     // The images' side, from the tokens per image (square images).
     const int64_t patches_per_side = std::llround(std::sqrt(static_cast<double>(split.longest)));
     if (patches_per_side * patches_per_side != split.longest) {
-      throw ConfigError("task.flip and task.shift need square images; the images in " + options.dir +
-                        " has " + std::to_string(split.longest) + " patches per image");
+      throw ConfigError("task.flip and task.shift need square images; the images in " +
+                        options.dir + " have " + std::to_string(split.longest) +
+                        " patches each");
     }
     const ImageAugmentOptions augment{patches_per_side * o.patch, o.patch, o.flip, o.shift};
     split.train_augment = [augment](Rng& rng, Batch* batch) {
