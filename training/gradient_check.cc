@@ -178,17 +178,19 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch, int64_t us
     check.used_brief = layers[0]->backward_summary()->BriefReport();
   }
   model.SetDepthOverride(0);
-  if (model.options().kind == ModelKind::kImplicit || model.options().kind == ModelKind::kEnergy) {
-    // Power iteration on J_f^T at the fixed point of the model's solve.
-    const SpectralRadiusResult estimate = model.FixedPointSpectralRadius(EmbedBatch(model, batch));
-    check.spectral_radius = estimate.max_radius;
-    check.spectral_eigenvalue = estimate.dominant_eigenvalue;
-  }
   const BackwardOptions reference_options = ReferenceBackwardOptions(model.options().dtype);
   check.reference_tolerance = reference_options.tolerance;
   for (Implicit* layer : layers) layer->mutable_options().backward = reference_options;
   for (ImplicitOptions* options : readouts) options->backward = reference_options;
   const std::vector<double> reference = ParameterGradient(model, batch);
+  if (model.options().kind == ModelKind::kImplicit || model.options().kind == ModelKind::kEnergy) {
+    // Power iteration on J_f^T at the fixed point of the reference's solve:
+    // the solve of this batch even when the used gradient came from
+    // pretraining's unroll, which solves nothing.
+    const SpectralRadiusResult estimate = model.FixedPointSpectralRadius(EmbedBatch(model, batch));
+    check.spectral_radius = estimate.max_radius;
+    check.spectral_eigenvalue = estimate.dominant_eigenvalue;
+  }
   // The reference's worst residual and status over the layers.
   std::vector<std::shared_ptr<const AdjointSummary>> summaries;
   for (Implicit* layer : layers) summaries.push_back(layer->backward_summary());

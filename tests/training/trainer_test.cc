@@ -576,6 +576,33 @@ TEST_F(TrainerTest, PretrainingStepsAreTheTiedUnrollThenTheSolveTakesOver) {
   EXPECT_EQ(e_implicit.model->depth_override(), 0);  // the solve is back on after training
 }
 
+// An evaluation during pretraining checks the unrolled gradient and measures
+// the spectral radius at the fixed point of the check's own batch. It once
+// measured it at the last fixed point solved, the evaluation's (64 rows
+// here against the check's 8), and threw.
+TEST_F(TrainerTest, AnEvaluationDuringPretrainingMeasuresTheCheckBatchsFixedPoint) {
+  const std::string path = WriteConfig("pretrain_eval");
+  Experiment e = BuildExperiment(
+      Config::FromFile(StillpointSchema(), path,
+                       {"model.kind=implicit", "train.pretrain_steps=4", "train.steps=6",
+                        "train.eval_every=2", "train.log_every=1"}),
+      path);
+  const TrainSummary summary = Train(e);
+  const auto metrics = ReadRunMetrics(summary.run_dir);
+  const std::vector<double>& step = metrics.at("step");
+  const std::vector<double>& radius = metrics.at("spectral_radius");
+  int checked = 0;
+  for (std::size_t i = 0; i < step.size(); ++i) {
+    if (std::isnan(radius[i])) continue;
+    SCOPED_TRACE(step[i]);
+    EXPECT_GT(radius[i], 0.0);
+    EXPECT_LT(radius[i], 10.0);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3) << "steps 2 and 4 (pretraining) and 6 (the solve)";
+  EXPECT_EQ(summary.gradient_check_step, 6);
+}
+
 // train.shards: the batch's shards run forward and backward on replicas of
 // the model. In float64 the run is the unsharded run up to rounding: the
 // same losses, accuracies and solver iterations at every logged step, with
