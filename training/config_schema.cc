@@ -187,6 +187,11 @@ ConfigSchema BuildSchema() {
                   "probabilistic/implicit; softmax/energy is skipped). When set, it replaces "
                   "compare.variants")
       .StringList("compare.kinds", ModelKindNames(), {}, CompareKindsDoc())
+      .StringList("compare.overrides", {}, {},
+                  "Settings of single variants, each VARIANT:KEY=VALUE (e.g. "
+                  "implicit:train.optimizer.lr=2.0e-3), applied after the variant's own; "
+                  "VARIANT is one the comparison trains. Every variant's summary and the report "
+                  "list the overrides it ran with")
       .DoubleList("compare.seeds", {},
                   "Train each variant once per seed (whole numbers, each replacing `seed`) and "
                   "report mean ± standard deviation over them; empty: once, with `seed`",

@@ -430,6 +430,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
       {"health.min_gradient_cosine",
        {{"eval.gradient_check_batch_size=2", "model.solver.backward.mode=jfb"}, "-1"}},
       {"compare.seeds", {{}, "[5, 6]", ProbeKind::kCompare}},
+      {"compare.overrides", {{}, "[explicit:train.optimizer.lr=0.05]", ProbeKind::kCompare}},
       {"compare.attention", {{}, "[softmax]", ProbeKind::kCompare}},
       {"compare.kinds",
        {{"compare.attention=[softmax]"}, "[explicit, tied]", ProbeKind::kCompare}},

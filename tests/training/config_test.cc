@@ -443,6 +443,38 @@ TEST(ConfigTest, CompareKeepsRegularizersToTheVariantsWithAFixedPoint) {
                                       "model.regularization.jacobian_ramp_steps=0"}));
 }
 
+// compare.overrides: a setting of one variant, after the variant's own, and
+// nothing for the others; an entry that is not VARIANT:KEY=VALUE, names a
+// variant the comparison does not train, or sets an unknown key is refused
+// before any training, naming the entry.
+TEST(ConfigTest, CompareOverridesSetOneVariant) {
+  const auto config = [](const std::string& entries) {
+    return Config::FromYaml(StillpointSchema(),
+                            "compare:\n  variants: [explicit, implicit]\n  overrides: [" +
+                                entries + "]\n",
+                            "compare.yaml");
+  };
+  const Config c = config("'implicit: train.optimizer.lr=2.0e-3', implicit:model.hidden=48");
+  EXPECT_NO_THROW(ValidateCompareVariants(c));
+  EXPECT_EQ(VariantConfigOverrides(c, "implicit"),
+            (std::vector<std::string>{"model.kind=implicit", "train.optimizer.lr=2.0e-3",
+                                      "model.hidden=48"}));
+  EXPECT_EQ(VariantConfigOverrides(c, "explicit"),
+            (std::vector<std::string>{"model.kind=explicit"}));
+
+  const std::string no_colon = ErrorOf([&] { ValidateCompareVariants(config("model.dim=8")); });
+  EXPECT_NE(no_colon.find("'model.dim=8' is not VARIANT:KEY=VALUE"), std::string::npos)
+      << no_colon;
+  const std::string untrained =
+      ErrorOf([&] { ValidateCompareVariants(config("tied:model.dim=8")); });
+  EXPECT_NE(untrained.find("names variant 'tied'"), std::string::npos) << untrained;
+  EXPECT_NE(untrained.find("explicit, implicit"), std::string::npos) << untrained;
+  const std::string unknown_key =
+      ErrorOf([&] { ValidateCompareVariants(config("implicit:model.dimm=8")); });
+  EXPECT_NE(unknown_key.find("variant 'implicit'"), std::string::npos) << unknown_key;
+  EXPECT_NE(unknown_key.find("model.dimm"), std::string::npos) << unknown_key;
+}
+
 // Rules that tie solver keys together are checked with the solvers' own
 // validation when the model options are made, before any work, as config
 // errors naming the file and the field.

@@ -143,22 +143,53 @@ bool AnyStoppedEarly(const CompareReport& report) {
   return false;
 }
 
+namespace {
+
+// One entry of compare.overrides, VARIANT:KEY=VALUE, split; false when it
+// has no ':' before its '='.
+bool SplitVariantOverride(const std::string& entry, std::string* variant, std::string* setting) {
+  const std::size_t colon = entry.find(':');
+  const std::size_t equals = entry.find('=');
+  if (colon == std::string::npos || equals == std::string::npos || equals < colon) return false;
+  const auto trim = [](const std::string& text) {
+    const std::size_t first = text.find_first_not_of(' ');
+    const std::size_t last = text.find_last_not_of(' ');
+    return first == std::string::npos ? std::string() : text.substr(first, last - first + 1);
+  };
+  *variant = trim(entry.substr(0, colon));
+  *setting = trim(entry.substr(colon + 1));
+  return !variant->empty() && setting->find('=') > 0;
+}
+
+// The comparison's settings for the variants without a fixed point of their
+// own: no regulariser and no solve start. model.regularization.* and
+// model.solver.init apply to the variants that solve one (the trainer
+// refuses them for the others).
+void ResetFixedPointSettings(const Config& probe, std::vector<std::string>* overrides) {
+  if (probe.GetString("model.solver.init") != "zeros") {
+    overrides->push_back("model.solver.init=zeros");
+  }
+  const RegularizationOptions given = RegularizationOptions::FromConfig(probe);
+  const RegularizationOptions defaults;
+  for (const auto& field : RegularizationOptions::Fields().fields()) {
+    if (field.in_config && field.Text(given) != field.Text(defaults)) {
+      overrides->push_back("model.regularization." + field.name + "=" + field.Text(defaults));
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<std::string> VariantConfigOverrides(const Config& base, const std::string& variant) {
   std::vector<std::string> overrides = VariantOverrides(variant);
   Config probe = base;
   for (const std::string& o : overrides) probe.Set(o);
   const std::string kind = probe.GetString("model.kind");
-  if (kind == "implicit" || kind == "energy") return overrides;
-  // A model without a fixed point of its own takes no regulariser and no
-  // solve start: the comparison's model.regularization.* keys and
-  // model.solver.init apply to the variants that solve one (the trainer
-  // refuses them for the others).
-  if (probe.GetString("model.solver.init") != "zeros") overrides.push_back("model.solver.init=zeros");
-  const RegularizationOptions given = RegularizationOptions::FromConfig(probe);
-  const RegularizationOptions defaults;
-  for (const auto& field : RegularizationOptions::Fields().fields()) {
-    if (field.in_config && field.Text(given) != field.Text(defaults)) {
-      overrides.push_back("model.regularization." + field.name + "=" + field.Text(defaults));
+  if (kind != "implicit" && kind != "energy") ResetFixedPointSettings(probe, &overrides);
+  for (const std::string& entry : base.GetStringList("compare.overrides")) {
+    std::string name, setting;
+    if (SplitVariantOverride(entry, &name, &setting) && name == variant) {
+      overrides.push_back(setting);
     }
   }
   return overrides;
@@ -226,12 +257,26 @@ void ValidateCompareVariants(const Config& config, const std::string& config_pat
                         " appears twice in compare.seeds");
     }
   }
+  for (const std::string& entry : config.GetStringList("compare.overrides")) {
+    std::string name, setting;
+    if (!SplitVariantOverride(entry, &name, &setting)) {
+      throw ConfigError(config.Origin("compare.overrides") + ": compare.overrides entry '" +
+                        entry + "' is not VARIANT:KEY=VALUE");
+    }
+    if (std::find(variants.begin(), variants.end(), name) == variants.end()) {
+      std::string trained;
+      for (const std::string& v : variants) trained += (trained.empty() ? "" : ", ") + v;
+      throw ConfigError(config.Origin("compare.overrides") + ": compare.overrides entry '" +
+                        entry + "' names variant '" + name + "', which this comparison does "
+                        "not train (it trains " + trained + ")");
+    }
+  }
   // Each variant's own settings, so a bad one is found before the first
   // variant spends its training time.
   for (const std::string& v : variants) {
     Config variant = config;
-    for (const std::string& o : VariantConfigOverrides(config, v)) variant.Set(o);
     try {
+      for (const std::string& o : VariantConfigOverrides(config, v)) variant.Set(o);
       CheckMemoryFits(variant, /*training=*/true);
       BuildExperiment(variant, config_path);
       CheckTrainingConfig(variant);
