@@ -424,23 +424,32 @@ TEST(ConfigTest, EveryRegularizationKeyNeedsAFixedPoint) {
 }
 
 // A comparison's regularisers and solve start apply to the variants that
-// solve a fixed point; its explicit and tied variants get them set back to
-// their defaults, so the comparison is valid and those variants train
-// without them.
+// solve a fixed point, and its progressive loss to those that run a cell
+// for any number of steps; the other variants get them set back to their
+// defaults, so the comparison is valid and those variants train without
+// them.
 TEST(ConfigTest, CompareKeepsRegularizersToTheVariantsWithAFixedPoint) {
   const Config c = Config::FromYaml(
       StillpointSchema(),
       "model:\n  regularization: {jacobian_weight: 0.5, jacobian_ramp_steps: 20}\n"
       "  solver: {init: mixed}\n"
+      "train: {progressive_loss: {weight: 0.5, steps: 2}}\n"
       "compare: {variants: [explicit, tied, implicit]}\n",
       "compare.yaml");
   EXPECT_NO_THROW(ValidateCompareVariants(c));
   EXPECT_EQ(VariantConfigOverrides(c, "implicit"),
             (std::vector<std::string>{"model.kind=implicit"}));
+  // The tied variant keeps the progressive loss (a cell run any number of
+  // steps), the explicit one trains without it.
   EXPECT_EQ(VariantConfigOverrides(c, "tied"),
             (std::vector<std::string>{"model.kind=tied", "model.solver.init=zeros",
                                       "model.regularization.jacobian_weight=0",
                                       "model.regularization.jacobian_ramp_steps=0"}));
+  EXPECT_EQ(VariantConfigOverrides(c, "explicit"),
+            (std::vector<std::string>{"model.kind=explicit", "model.solver.init=zeros",
+                                      "model.regularization.jacobian_weight=0",
+                                      "model.regularization.jacobian_ramp_steps=0",
+                                      "train.progressive_loss.weight=0"}));
 }
 
 // compare.overrides: a setting of one variant, after the variant's own, and
