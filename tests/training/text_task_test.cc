@@ -199,6 +199,23 @@ TEST_F(TextTaskTest, CompareReportShowsBitsPerCharacterAndASample) {
     EXPECT_NE(report.find(std::string("| ") + variant + " | ", table), std::string::npos);
     EXPECT_NE(report.find(std::string("Sample, ") + variant), std::string::npos) << report;
   }
+  // The console's table leads with each variant's held-out bits per
+  // character, the figure of its summary.json.
+  const std::string console = out.str();
+  const auto header = console.find("\nvariant ");
+  ASSERT_NE(header, std::string::npos) << console;
+  const std::string header_line = console.substr(header, console.find('\n', header + 1) - header);
+  EXPECT_NE(header_line.find("test bpc"), std::string::npos) << header_line;
+  EXPECT_EQ(header_line.find("test acc"), std::string::npos) << header_line;
+  for (const char* variant : {"explicit", "implicit"}) {
+    const TrainSummary summary = ReadTrainSummary((dir_ / "run_compare" / variant).string());
+    char bpc[32];
+    std::snprintf(bpc, sizeof(bpc), "%.4f", summary.test_bpc);
+    const auto line = console.find(std::string("\n") + variant + " ");
+    ASSERT_NE(line, std::string::npos) << console;
+    const std::string row = console.substr(line, console.find('\n', line + 1) - line);
+    EXPECT_NE(row.find(bpc), std::string::npos) << variant << " " << bpc << "\n" << console;
+  }
 }
 
 TEST_F(TextTaskTest, ClassificationRunsWriteTheConfusionMatrixAndPerClassAccuracy) {

@@ -340,16 +340,27 @@ constexpr std::size_t kConsoleColumns = 100;
 
 std::string ConsoleTable(const std::vector<Group>& groups, bool pooled) {
   auto fixed = [](int digits) { return [digits](double x) { return Fixed(x, digits); }; };
+  // A language model's first figure is its held-out bits per character.
+  bool language_models = !groups.empty();
+  for (const Group& g : groups) {
+    for (const VariantResult* run : g.runs) language_models &= run->train.language_model;
+  }
   std::vector<std::vector<std::string>> rows = {
-      {"variant", "test acc", "ms/step", "grad cos", "stop", "equilibrium"}};
+      {"variant", language_models ? "test bpc" : "test acc", "ms/step", "grad cos", "stop",
+       "equilibrium"}};
   if (pooled) rows[0].insert(rows[0].begin() + 1, "seeds");
   for (const Group& g : groups) {
     std::vector<std::string> row = {
         g.name,
-        PooledCell(g.Values([](const VariantResult& x) {
-          return Evaluated(x, 100.0 * x.train.final_eval.accuracy);
-        }),
-                   fixed(2), "%"),
+        language_models
+            ? PooledCell(g.Values([](const VariantResult& x) {
+                return Evaluated(x, x.train.test_bpc);
+              }),
+                         fixed(4))
+            : PooledCell(g.Values([](const VariantResult& x) {
+                return Evaluated(x, 100.0 * x.train.final_eval.accuracy);
+              }),
+                         fixed(2), "%"),
         PooledCell(
             g.Values([](const VariantResult& x) { return 1000.0 * x.train.seconds_per_step; }),
             fixed(1)),
