@@ -463,14 +463,40 @@ Var SequenceModel::FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng)
 }
 
 Var SequenceModel::FixedPointSpectralRadiusPenalty(const Var& u, double target,
-                                                   const SpectralRadiusOptions& estimate) {
+                                                   const SpectralRadiusOptions& estimate,
+                                                   const std::vector<int64_t>& rows) {
   // One map (for an energy model, one Prepare of the block's context) for
   // both: the estimate differentiates only with respect to its own leaf, so
   // its directions are a fixed input of the penalty.
-  const CellFn map = FixedPointMap(u);
+  const CellFn whole = FixedPointMap(u);
   const Tensor& z_star = FixedPoint();
-  const Tensor directions = EstimateSpectralRadius(map, z_star, estimate).directions;
-  return SpectralRadiusPenalty(map, z_star, directions, target);
+  if (rows.empty()) {
+    const Tensor directions = EstimateSpectralRadius(whole, z_star, estimate).directions;
+    return SpectralRadiusPenalty(whole, z_star, directions, target);
+  }
+  // In batch order: the maps take a full set of ids to be the batch itself.
+  std::vector<int64_t> sorted = rows;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    SP_CHECK(sorted[i] >= 0 && sorted[i] < z_star.dim(0), "SequenceModel: penalty row ",
+             sorted[i], " is outside the batch of ", z_star.dim(0));
+    SP_CHECK(i == 0 || sorted[i] != sorted[i - 1], "SequenceModel: penalty row ", sorted[i],
+             " is named twice");
+  }
+  // The rows' own map: its sample i is the batch's sample sorted[i].
+  const CellFn map = [whole, rows = sorted](const Var& z, const std::vector<int64_t>& ids) {
+    std::vector<int64_t> batch_ids;
+    batch_ids.reserve(ids.size());
+    for (int64_t id : ids) batch_ids.push_back(rows[static_cast<std::size_t>(id)]);
+    return whole(z, batch_ids);
+  };
+  Tensor z_rows;
+  {
+    GradModeGuard tape_off(false);
+    z_rows = gather(Var(z_star), 0, sorted).value();
+  }
+  const Tensor directions = EstimateSpectralRadius(map, z_rows, estimate).directions;
+  return SpectralRadiusPenalty(map, z_rows, directions, target);
 }
 
 SpectralRadiusResult SequenceModel::FixedPointSpectralRadius(

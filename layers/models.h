@@ -300,9 +300,12 @@ class SequenceModel : public Model {
   Var FixedPointJacobianPenalty(const Var& u, int probes, Rng& rng);
   // - the mean over samples of max(0, rho_b - target)^2, rho_b the
   //   power-iteration estimate of the spectral radius of J_f(z*) (its
-  //   directions found with the tape off, then held fixed).
+  //   directions found with the tape off, then held fixed); over the
+  //   samples `rows` of the batch only when given (an unbiased estimate of
+  //   the whole batch's mean at their share of the memory).
   Var FixedPointSpectralRadiusPenalty(const Var& u, double target,
-                                      const SpectralRadiusOptions& estimate);
+                                      const SpectralRadiusOptions& estimate,
+                                      const std::vector<int64_t>& rows = {});
   // The power-iteration estimate itself (a diagnostic, not differentiable).
   SpectralRadiusResult FixedPointSpectralRadius(const Var& u,
                                                 const SpectralRadiusOptions& estimate = {}) const;

@@ -81,7 +81,9 @@ class JacobianTerm : public FixedPointTerm {
   double ramp_ = 1.0;  // the fraction of jacobian_weight at the step being taken
 };
 
-// The spectral-radius penalty at a fraction of the steps.
+// The spectral-radius penalty at a fraction of the steps, on
+// spectral_radius_samples rows of the batch drawn without replacement (all
+// of them: none named).
 class SpectralRadiusTerm : public FixedPointTerm {
  public:
   SpectralRadiusTerm(const RegularizationOptions& options, int64_t pretrain_steps)
@@ -89,10 +91,12 @@ class SpectralRadiusTerm : public FixedPointTerm {
     estimate_.max_iterations = static_cast<int>(options.spectral_radius_iterations);
     estimate_.tolerance = 1e-3;
   }
-  Var Loss(SequenceModel& model, const Batch& rows, Rng&, double scale) const override {
-    return mul_scalar(model.FixedPointSpectralRadiusPenalty(
-                          EmbedBatch(model, rows), options_.spectral_radius_target, estimate_),
-                      options_.spectral_radius_weight * scale);
+  Var Loss(SequenceModel& model, const Batch& rows, Rng& draws, double scale) const override {
+    return mul_scalar(
+        model.FixedPointSpectralRadiusPenalty(EmbedBatch(model, rows),
+                                              options_.spectral_radius_target, estimate_,
+                                              PenalisedRows(rows.batch_size, draws)),
+        options_.spectral_radius_weight * scale);
   }
 
  protected:
@@ -101,6 +105,20 @@ class SpectralRadiusTerm : public FixedPointTerm {
   }
 
  private:
+  std::vector<int64_t> PenalisedRows(int64_t batch, Rng& draws) const {
+    const int64_t wanted = options_.spectral_radius_samples;
+    if (wanted == 0 || wanted >= batch) return {};
+    std::vector<int64_t> rows(static_cast<std::size_t>(batch));
+    for (int64_t i = 0; i < batch; ++i) rows[static_cast<std::size_t>(i)] = i;
+    // The first `wanted` places of a Fisher-Yates shuffle.
+    for (int64_t i = 0; i < wanted; ++i) {
+      const int64_t j = i + draws.UniformInt(batch - i);
+      std::swap(rows[static_cast<std::size_t>(i)], rows[static_cast<std::size_t>(j)]);
+    }
+    rows.resize(static_cast<std::size_t>(wanted));
+    return rows;
+  }
+
   RegularizationOptions options_;
   SpectralRadiusOptions estimate_;
 };

@@ -156,6 +156,10 @@ const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
                 "Arnoldi steps (one VJP each) of the penalty's direction")
            .Double("spectral_radius_frequency", &O::spectral_radius_frequency, 0.0, 1.0,
                    "Probability of adding the spectral-radius term at a step")
+           .Int("spectral_radius_samples", &O::spectral_radius_samples, 0, kBig,
+                "Samples of the batch (of each shard) the spectral-radius penalty is taken on, "
+                "drawn at random at each step: an unbiased estimate of the batch's mean at that "
+                "share of its memory (0 or at least the batch: every sample)")
            .Double("correction_weight", &O::correction_weight, 0.0, kInf,
                    "implicit: weight of the fixed-point correction loss, the task loss on "
                    "intermediate forward iterates (0: off)")

@@ -80,6 +80,7 @@ struct RegularizationOptions {
   double spectral_radius_target = 0.8;
   int64_t spectral_radius_iterations = 10;
   double spectral_radius_frequency = 1.0;
+  int64_t spectral_radius_samples = 0;  // 0: every sample of the batch
   double correction_weight = 0.0;
   int64_t correction_iterates = 2;
   int64_t correction_steps = 1;

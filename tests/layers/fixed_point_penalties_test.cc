@@ -88,6 +88,26 @@ TEST(FixedPointPenaltiesTest, SpectralRadiusPenaltyIsTheHingeOnTheModelsEstimate
       for (double v : g.value().ToVector()) squared += v * v;
     }
     EXPECT_GT(squared, 0.0);
+    // Over named rows: the mean of the hinge over those rows' radii alone.
+    for (const std::vector<int64_t>& rows : {std::vector<int64_t>{1}, std::vector<int64_t>{1, 0}}) {
+      double over_rows = 0.0;
+      for (int64_t row : rows) {
+        over_rows += std::pow(std::max(0.0, radius.radius[static_cast<std::size_t>(row)] - target),
+                              2) /
+                     static_cast<double>(rows.size());
+      }
+      EXPECT_NEAR(model
+                      .FixedPointSpectralRadiusPenalty(model.Embed(kIds, kShape), target,
+                                                       estimate, rows)
+                      .item(),
+                  over_rows, 1e-9 * expected)
+          << rows.size() << " rows";
+    }
+    for (const std::vector<int64_t>& bad : {std::vector<int64_t>{2}, std::vector<int64_t>{1, 1}}) {
+      EXPECT_THROW(
+          model.FixedPointSpectralRadiusPenalty(model.Embed(kIds, kShape), target, estimate, bad),
+          Error);
+    }
     // Above every sample's radius nothing is penalised.
     EXPECT_EQ(model
                   .FixedPointSpectralRadiusPenalty(model.Embed(kIds, kShape),

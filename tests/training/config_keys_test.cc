@@ -375,6 +375,7 @@ std::map<std::string, KeyProbe> ProbeTable(const std::string& dir) {
        {{"model.regularization.spectral_radius_weight=0.5"}, "0"}},
       {"model.regularization.spectral_radius_iterations", {spectral, "3"}},
       {"model.regularization.spectral_radius_frequency", {spectral, "0.5"}},
+      {"model.regularization.spectral_radius_samples", {spectral, "1"}},
       {"model.regularization.correction_weight", {{}, "0.5"}},
       {"model.regularization.correction_iterates", {correction, "3"}},
       {"model.regularization.correction_steps", {correction, "2"}},
