@@ -126,28 +126,30 @@ else
   fail "compare under -np 2"
 fi
 
-# 5. Faults.
+# 5. Faults. Standard error goes to its own file: mpirun forwards the two
+# streams separately, so in one file a line of one can land inside a line of
+# the other.
 set +e
 STILLPOINT_FAULT=1:3:error within 120 "${mpi[@]}" -np 2 "$stillpoint" train "$config" \
-  "${common[@]}" train.steps=6 log.dir=fault-error >fault-error.log 2>&1
+  "${common[@]}" train.steps=6 log.dir=fault-error >fault-error.log 2>fault-error.err
 code=$?
 set -e
-if [[ $code -ne 0 ]] && grep -q "training stopped early: step 3: rank 1: injected error" fault-error.log &&
+if [[ $code -ne 0 ]] && grep -q "training stopped early: step 3: rank 1: injected error" fault-error.err &&
   grep -q '"stop_reason": "step 3: rank 1: injected error' fault-error/summary.json; then
   pass "an error on rank 1 stops every rank (exit $code) naming the rank, summary written"
 else
-  fail "error on rank 1 (exit $code)"; cat fault-error.log
+  fail "error on rank 1 (exit $code)"; cat fault-error.log fault-error.err
 fi
 set +e
 STILLPOINT_FAULT=2:3:nonfinite within 120 "${mpi[@]}" -np 3 "$stillpoint" train "$config" \
-  "${common[@]}" train.steps=6 train.on_nonfinite=stop log.dir=fault-nan >fault-nan.log 2>&1
+  "${common[@]}" train.steps=6 train.on_nonfinite=stop log.dir=fault-nan >fault-nan.log 2>fault-nan.err
 code=$?
 set -e
-if [[ $code -ne 0 ]] && grep -q "step 3: non-finite loss on rank 2" fault-nan.log &&
+if [[ $code -ne 0 ]] && cat fault-nan.log fault-nan.err | grep -q "step 3: non-finite loss on rank 2" &&
   grep -q '"stopped_early": true' fault-nan/summary.json; then
   pass "a non-finite loss on rank 2 of 3 stops every rank (exit $code) naming the rank"
 else
-  fail "non-finite loss on rank 2 (exit $code)"; cat fault-nan.log
+  fail "non-finite loss on rank 2 (exit $code)"; cat fault-nan.log fault-nan.err
 fi
 set +e
 start=$SECONDS
@@ -167,10 +169,10 @@ fi
 # and 5 s to finish the step, agree on the stop and rank 0 writes the
 # checkpoint and the summary (docs/scale.md).
 "${mpi[@]}" --mca odls_base_sigkill_timeout 5 -np 2 "$stillpoint" train "$config" \
-  "${common[@]}" train.steps=100000 log.dir=interrupted >interrupted.log 2>&1 &
+  "${common[@]}" train.steps=100000 log.dir=interrupted >interrupted.log 2>interrupted.err &
 launcher=$!
 for _ in $(seq 1 120); do  # until the first evaluation has been printed
-  grep -q "eval at step 2" interrupted.log 2>/dev/null && break
+  cat interrupted.log interrupted.err 2>/dev/null | grep -q "eval at step 2" && break
   sleep 1
 done
 kill -INT "$launcher"
@@ -178,12 +180,12 @@ set +e
 wait "$launcher"
 code=$?
 set -e
-if grep -q "stopped by SIGTERM at step" interrupted.log &&
+if cat interrupted.log interrupted.err | grep -q "stopped by SIGTERM at step" &&
   grep -q '"stop_reason": "stopped by SIGTERM' interrupted/summary.json &&
   "$stillpoint" eval interrupted --json >/dev/null; then
   pass "SIGINT to mpirun: every rank stops after the same step with checkpoint and summary (exit $code)"
 else
-  fail "SIGINT to mpirun (exit $code)"; cat interrupted.log
+  fail "SIGINT to mpirun (exit $code)"; cat interrupted.log interrupted.err
 fi
 
 # 6. Bad input: more ranks than rows.
