@@ -490,11 +490,8 @@ Var SequenceModel::FixedPointSpectralRadiusPenalty(const Var& u, double target,
     for (int64_t id : ids) batch_ids.push_back(rows[static_cast<std::size_t>(id)]);
     return whole(z, batch_ids);
   };
-  Tensor z_rows;
-  {
-    GradModeGuard tape_off(false);
-    z_rows = gather(Var(z_star), 0, sorted).value();
-  }
+  // A plain copy: z* is no leaf of any tape, so the gather records nothing.
+  const Tensor z_rows = gather(Var(z_star), 0, sorted).value();
   const Tensor directions = EstimateSpectralRadius(map, z_rows, estimate).directions;
   return SpectralRadiusPenalty(map, z_rows, directions, target);
 }
