@@ -82,8 +82,8 @@ class JacobianTerm : public FixedPointTerm {
 };
 
 // The spectral-radius penalty at a fraction of the steps, on
-// spectral_radius_samples rows of the batch drawn without replacement (all
-// of them: none named).
+// spectral_radius_samples rows of the batch (all of them: none named): drawn
+// without replacement, or the step's slowest forward solves.
 class SpectralRadiusTerm : public FixedPointTerm {
  public:
   SpectralRadiusTerm(const RegularizationOptions& options, int64_t pretrain_steps)
@@ -95,7 +95,7 @@ class SpectralRadiusTerm : public FixedPointTerm {
     return mul_scalar(
         model.FixedPointSpectralRadiusPenalty(EmbedBatch(model, rows),
                                               options_.spectral_radius_target, estimate_,
-                                              PenalisedRows(rows.batch_size, draws)),
+                                              PenalisedRows(model, rows.batch_size, draws)),
         options_.spectral_radius_weight * scale);
   }
 
@@ -105,9 +105,12 @@ class SpectralRadiusTerm : public FixedPointTerm {
   }
 
  private:
-  std::vector<int64_t> PenalisedRows(int64_t batch, Rng& draws) const {
+  std::vector<int64_t> PenalisedRows(const SequenceModel& model, int64_t batch, Rng& draws) const {
     const int64_t wanted = options_.spectral_radius_samples;
     if (wanted == 0 || wanted >= batch) return {};
+    if (options_.spectral_radius_rows == "slowest") {
+      return SlowestSamples(model.implicit()->last_result().forward, wanted);
+    }
     std::vector<int64_t> rows(static_cast<std::size_t>(batch));
     for (int64_t i = 0; i < batch; ++i) rows[static_cast<std::size_t>(i)] = i;
     // The first `wanted` places of a Fisher-Yates shuffle.
@@ -148,6 +151,28 @@ class CorrectionTerm : public FixedPointTerm {
 };
 
 }  // namespace
+
+std::vector<int64_t> SlowestSamples(const SolverSummary& solve, int64_t count) {
+  const auto samples = static_cast<int64_t>(solve.sample_iterations.size());
+  SP_CHECK(static_cast<int64_t>(solve.sample_rel_residual.size()) == samples,
+           "SlowestSamples: the solve has ", samples, " iteration counts but ",
+           solve.sample_rel_residual.size(), " residuals");
+  SP_CHECK(count >= 0 && count <= samples, "SlowestSamples: ", count,
+           " samples asked of a solve of ", samples);
+  std::vector<int64_t> rows(static_cast<std::size_t>(samples));
+  for (int64_t i = 0; i < samples; ++i) rows[static_cast<std::size_t>(i)] = i;
+  const auto slower = [&solve](int64_t a, int64_t b) {
+    const auto i = static_cast<std::size_t>(a);
+    const auto j = static_cast<std::size_t>(b);
+    if (solve.sample_iterations[i] != solve.sample_iterations[j]) {
+      return solve.sample_iterations[i] > solve.sample_iterations[j];
+    }
+    return solve.sample_rel_residual[i] > solve.sample_rel_residual[j];
+  };
+  std::stable_sort(rows.begin(), rows.end(), slower);
+  rows.resize(static_cast<std::size_t>(count));
+  return rows;
+}
 
 StepRegularizers::StepRegularizers(const RegularizationOptions& regularization,
                                    const TrainerOptions& trainer,

@@ -21,6 +21,7 @@
 
 #include "framework/random.h"
 #include "layers/models.h"
+#include "solvers/solver_summary.h"
 #include "training/train_step.h"
 #include "training/trainer_options.h"
 
@@ -36,6 +37,15 @@ class StepLossTerm {
   // Its value on `rows`, scaled by `scale` (ExtraLoss).
   virtual Var Loss(SequenceModel& model, const Batch& rows, Rng& draws, double scale) const = 0;
 };
+
+// The `count` samples of a forward solve that were slowest to converge, in
+// that order: the most iterations first, ties to the larger relative
+// residual, then to the lower index. Where a solve needed the most
+// iterations its map contracts least, so a spectral-radius penalty on a
+// few rows does the most for the solves' convergence there
+// (model.regularization.spectral_radius_rows: slowest). Throws when count
+// is outside [0, the solve's samples].
+std::vector<int64_t> SlowestSamples(const SolverSummary& solve, int64_t count);
 
 class StepRegularizers {
  public:

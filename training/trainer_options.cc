@@ -160,6 +160,11 @@ const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
                 "Samples of the batch (of each shard) the spectral-radius penalty is taken on, "
                 "drawn at random at each step: an unbiased estimate of the batch's mean at that "
                 "share of its memory (0 or at least the batch: every sample)")
+           .Choice("spectral_radius_rows", &O::spectral_radius_rows, {"random", "slowest"},
+                   "Which spectral_radius_samples rows: random (drawn without replacement), or "
+                   "slowest (those whose forward solve of the step took the most iterations, "
+                   "ties to the larger residual: the samples nearest to not converging); with every "
+                   "sample penalised there is nothing to choose")
            .Double("correction_weight", &O::correction_weight, 0.0, kInf,
                    "implicit: weight of the fixed-point correction loss, the task loss on "
                    "intermediate forward iterates (0: off)")

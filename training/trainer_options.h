@@ -81,6 +81,7 @@ struct RegularizationOptions {
   int64_t spectral_radius_iterations = 10;
   double spectral_radius_frequency = 1.0;
   int64_t spectral_radius_samples = 0;  // 0: every sample of the batch
+  std::string spectral_radius_rows = "random";  // random | slowest
   double correction_weight = 0.0;
   int64_t correction_iterates = 2;
   int64_t correction_steps = 1;
