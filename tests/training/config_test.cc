@@ -392,13 +392,19 @@ TEST(ConfigTest, EveryRegularizationKeyNeedsAFixedPoint) {
   for (const auto& field : RegularizationOptions::Fields().fields()) {
     if (!field.in_config) continue;
     const std::string key = "model.regularization." + field.name;
-    // A valid value other than the default.
+    // A valid value other than the default: another choice, or a number.
     RegularizationOptions other = defaults;
-    const double value = field.get_number(defaults);
-    const double changed = field.kind == OptionKind::kInt ? value + 1
-                           : value >= 1.0                ? value / 2
-                                                          : (value + 1.0) / 2;
-    field.set_number(other, changed);
+    if (!field.choices.empty()) {
+      for (const std::string& choice : field.choices) {
+        if (choice != field.Text(defaults)) field.set_text(other, choice);
+      }
+    } else {
+      const double value = field.get_number(defaults);
+      const double changed = field.kind == OptionKind::kInt ? value + 1
+                             : value >= 1.0                ? value / 2
+                                                            : (value + 1.0) / 2;
+      field.set_number(other, changed);
+    }
     ASSERT_NE(field.Text(other), field.Text(defaults)) << key;
     const auto config = [&](const std::string& kind, const std::string& text) {
       return Config::FromYaml(StillpointSchema(),
