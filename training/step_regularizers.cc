@@ -1,6 +1,8 @@
 #include "training/step_regularizers.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "framework/ops.h"
 #include "solvers/regularizers.h"
@@ -150,6 +152,12 @@ class CorrectionTerm : public FixedPointTerm {
   FixedPointCorrectionOptions correction_;
 };
 
+// A non-finite solve's NaN residual orders as the largest, so the order
+// stays a strict weak ordering and that sample comes first.
+double ResidualKey(double residual) {
+  return std::isnan(residual) ? std::numeric_limits<double>::infinity() : residual;
+}
+
 }  // namespace
 
 std::vector<int64_t> SlowestSamples(const SolverSummary& solve, int64_t count) {
@@ -167,7 +175,7 @@ std::vector<int64_t> SlowestSamples(const SolverSummary& solve, int64_t count) {
     if (solve.sample_iterations[i] != solve.sample_iterations[j]) {
       return solve.sample_iterations[i] > solve.sample_iterations[j];
     }
-    return solve.sample_rel_residual[i] > solve.sample_rel_residual[j];
+    return ResidualKey(solve.sample_rel_residual[i]) > ResidualKey(solve.sample_rel_residual[j]);
   };
   std::stable_sort(rows.begin(), rows.end(), slower);
   rows.resize(static_cast<std::size_t>(count));

@@ -40,11 +40,11 @@ class StepLossTerm {
 
 // The `count` samples of a forward solve that were slowest to converge, in
 // that order: the most iterations first, ties to the larger relative
-// residual, then to the lower index. Where a solve needed the most
-// iterations its map contracts least, so a spectral-radius penalty on a
-// few rows does the most for the solves' convergence there
-// (model.regularization.spectral_radius_rows: slowest). Throws when count
-// is outside [0, the solve's samples].
+// residual (NaN counts as the largest), then to the lower index. Where a
+// solve needed the most iterations its map contracts least, so a
+// spectral-radius penalty on a few rows does the most for the solves'
+// convergence there (model.regularization.spectral_radius_rows: slowest).
+// Throws when count is outside [0, the solve's samples].
 std::vector<int64_t> SlowestSamples(const SolverSummary& solve, int64_t count);
 
 class StepRegularizers {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 #include "framework/check.h"
@@ -33,6 +34,12 @@ TEST(SlowestSamplesTest, AnUnconvergedSampleAtTheCapComesFirst) {
   // converged at 59 with a larger residual history.
   const SolverSummary solve = SolveOf({12, 60, 59}, {1e-4, 3e-3, 9e-4});
   EXPECT_EQ(SlowestSamples(solve, 1), (std::vector<int64_t>{1}));
+}
+
+TEST(SlowestSamplesTest, ANonFiniteResidualCountsAsTheLargest) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const SolverSummary solve = SolveOf({7, 7, 7, 7}, {2e-3, nan, 5e-3, 1e-4});
+  EXPECT_EQ(SlowestSamples(solve, 4), (std::vector<int64_t>{1, 2, 0, 3}));
 }
 
 TEST(SlowestSamplesTest, RefusesMoreSamplesThanTheSolveHadOrMismatchedCounts) {
