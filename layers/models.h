@@ -301,8 +301,9 @@ class SequenceModel : public Model {
   // - the mean over samples of max(0, rho_b - target)^2, rho_b the
   //   power-iteration estimate of the spectral radius of J_f(z*) (its
   //   directions found with the tape off, then held fixed); over the
-  //   samples `rows` of the batch only when given (an unbiased estimate of
-  //   the whole batch's mean at their share of the memory).
+  //   samples `rows` of the batch only when given, at their share of the
+  //   memory (drawn at random they estimate the whole batch's mean without
+  //   bias; training/step_regularizers.h chooses them).
   Var FixedPointSpectralRadiusPenalty(const Var& u, double target,
                                       const SpectralRadiusOptions& estimate,
                                       const std::vector<int64_t>& rows = {});

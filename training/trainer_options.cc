@@ -157,9 +157,10 @@ const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
            .Double("spectral_radius_frequency", &O::spectral_radius_frequency, 0.0, 1.0,
                    "Probability of adding the spectral-radius term at a step")
            .Int("spectral_radius_samples", &O::spectral_radius_samples, 0, kBig,
-                "Samples of the batch (of each shard) the spectral-radius penalty is taken on, "
-                "drawn at random at each step: an unbiased estimate of the batch's mean at that "
-                "share of its memory (0 or at least the batch: every sample)")
+                "Samples of the batch (of each shard) the spectral-radius penalty is taken on at "
+                "each step, chosen by spectral_radius_rows; drawn at random, an unbiased estimate "
+                "of the batch's mean at that share of its memory (0 or at least the batch: every "
+                "sample)")
            .Choice("spectral_radius_rows", &O::spectral_radius_rows, {"random", "slowest"},
                    "Which spectral_radius_samples rows: random (drawn without replacement), or "
                    "slowest (those whose forward solve of the step took the most iterations, "
