@@ -65,6 +65,28 @@ double LargestRelativeRowNorm(const BatchedVjp& vjp, const Tensor& g) {
   return largest;
 }
 
+// A sample whose g is zero has the solution w = 0 exactly, and a start
+// elsewhere can only approach it: its tolerance, relative to |g| = 0, is
+// never met, and the sample would spend its budget and end MAX_ITERATIONS
+// (the inner adjoints of a nested solve see such rows: samples the outer
+// solve has no cotangent for). Such rows of the start are set to 0 (on a
+// copy: the start may be shared with the caller's warm-start state).
+void StartZeroRowsAtZero(const Tensor& g, Tensor* w) {
+  const int64_t batch = g.dim(0);
+  const int64_t n = g.dim(1);
+  bool copied = false;
+  for (int64_t b = 0; b < batch; ++b) {
+    bool zero = true;
+    for (int64_t i = 0; i < n && zero; ++i) zero = g.at(b * n + i) == 0.0;
+    if (!zero) continue;
+    if (!copied) {
+      *w = w->Clone();
+      copied = true;
+    }
+    w->SliceRows(b, b + 1).Fill(0.0);
+  }
+}
+
 // Runs the method options.solver names: one case per line of
 // solvers/adjoint/method_list.h. The forward solvers work on the state's
 // tensors, the others on float64 copies (see SolveWithFixedPointSolver).
@@ -168,6 +190,8 @@ AdjointSummary adjoint::SolveWithCheckedOptions(const BackwardOptions& options,
              "SolveAdjoint: initial guess of shape ", w->shape(), " (", ToString(w->dtype()),
              ") for g of shape ", g.shape(), " (", ToString(g.dtype()), ")");
   }
+
+  if (warm) StartZeroRowsAtZero(g, w);
 
   AdjointSummary summary;
   summary.mode = BackwardMode::kIft;

@@ -137,6 +137,27 @@ TEST_P(AdjointSolverTest, ZeroGradientSampleConvergesAtOnce) {
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(w.at(6 + i), 0.0);
 }
 
+// A warm start elsewhere than 0 for a sample whose g is 0 (an inner adjoint
+// of a nested solve gets such rows): its solution is 0 exactly, and without
+// starting that row there the sample could only approach it and end
+// MAX_ITERATIONS (its tolerance is relative to |g| = 0). The caller's start
+// is not modified.
+TEST_P(AdjointSolverTest, ZeroGradientSampleConvergesAtOnceFromAWarmStart) {
+  LinearAdjoint linear = MakeLinear(2, 6, 0.5, true, 5);
+  Tensor g = RandomRhs(2, 6, 6);
+  for (int64_t i = 0; i < 6; ++i) g.set(6 + i, 0.0);  // sample 1: g = 0
+  const Tensor start = RandomRhs(2, 6, 9);
+  Tensor w = start;
+  const AdjointSummary summary =
+      SolveAdjoint(Options(GetParam(), 1e-8), linear.Vjp(), g, &w);
+  EXPECT_TRUE(summary.IsUsable()) << summary.FullReport();
+  ASSERT_EQ(summary.sample_termination.size(), 2u);
+  EXPECT_EQ(summary.sample_termination[1], TerminationType::kConverged) << summary.FullReport();
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(w.at(6 + i), 0.0);
+  EXPECT_LT(RelativeDiff(w, linear.Exact(g)), 1e-6);
+  EXPECT_NE(start.at(6), 0.0);  // the start given is unchanged
+}
+
 TEST_P(AdjointSolverTest, WarmStartAtTheSolutionNeedsNoIterations) {
   LinearAdjoint linear = MakeLinear(2, 6, 0.5, true, 7);
   const Tensor g = RandomRhs(2, 6, 8);
