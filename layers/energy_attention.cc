@@ -107,7 +107,6 @@ std::string EnergyAttention::Name() const {
 }
 
 Var EnergyAttention::Forward(const Var& x, const std::vector<int64_t>& sample_ids) const {
-  if (keep_inputs_) last_input_ = x.value().Clone();
   // Read before the inner solve opens its own scope.
   const uint64_t solve = options_.warm_start ? ForwardSolveScope::Current() : 0;
   const Tensor warm = solve != 0 ? WarmState(solve, sample_ids, x.dim(0)) : Tensor();
@@ -120,6 +119,7 @@ Var EnergyAttention::Forward(const Var& x, const std::vector<int64_t>& sample_id
   ++inner_counts_->solves;
   inner_counts_->forward_iterations += implicit_->forward_summary().iterations;
   if (warm.defined()) ++inner_counts_->warm_starts;
+  if (keep_inputs_) Keep(x.value(), state.value(), implicit_->forward_summary());
   if (solve != 0) {
     warm_solve_ = solve;
     warm_state_ = state.value().Clone();
@@ -160,6 +160,45 @@ Tensor EnergyAttention::WarmState(uint64_t solve,
   return start;
 }
 
+void EnergyAttention::Keep(const Tensor& input,
+                           const Tensor& state,
+                           const SolverSummary& solve) const {
+  // The last Forward so far becomes a candidate for the slowest.
+  if (last_input_.defined() && last_key_ > slowest_key_) {
+    slowest_key_ = last_key_;
+    slowest_input_ = std::move(last_input_);
+    slowest_state_ = std::move(last_state_);
+  }
+  last_key_ = {!solve.IsUsable(), solve.iterations};
+  last_input_ = input.Clone();
+  last_state_ = state.Clone();
+}
+
+void EnergyAttention::ForgetKeptInputs() const {
+  last_input_ = last_state_ = slowest_input_ = slowest_state_ = Tensor();
+  last_key_ = slowest_key_ = {false, -1};
+}
+
+Var EnergyAttention::SpectralRadiusPenalty(double target,
+                                           const SpectralRadiusOptions& estimate) const {
+  SP_CHECK(last_input_.defined() && last_state_.defined(), Name(),
+           ": the spectral-radius penalty needs a kept input and solution (KeepInputs(true) "
+           "before a Forward)");
+  const auto at = [&](const Tensor& input, const Tensor& state) {
+    // The context (what the update reads besides the state) recorded on the
+    // block's parameters; the state and the input are constants.
+    const EnergyBlockProblemPtr problem = block_->PrepareForWarmStart(Var(input));
+    const std::vector<int64_t> dims = state.shape().dims();
+    const CellFn update = MakeUpdateCell(
+        problem->energy, Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())));
+    const Tensor directions = EstimateSpectralRadius(update, state, estimate).directions;
+    return stillpoint::SpectralRadiusPenalty(update, state, directions, target);
+  };
+  const Var last = at(last_input_, last_state_);
+  if (!slowest_input_.defined() || !(slowest_key_ > last_key_)) return last;
+  return add(last, at(slowest_input_, slowest_state_));
+}
+
 AttentionDiagnostics EnergyAttention::Diagnose(const Var& x) const {
   return DiagnoseEnergyBlock(*block_, options_.solver, x);
 }
@@ -192,6 +231,12 @@ AttentionDiagnostics DiagnoseEnergyBlock(const EnergyBlock& block,
   d.residual = traced.forward_summary().MaxRelResidual();
   d.collapsed = d.max_weight_fixed_point > kCollapsedMaxWeight &&
                 d.max_weight_fixed_point - d.max_weight_first > kCollapseRise;
+  const std::vector<int64_t> dims = state.shape().dims();
+  const SpectralRadiusResult radius = EstimateSpectralRadius(
+      MakeUpdateCell(problem.energy, Shape(std::vector<int64_t>(dims.begin() + 1, dims.end()))),
+      state.value());
+  d.spectral_radius = radius.max_radius;
+  d.dominant_eigenvalue = radius.dominant_eigenvalue;
   return d;
 }
 

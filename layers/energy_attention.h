@@ -22,8 +22,10 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/autograd.h"
@@ -32,6 +34,7 @@
 #include "framework/random.h"
 #include "layers/energy_block.h"
 #include "layers/implicit_layer.h"
+#include "solvers/regularizers.h"
 
 namespace stillpoint {
 
@@ -94,6 +97,12 @@ struct AttentionDiagnostics {
   // already has (a learned routing, e.g. one key per query) is not a
   // collapse.
   bool collapsed = false;
+  // The spectral radius of the Jacobian of the block's update map at the
+  // solved state, largest over the samples (Arnoldi, as for the model's own
+  // fixed point), and that sample's signed dominant eigenvalue: below 1
+  // the inner solve's fixed-point iterations and adjoint contract there.
+  double spectral_radius = std::numeric_limits<double>::quiet_NaN();
+  double dominant_eigenvalue = std::numeric_limits<double>::quiet_NaN();
 };
 
 class EnergyAttention : public Module {
@@ -117,9 +126,29 @@ class EnergyAttention : public Module {
   // While on, every Forward keeps a copy of its input, so that diagnostics
   // can be taken where the model last evaluated the attention (in an
   // implicit model: the outer solve's last iterate). Off by default.
+  // It keeps the inner solution of that Forward too (last_state), and the
+  // input and solution of the slowest Forward since ForgetKeptInputs (a
+  // solve with an unconverged sample counts as slower than any that
+  // converged, then the most iterations): in an implicit model that is
+  // often the first evaluation of the outer solve, at the zero state, far
+  // from the inputs the last evaluation sees.
   void KeepInputs(bool keep) const { keep_inputs_ = keep; }
-  // The last input kept (undefined before one was).
+  bool keeps_inputs() const { return keep_inputs_; }
+  void ForgetKeptInputs() const;
+  // The last input kept and its inner solution (undefined before one was).
   const Tensor& last_input() const { return last_input_; }
+  const Tensor& last_state() const { return last_state_; }
+
+  // The spectral-radius penalty of the block's update map at the kept
+  // solutions (KeepInputs): at the last one, plus at the slowest one when
+  // that was another Forward. At each, the mean over samples of max(0,
+  // rho_b - target)^2, rho_b the spectral radius of the map's Jacobian at
+  // sample b's inner solution, along the dominant directions that
+  // `estimate` finds with those held fixed (solvers/regularizers.h,
+  // SpectralRadiusPenalty). Differentiable w.r.t. the block's parameters;
+  // the kept inputs are constants. Below 1 the inner fixed-point iterations
+  // and adjoint contract. Throws when no input was kept.
+  Var SpectralRadiusPenalty(double target, const SpectralRadiusOptions& estimate) const;
 
   // What the inner solves of this attention did since construction (or the
   // last ResetInnerCounts): forward solves, their iterations, and how many
@@ -162,7 +191,12 @@ class EnergyAttention : public Module {
   // Shared with the inner solve's adjoint observer, which the graph keeps.
   std::shared_ptr<InnerCounts> inner_counts_ = std::make_shared<InnerCounts>();
   mutable bool keep_inputs_ = false;
-  mutable Tensor last_input_;
+  mutable Tensor last_input_, last_state_;
+  // How slow a kept Forward was: (an unconverged sample, iterations).
+  // slowest_*: the slowest kept Forward before the last one.
+  mutable std::pair<bool, int> last_key_{false, -1}, slowest_key_{false, -1};
+  mutable Tensor slowest_input_, slowest_state_;
+  void Keep(const Tensor& input, const Tensor& state, const SolverSummary& solve) const;
 };
 
 // The diagnostics of any energy block at input x [B, T, d], its energy

@@ -339,6 +339,9 @@ SequenceModel::SequenceModel(const ModelOptions& options, int64_t out_features, 
       break;
     }
   }
+  if (options.keep_attention_inputs) {
+    for (const auto& [name, attention] : FindEnergyAttentions(*this)) attention->KeepInputs(true);
+  }
   // After the cells, so that they do not change the initialisation of the
   // parameters before them.
   if (options.lookup == "hopfield") {
@@ -501,6 +504,19 @@ SpectralRadiusResult SequenceModel::FixedPointSpectralRadius(
   return EstimateSpectralRadius(FixedPointMap(u), FixedPoint(), estimate);
 }
 
+Var SequenceModel::AttentionSpectralRadiusPenalty(double target,
+                                                  const SpectralRadiusOptions& estimate) const {
+  SP_CHECK(options_.keep_attention_inputs,
+           "SequenceModel: the attention spectral-radius penalty needs "
+           "ModelOptions::keep_attention_inputs");
+  Var total;
+  for (const auto& [name, attention] : FindEnergyAttentions(*this)) {
+    const Var penalty = attention->SpectralRadiusPenalty(target, estimate);
+    total = total.defined() ? add(total, penalty) : penalty;
+  }
+  return total.defined() ? total : Var(Tensor::Scalar(0.0, options_.dtype));
+}
+
 Var SequenceModel::FixedPointCorrectionLoss(const Var& u,
                                             const std::function<Var(const Var& logits)>& task_loss,
                                             const FixedPointCorrectionOptions& options) {
@@ -530,13 +546,17 @@ std::vector<std::pair<std::string, AttentionDiagnostics>> SequenceModel::Diagnos
   for (const auto& [name, attention] : attentions) attention->KeepInputs(true);
   EncodeInjection(u);
   for (const auto& [name, attention] : attentions) {
-    attention->KeepInputs(false);
+    attention->KeepInputs(options_.keep_attention_inputs);
     result.emplace_back(name, attention->Diagnose(Var(attention->last_input())));
   }
   return result;
 }
 
 Var SequenceModel::EncodeInjection(const Var& u) {
+  // What the attention penalty reads is kept from this pass on.
+  if (options_.keep_attention_inputs) {
+    for (const auto& [name, attention] : FindEnergyAttentions(*this)) attention->ForgetKeptInputs();
+  }
   if (options_.kind == ModelKind::kEnergy) {
     const EnergyBlockProblemPtr problem = energy_block_->Prepare(u);
     Var start = problem->initial_state;

@@ -191,6 +191,11 @@ struct ModelOptions {
   // encoder learns through it). Parameters "lookup.*".
   std::string lookup = "none";
   int64_t lookup_size = 64;
+  // Every energy attention of the cells keeps its last input and inner
+  // solution (EnergyAttention::KeepInputs), which AttentionSpectralRadius-
+  // Penalty reads. A setting for code only (a config's
+  // model.regularization.attention_spectral_radius_weight turns it on).
+  bool keep_attention_inputs = false;
 
   // The model.* keys (framework/option_fields.h), the cell's
   // (cell_options: attention, heads, hidden, dropout, ln_eps) and the energy
@@ -307,6 +312,12 @@ class SequenceModel : public Model {
   Var FixedPointSpectralRadiusPenalty(const Var& u, double target,
                                       const SpectralRadiusOptions& estimate,
                                       const std::vector<int64_t>& rows = {});
+  // - the sum over the cells' energy attentions of each one's spectral-
+  //   radius penalty at the inner fixed points of the last Forward
+  //   (EnergyAttention::SpectralRadiusPenalty; needs
+  //   options.keep_attention_inputs and a Forward first); 0 without energy
+  //   attention.
+  Var AttentionSpectralRadiusPenalty(double target, const SpectralRadiusOptions& estimate) const;
   // The power-iteration estimate itself (a diagnostic, not differentiable).
   SpectralRadiusResult FixedPointSpectralRadius(const Var& u,
                                                 const SpectralRadiusOptions& estimate = {}) const;

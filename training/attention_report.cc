@@ -14,7 +14,8 @@ const std::vector<std::string>& AttentionColumns() {
   static const std::vector<std::string> columns = {
       "attn_iters",         "attn_residual",         "attn_bwd_iters",  "attn_bwd_residual",
       "attn_unconverged",   "attn_entropy_first",    "attn_entropy",    "attn_max_weight_first",
-      "attn_max_weight",    "attn_move",             "attn_monotone"};
+      "attn_max_weight",    "attn_move",             "attn_monotone",   "attn_spectral_radius",
+      "attn_spectral_eigenvalue"};
   return columns;
 }
 
@@ -53,7 +54,13 @@ std::map<std::string, double> AttentionDiagnosticColumns(SequenceModel& model,
   if (diagnostics.empty()) return row;
   double n = static_cast<double>(diagnostics.size());
   bool monotone = true;
+  double radius = std::numeric_limits<double>::quiet_NaN();
+  double eigenvalue = radius;
   for (const auto& [name, d] : diagnostics) {
+    if (!std::isnan(d.spectral_radius) && !(d.spectral_radius <= radius)) {
+      radius = d.spectral_radius;
+      eigenvalue = d.dominant_eigenvalue;
+    }
     row["attn_entropy_first"] += d.entropy_first / n;
     row["attn_entropy"] += d.entropy_fixed_point / n;
     row["attn_max_weight_first"] += d.max_weight_first / n;
@@ -72,6 +79,10 @@ std::map<std::string, double> AttentionDiagnosticColumns(SequenceModel& model,
     }
   }
   row["attn_monotone"] = monotone ? 1.0 : 0.0;
+  if (!std::isnan(radius)) {
+    row["attn_spectral_radius"] = radius;
+    row["attn_spectral_eigenvalue"] = eigenvalue;
+  }
   return row;
 }
 

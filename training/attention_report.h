@@ -27,7 +27,9 @@ std::map<std::string, double> AttentionSolverColumns(const SolverStats& forward,
 // Diagnostics on the first `examples` held-out examples: attn_entropy_first,
 // attn_entropy, attn_max_weight_first, attn_max_weight (means over the
 // attentions), attn_move (their mean relative move), attn_monotone (1 when
-// every energy decreased monotonically). Appends to *warnings a line naming
+// every energy decreased monotonically), attn_spectral_radius and
+// attn_spectral_eigenvalue (the largest radius of an attention's update map
+// at its solved state, and its signed eigenvalue). Appends to *warnings a line naming
 // each attention that collapsed and is not yet in *warned (which it joins).
 std::map<std::string, double> AttentionDiagnosticColumns(SequenceModel& model,
                                                          const Dataset& test,

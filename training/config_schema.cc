@@ -438,6 +438,8 @@ ModelOptions ModelOptionsFromConfig(const Config& c) {
   if (regularization.correction_weight > 0) {
     m.implicit.sampled_iterates = static_cast<int>(regularization.correction_iterates);
   }
+  // The attention penalty is taken at the inner solutions the attentions keep.
+  m.keep_attention_inputs = regularization.attention_spectral_radius_weight > 0;
   m.energy = EnergyBlockOptionsFromConfig(c);
   m.energy.dim = m.dim;
   m.energy.heads = m.cell_options.heads;

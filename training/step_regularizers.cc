@@ -128,6 +128,27 @@ class SpectralRadiusTerm : public FixedPointTerm {
   SpectralRadiusOptions estimate_;
 };
 
+// The spectral-radius penalty of the cells' energy attentions at every step,
+// on every sample, at the inner solutions of the step's forward.
+class AttentionSpectralRadiusTerm : public StepLossTerm {
+ public:
+  explicit AttentionSpectralRadiusTerm(const RegularizationOptions& options)
+      : options_(options) {
+    estimate_.max_iterations = static_cast<int>(options.attention_spectral_radius_iterations);
+    estimate_.tolerance = 1e-3;
+  }
+  bool AppliesAt(int64_t, Rng&) override { return true; }
+  Var Loss(SequenceModel& model, const Batch&, Rng&, double scale) const override {
+    return mul_scalar(model.AttentionSpectralRadiusPenalty(
+                          options_.attention_spectral_radius_target, estimate_),
+                      options_.attention_spectral_radius_weight * scale);
+  }
+
+ private:
+  RegularizationOptions options_;
+  SpectralRadiusOptions estimate_;
+};
+
 // The fixed-point correction loss: the task loss on the solve's iterates.
 class CorrectionTerm : public FixedPointTerm {
  public:
@@ -191,6 +212,9 @@ StepRegularizers::StepRegularizers(const RegularizationOptions& regularization,
       (kind == ModelKind::kTied || kind == ModelKind::kImplicit)) {
     terms_.push_back(std::make_unique<ProgressiveTerm>(trainer, model.options().unroll_steps));
     task_loss_weight_ = 1.0 - trainer.progressive_loss_weight;
+  }
+  if (regularization.attention_spectral_radius_weight > 0 && kind != ModelKind::kEnergy) {
+    terms_.push_back(std::make_unique<AttentionSpectralRadiusTerm>(regularization));
   }
   if (model.implicit() == nullptr) return;
   const int64_t pretrain = trainer.pretrain_steps;

@@ -3,14 +3,17 @@
 //
 //   progressive loss   train.progressive_loss.* (tied and implicit models):
 //                      every step
+//   attention radius   model.regularization.attention_spectral_radius_*: every
+//                      step, at the inner fixed points of the cells' energy
+//                      attentions (explicit, tied and implicit models)
 //   Jacobian penalty   model.regularization.jacobian_*: after pretraining, at
 //                      a drawn fraction of the steps, its weight ramped in
 //   spectral radius    model.regularization.spectral_radius_*: after
 //                      pretraining, at a drawn fraction of the steps
 //   correction loss    model.regularization.correction_*: after pretraining
 //
-// The regularisers are taken at the model's own fixed point, so they apply
-// only to a model with an implicit layer. The terms are summed in that
+// The other regularisers are taken at the model's own fixed point, so they
+// apply only to a model with an implicit layer. The terms are summed in that
 // order. A term whose weight is 0 is off and takes no draw, so a run without
 // it keeps the random stream it had before the term existed.
 #pragma once

@@ -212,6 +212,13 @@ void LogHook::Evaluate(TrainLoopState& state, std::map<std::string, double>& row
     row[column] = value;
   }
   for (const std::string& warning : warnings) progress_.Message(warning);
+  // The energy model's block is the model's own fixed point, measured by the
+  // gradient check below; in a transformer cell the block is an inner layer.
+  if (row.count("attn_spectral_radius") && model.options().kind != ModelKind::kEnergy) {
+    summary.equilibrium_monitor.AddSpectralRadius(SolveFamily::kAttention,
+                                                  row["attn_spectral_radius"],
+                                                  row["attn_spectral_eigenvalue"]);
+  }
   if (row.count("attn_max_weight")) progress_.Message(AttentionSummaryLine(row));
   const EvalResult eval =
       stillpoint::Evaluate(model, *context_.test, context_.eval.batch_size, context_.dtype);

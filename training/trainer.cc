@@ -41,21 +41,30 @@ void CheckTrainingConfig(const Config& c) {
   // (or, for the correction loss, without a solved cell) would change
   // nothing, so it is refused by name rather than ignored.
   const std::string kind = c.GetString("model.kind");
+  const std::string attention = c.GetString("model.attention");
   const RegularizationOptions given = RegularizationOptions::FromConfig(c);
   const RegularizationOptions defaults;
   for (const auto& field : RegularizationOptions::Fields().fields()) {
     if (!field.in_config || field.Text(given) == field.Text(defaults)) continue;
+    if (RegularizationKeyApplies(field.name, kind, attention)) continue;
     const std::string key = "model.regularization." + field.name;
-    const bool needs_cell = field.name.rfind("correction_", 0) == 0;
-    const bool fits = kind == "implicit" || (!needs_cell && kind == "energy");
-    if (!fits) {
-      throw ConfigError(c.Origin(key) + ": " + key + " needs model.kind implicit" +
-                        (needs_cell ? std::string(" (the correction loss is taken on the "
-                                                  "implicit solve's iterates)")
-                                    : std::string(" or energy (a fixed point of the model's "
-                                                  "own)")) +
-                        ", not " + kind);
+    if (field.name.rfind("attention_", 0) == 0) {
+      // Taken on the inner solves of the cells' energy attentions.
+      throw ConfigError(c.Origin(key) + ": " + key +
+                        " needs an energy attention inside the cells (model.attention an energy "
+                        "block and model.kind explicit, tied or implicit), not " +
+                        (kind == "energy" ? "model.kind energy (its block is the model's own "
+                                            "fixed point: use model.regularization."
+                                            "spectral_radius_*)"
+                                          : std::string("model.attention softmax")));
     }
+    const bool needs_cell = field.name.rfind("correction_", 0) == 0;
+    throw ConfigError(c.Origin(key) + ": " + key + " needs model.kind implicit" +
+                      (needs_cell ? std::string(" (the correction loss is taken on the "
+                                                "implicit solve's iterates)")
+                                  : std::string(" or energy (a fixed point of the model's "
+                                                "own)")) +
+                      ", not " + kind);
   }
   if (c.GetDouble("train.progressive_loss.weight") > 0) {
     const int64_t k = c.GetInt("train.progressive_loss.steps");

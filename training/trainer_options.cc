@@ -166,6 +166,18 @@ const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
                    "slowest (those whose forward solve of the step took the most iterations, "
                    "ties to the larger residual: the samples nearest to not converging); with every "
                    "sample penalised there is nothing to choose")
+           .Double("attention_spectral_radius_weight", &O::attention_spectral_radius_weight, 0.0,
+                   kInf,
+                   "Weight of the spectral-radius penalty of every energy attention's update map "
+                   "at its inner fixed point, each one's mean over samples of max(0, rho - "
+                   "target)^2, summed over the cells' attentions (0: off). For the energy model "
+                   "kind, whose block is the model's own fixed point, use spectral_radius_*")
+           .Double("attention_spectral_radius_target", &O::attention_spectral_radius_target, 0.0,
+                   kInf,
+                   "Radius below which the attention penalty is zero (the inner fixed_point "
+                   "adjoint and Picard converge below 1)")
+           .Int("attention_spectral_radius_iterations", &O::attention_spectral_radius_iterations,
+                1, 1000, "Arnoldi steps (one VJP of the inner update each) of its directions")
            .Double("correction_weight", &O::correction_weight, 0.0, kInf,
                    "implicit: weight of the fixed-point correction loss, the task loss on "
                    "intermediate forward iterates (0: off)")
@@ -179,6 +191,13 @@ const OptionFields<RegularizationOptions>& RegularizationOptions::Fields() {
            .Double("correction_gamma", &O::correction_gamma, OptionBounds::OpenClosed(0.0, 1.0),
                    "Iterate i of N is weighted gamma^(N - 1 - i): the last has weight 1");
   return *fields;
+}
+
+bool RegularizationKeyApplies(const std::string& field, const std::string& kind,
+                              const std::string& attention) {
+  if (field.rfind("attention_", 0) == 0) return kind != "energy" && attention != "softmax";
+  if (field.rfind("correction_", 0) == 0) return kind == "implicit";
+  return kind == "implicit" || kind == "energy";
 }
 
 RegularizationOptions RegularizationOptions::FromConfig(const Config& config) {

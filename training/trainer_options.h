@@ -68,7 +68,9 @@ struct LogOptions {
 
 // model.regularization.*: the regularisers of implicit models added to the
 // training loss: the Jacobian and spectral-radius penalties (implicit and
-// energy models) and the fixed-point correction loss (implicit models);
+// energy models), the fixed-point correction loss (implicit models) and the
+// spectral-radius penalty of the cells' energy attentions (explicit, tied
+// and implicit models with model.attention an energy block);
 // solvers/regularizers.h. The struct's defaults are all off; a config's
 // defaults follow model.kind (ImplicitModelRegularization).
 struct RegularizationOptions {
@@ -82,6 +84,9 @@ struct RegularizationOptions {
   double spectral_radius_frequency = 1.0;
   int64_t spectral_radius_samples = 0;  // 0: every sample of the batch
   std::string spectral_radius_rows = "random";  // random | slowest
+  double attention_spectral_radius_weight = 0.0;
+  double attention_spectral_radius_target = 0.8;
+  int64_t attention_spectral_radius_iterations = 10;
   double correction_weight = 0.0;
   int64_t correction_iterates = 2;
   int64_t correction_steps = 1;
@@ -91,6 +96,17 @@ struct RegularizationOptions {
   static const OptionFields<RegularizationOptions>& Fields();
   static RegularizationOptions FromConfig(const Config& config);
 };
+
+// Whether the key model.regularization.<field> takes effect for a model of
+// `kind` whose cells' attention is `attention`: the attention_* keys with an
+// energy attention inside the cells (every kind but energy), the
+// correction_* keys for implicit models (the loss is taken on a cell's
+// iterates), the others for implicit and energy models (a fixed point of
+// the model's own). A key that does not is refused when set away from its
+// default (CheckTrainingConfig), and `compare` sets it back for the
+// variants it does not fit.
+bool RegularizationKeyApplies(const std::string& field, const std::string& kind,
+                              const std::string& attention);
 
 // The regularisation a config's model.kind implicit gets by default: the
 // spectral-radius penalty with weight 100 towards 0.5, on a quarter of the

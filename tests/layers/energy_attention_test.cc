@@ -9,6 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <Eigen/Dense>
+
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -303,6 +306,140 @@ TEST(EnergyAttentionTest, ProbabilisticPrecisionsArePositiveByConstruction) {
   const Var x = RandnVar({1, 3, 8}, rng);
   const EnergyBlockProblemPtr problem = block->Prepare(x);  // checks the precisions, must not throw
   EXPECT_EQ(problem->initial_state.shape(), Shape({1, 2, 3, 4}));
+}
+
+// A float64 Energy Transformer attention (8 wide, 2 heads, 5 memories),
+// solved tightly, its weights scaled by `scale` (larger: less contracting).
+EnergyAttentionOptions SmallEnergyTransformer() {
+  EnergyAttentionOptions options;
+  options.block.layer = "energy_transformer";
+  options.block.dim = 8;
+  options.block.heads = 2;
+  options.block.memories = 5;
+  options.block.dtype = DType::kFloat64;
+  options.solver = testing_energy::TightImplicitOptions();
+  return options;
+}
+
+// Per sample, the largest |eigenvalue| of the Jacobian of the block's update
+// map at `state` for input x, from central differences and a dense
+// eigensolver: independent of the Arnoldi estimate under test.
+std::vector<double> DenseUpdateRadius(const EnergyBlock& block, const Var& x,
+                                      const Tensor& state) {
+  NoGrad no_grad;
+  const EnergyBlockProblemPtr problem = block.Prepare(x);
+  const int64_t batch = state.dim(0);
+  const int64_t n = state.numel() / batch;
+  const double h = 1e-6;
+  std::vector<Eigen::MatrixXd> jacobians(batch, Eigen::MatrixXd::Zero(n, n));
+  for (int64_t j = 0; j < n; ++j) {
+    Tensor plus = state.Clone(), minus = state.Clone();
+    for (int64_t b = 0; b < batch; ++b) {
+      plus.set(b * n + j, plus.at(b * n + j) + h);
+      minus.set(b * n + j, minus.at(b * n + j) - h);
+    }
+    const Tensor up = problem->energy->Update(Var(plus)).value();
+    const Tensor down = problem->energy->Update(Var(minus)).value();
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t i = 0; i < n; ++i) {
+        jacobians[b](i, j) = (up.at(b * n + i) - down.at(b * n + i)) / (2 * h);
+      }
+    }
+  }
+  std::vector<double> radius;
+  for (const Eigen::MatrixXd& jacobian : jacobians) {
+    radius.push_back(Eigen::EigenSolver<Eigen::MatrixXd>(jacobian).eigenvalues().cwiseAbs().maxCoeff());
+  }
+  return radius;
+}
+
+// Scales every parameter of the attention's block by `factor`.
+void ScaleParameters(const EnergyAttention& attention, double factor) {
+  for (const Var& p : attention.block().parameters()) {
+    Tensor value = p.value();
+    for (int64_t i = 0; i < value.numel(); ++i) value.set(i, value.at(i) * factor);
+  }
+}
+
+// The diagnostics' spectral radius is the largest |eigenvalue| of the update
+// map's Jacobian at the solved state, over the samples.
+TEST(EnergyAttentionTest, DiagnosedSpectralRadiusIsTheUpdateJacobiansLargestEigenvalue) {
+  Rng rng(3);
+  EnergyAttention attention(SmallEnergyTransformer(), rng);
+  ScaleParameters(attention, 3.0);  // away from the initial, nearly-zero map
+  const Var x = RandnVar({2, 3, 8}, rng);
+  attention.KeepInputs(true);
+  attention.Forward(x);
+  const std::vector<double> dense = DenseUpdateRadius(attention.block(), x, attention.last_state());
+  const double largest = *std::max_element(dense.begin(), dense.end());
+  ASSERT_GT(largest, 0.05);
+  const AttentionDiagnostics d = attention.Diagnose(x);
+  EXPECT_NEAR(d.spectral_radius, largest, 1e-5 * largest);
+  EXPECT_NEAR(std::abs(d.dominant_eigenvalue), largest, 1e-3 * largest);
+}
+
+// The attention penalty is the hinge of each sample's radius at the kept
+// solution, a step against its gradient lowers the radius, and the slowest
+// kept solve (here one stopped after a single iteration) is penalised beside
+// the last when it came before it.
+TEST(EnergyAttentionTest, SpectralRadiusPenaltyIsTheHingeAtTheKeptSolves) {
+  Rng rng(4);
+  EnergyAttention attention(SmallEnergyTransformer(), rng);
+  ScaleParameters(attention, 3.0);
+  const Var x = RandnVar({2, 3, 8}, rng);
+  const Var slow_x = RandnVar({2, 3, 8}, rng);
+  attention.KeepInputs(true);
+  EXPECT_THROW(attention.SpectralRadiusPenalty(0.0, {}), Error);  // nothing kept yet
+
+  attention.Forward(x);
+  const std::vector<double> radius = DenseUpdateRadius(attention.block(), x, attention.last_state());
+  double mean_square = 0.0;
+  for (double r : radius) mean_square += r * r / static_cast<double>(radius.size());
+  const double at_x = attention.SpectralRadiusPenalty(0.0, {}).value().item();
+  EXPECT_NEAR(at_x, mean_square, 1e-4 * mean_square);
+  const double above = *std::max_element(radius.begin(), radius.end()) + 0.01;
+  EXPECT_EQ(attention.SpectralRadiusPenalty(above, {}).value().item(), 0.0);
+
+  // One gradient step on the penalty lowers the largest radius.
+  std::vector<Var> parameters = attention.block().parameters();
+  for (Var p : parameters) p.zero_grad();
+  backward(attention.SpectralRadiusPenalty(0.0, {}));
+  for (const Var& p : parameters) {
+    if (!p.grad().defined()) continue;
+    Tensor value = p.value();
+    for (int64_t i = 0; i < value.numel(); ++i) value.set(i, value.at(i) - 0.05 * p.grad().value().at(i));
+  }
+  attention.ForgetKeptInputs();
+  attention.Forward(x);
+  const std::vector<double> after = DenseUpdateRadius(attention.block(), x, attention.last_state());
+  EXPECT_LT(*std::max_element(after.begin(), after.end()),
+            *std::max_element(radius.begin(), radius.end()));
+
+  // The penalty at a solve stopped after one iteration, alone and before or
+  // after a converged one.
+  const auto slow_forward = [&] {
+    attention.implicit().mutable_options().forward.max_iterations = 1;
+    attention.Forward(slow_x);
+    attention.implicit().mutable_options().forward.max_iterations = 300;
+  };
+  attention.ForgetKeptInputs();
+  slow_forward();
+  const double slow = attention.SpectralRadiusPenalty(0.0, {}).value().item();
+  attention.ForgetKeptInputs();
+  attention.Forward(x);
+  const double converged = attention.SpectralRadiusPenalty(0.0, {}).value().item();
+  ASSERT_GT(std::abs(slow - converged), 1e-3 * converged);
+  attention.ForgetKeptInputs();
+  slow_forward();
+  attention.Forward(x);
+  EXPECT_NEAR(attention.SpectralRadiusPenalty(0.0, {}).value().item(), slow + converged,
+              1e-9 * (slow + converged));
+  attention.ForgetKeptInputs();
+  attention.Forward(x);
+  slow_forward();  // the slowest is the last: penalised once
+  EXPECT_NEAR(attention.SpectralRadiusPenalty(0.0, {}).value().item(), slow, 1e-9 * slow);
+  attention.ForgetKeptInputs();
+  EXPECT_THROW(attention.SpectralRadiusPenalty(0.0, {}), Error);
 }
 
 }  // namespace

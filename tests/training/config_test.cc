@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -387,6 +389,35 @@ TEST(ConfigTest, FixedPointPenaltiesNeedAFixedPoint) {
 // by name for a model without a fixed point of its own, and the correction
 // loss's keys for the energy kind (it has no solved cell); exit 2 through
 // ConfigError. A key left at its default value is accepted everywhere.
+// The attention penalty is taken at the inner solves of the cells' energy
+// attentions: refused for softmax attention and for the energy kind (whose
+// block is the model's own fixed point), naming the key and the reason.
+TEST(ConfigTest, AttentionRegularizationKeysNeedAnEnergyAttentionInTheCells) {
+  const auto config = [](const std::string& kind, const std::string& attention) {
+    return Config::FromYaml(StillpointSchema(),
+                            "model:\n  kind: " + kind + "\n  attention: " + attention +
+                                "\n  regularization: {attention_spectral_radius_weight: 3}\n",
+                            "keys.yaml");
+  };
+  for (const std::string kind : {"explicit", "tied", "implicit"}) {
+    EXPECT_NO_THROW(CheckTrainingConfig(config(kind, "energy_transformer"))) << kind;
+    const std::string m = ErrorOf([&] { CheckTrainingConfig(config(kind, "softmax")); });
+    EXPECT_NE(m.find("keys.yaml:"), std::string::npos) << m;
+    EXPECT_NE(m.find("model.regularization.attention_spectral_radius_weight needs an energy "
+                     "attention"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("not model.attention softmax"), std::string::npos) << m;
+  }
+  const std::string m = ErrorOf([&] { CheckTrainingConfig(config("energy", "hopfield")); });
+  EXPECT_NE(m.find("not model.kind energy"), std::string::npos) << m;
+  EXPECT_NE(m.find("spectral_radius_*"), std::string::npos) << m;
+  // Off (weight 0, the default) is accepted anywhere.
+  EXPECT_NO_THROW(CheckTrainingConfig(Config::FromYaml(
+      StillpointSchema(), "model:\n  kind: energy\n  regularization: {attention_spectral_radius_target: 0.8}\n",
+      "keys.yaml")));
+}
+
 TEST(ConfigTest, EveryRegularizationKeyNeedsAFixedPoint) {
   const RegularizationOptions defaults;
   for (const auto& field : RegularizationOptions::Fields().fields()) {
@@ -413,6 +444,8 @@ TEST(ConfigTest, EveryRegularizationKeyNeedsAFixedPoint) {
                               "keys.yaml");
     };
     const bool correction = field.name.rfind("correction_", 0) == 0;
+    // The attention penalty's keys have their own rule (below).
+    if (field.name.rfind("attention_", 0) == 0) continue;
     for (const std::string kind : {"explicit", "tied", "energy"}) {
       if (kind == "energy" && !correction) {
         EXPECT_NO_THROW(CheckTrainingConfig(config(kind, field.Text(other)))) << key;
@@ -456,6 +489,28 @@ TEST(ConfigTest, CompareKeepsRegularizersToTheVariantsWithAFixedPoint) {
                                       "model.regularization.jacobian_weight=0",
                                       "model.regularization.jacobian_ramp_steps=0",
                                       "train.progressive_loss.weight=0"}));
+}
+
+// The attention penalty applies to the variants with an energy attention
+// inside their cells: an attention grid's softmax variants and its energy
+// kind get it set back, the others keep it.
+TEST(ConfigTest, CompareKeepsTheAttentionPenaltyToCellsWithEnergyAttention) {
+  const Config c = Config::FromYaml(
+      StillpointSchema(),
+      "model:\n  regularization: {attention_spectral_radius_weight: 3}\n"
+      "compare: {attention: [softmax, hopfield], kinds: [explicit, implicit, energy]}\n",
+      "compare.yaml");
+  EXPECT_NO_THROW(ValidateCompareVariants(c));
+  const std::string reset = "model.regularization.attention_spectral_radius_weight=0";
+  const auto resets = [&](const std::string& variant) {
+    const std::vector<std::string> o = VariantConfigOverrides(c, variant);
+    return std::find(o.begin(), o.end(), reset) != o.end();
+  };
+  EXPECT_TRUE(resets("softmax/explicit"));
+  EXPECT_TRUE(resets("softmax/implicit"));
+  EXPECT_FALSE(resets("hopfield/explicit"));
+  EXPECT_FALSE(resets("hopfield/implicit"));
+  EXPECT_TRUE(resets("hopfield/energy"));
 }
 
 // compare.overrides: a setting of one variant, after the variant's own, and

@@ -161,18 +161,22 @@ bool SplitVariantOverride(const std::string& entry, std::string* variant, std::s
   return !variant->empty() && setting->find('=') > 0;
 }
 
-// The comparison's settings for the variants without a fixed point of their
-// own: no regulariser and no solve start. model.regularization.* and
-// model.solver.init apply to the variants that solve one (the trainer
-// refuses them for the others).
-void ResetFixedPointSettings(const Config& probe, std::vector<std::string>* overrides) {
-  if (probe.GetString("model.solver.init") != "zeros") {
+// The comparison's settings for a variant: model.solver.init applies to the
+// variants that solve a fixed point of their own (implicit, energy), and
+// each model.regularization.* key to the variants it fits
+// (RegularizationKeyApplies); the others get their defaults back (the
+// trainer refuses them).
+void ResetInapplicableSettings(const Config& probe, std::vector<std::string>* overrides) {
+  const std::string kind = probe.GetString("model.kind");
+  if (kind != "implicit" && kind != "energy" && probe.GetString("model.solver.init") != "zeros") {
     overrides->push_back("model.solver.init=zeros");
   }
+  const std::string attention = probe.GetString("model.attention");
   const RegularizationOptions given = RegularizationOptions::FromConfig(probe);
   const RegularizationOptions defaults;
   for (const auto& field : RegularizationOptions::Fields().fields()) {
-    if (field.in_config && field.Text(given) != field.Text(defaults)) {
+    if (field.in_config && field.Text(given) != field.Text(defaults) &&
+        !RegularizationKeyApplies(field.name, kind, attention)) {
       overrides->push_back("model.regularization." + field.name + "=" + field.Text(defaults));
     }
   }
@@ -185,7 +189,7 @@ std::vector<std::string> VariantConfigOverrides(const Config& base, const std::s
   Config probe = base;
   for (const std::string& o : overrides) probe.Set(o);
   const std::string kind = probe.GetString("model.kind");
-  if (kind != "implicit" && kind != "energy") ResetFixedPointSettings(probe, &overrides);
+  ResetInapplicableSettings(probe, &overrides);
   // The progressive loss needs a cell that runs any number of steps: the
   // explicit and energy variants train without it.
   if (kind != "tied" && kind != "implicit" &&

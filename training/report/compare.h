@@ -137,9 +137,10 @@ void ValidateCompareVariants(const Config& config, const std::string& config_pat
 
 // The overrides that turn the base config into the named variant.
 std::vector<std::string> VariantOverrides(const std::string& variant);
-// VariantOverrides(variant) for a comparison of base, plus, for a variant
-// without a fixed point of its own (explicit, tied), the overrides that set
-// base's model.regularization.* keys back to their defaults.
+// VariantOverrides(variant) for a comparison of base, plus the overrides
+// that set base's model.regularization.* keys the variant does not fit
+// (RegularizationKeyApplies) back to their defaults, and model.solver.init
+// for a variant without a fixed point of its own (explicit, tied).
 std::vector<std::string> VariantConfigOverrides(const Config& base, const std::string& variant);
 
 // The report directory (log.dir, or runs/<config name>) is locked for the
