@@ -110,13 +110,17 @@ class WarmStartsForProbe {
 namespace {
 
 // The reference solves' worst status (returned, and as reference_status)
-// and worst residual.
+// and worst residual. A solve asked for more than the reference tolerance
+// (the inner adjoints) counts as converged when it reached that tolerance.
 TerminationType SetReferenceOutcome(
     const std::vector<std::shared_ptr<const AdjointSummary>>& summaries, GradientCheck* check) {
   TerminationType worst = TerminationType::kConverged;
   for (const auto& summary : summaries) {
     if (!summary) continue;
-    worst = std::max(worst, summary->termination_type);
+    const bool reached = summary->HasResiduals() &&
+                         summary->MaxRelResidual() <= check->reference_tolerance &&
+                         summary->termination_type == TerminationType::kMaxIterations;
+    if (!reached) worst = std::max(worst, summary->termination_type);
     if (summary->HasResiduals() && !(summary->MaxRelResidual() <= check->reference_residual)) {
       check->reference_residual = summary->MaxRelResidual();
     }
@@ -180,7 +184,17 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch, int64_t us
   model.SetDepthOverride(0);
   const BackwardOptions reference_options = ReferenceBackwardOptions(model.options().dtype);
   check.reference_tolerance = reference_options.tolerance;
-  for (Implicit* layer : layers) layer->mutable_options().backward = reference_options;
+  // The inner adjoints (the energy attentions') are asked for a tenth of the
+  // outer tolerance: the outer reference's operator contains them, and with
+  // both at 1e-5 the outer GMRES stalled at 1.0-1.3e-5 (the grid's
+  // probabilistic implicit cell). Float32 VJPs may keep an inner solve above
+  // that; it counts when it reached the reference tolerance itself.
+  BackwardOptions inner_options = reference_options;
+  inner_options.tolerance = 0.1 * reference_options.tolerance;
+  for (Implicit* layer : layers) {
+    layer->mutable_options().backward =
+        layer == model.mutable_implicit() ? reference_options : inner_options;
+  }
   for (ImplicitOptions* options : readouts) options->backward = reference_options;
   const std::vector<double> reference = ParameterGradient(model, batch);
   if (model.options().kind == ModelKind::kImplicit || model.options().kind == ModelKind::kEnergy) {

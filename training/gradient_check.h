@@ -80,10 +80,11 @@ struct GradientCheck {
 // about 1e-6 / (1 - rho).
 double ReferenceTolerance(DType dtype);
 
-// The reference backward options: ift, GMRES(50), ReferenceTolerance(dtype),
-// at most 100 iterations per solve (the bound keeps nested solves, an
-// energy attention inside the cell whose reference solve runs inside every
-// outer VJP, affordable).
+// The reference backward options: ift, GMRES(100), ReferenceTolerance(dtype),
+// at most 400 iterations per solve. CheckGradient gives the energy
+// attentions inside the cells (whose reference solves run inside every outer
+// VJP) a tenth of that tolerance, and accepts an inner solve that stopped
+// between the two.
 BackwardOptions ReferenceBackwardOptions(DType dtype = DType::kFloat64);
 
 // Flattened gradient of the batch loss w.r.t. every parameter (zeros where a

@@ -12,6 +12,7 @@
 
 #include "framework/buffer_pool.h"
 #include "framework/ops.h"
+#include "layers/energy_attention.h"
 #include "layers/registry.h"
 #include "tests/scratch_path.h"
 #include "training/checkpoint.h"
@@ -252,6 +253,32 @@ TEST_F(TrainerTest, UnconvergedAdjointIsReportedOrStopsTheRun) {
   EXPECT_TRUE(jfb_summary["backward_residual_max"].IsNull());
   EXPECT_TRUE(jfb_summary["backward_tolerance_met"].IsNull());
   EXPECT_EQ(jfb_summary["backward_unconverged_steps"].as<int>(), 0);
+}
+
+// The reference of a model with energy attention solves the inner adjoints
+// to a tenth of its own tolerance (its outer operator contains them), and
+// the attentions' solver options are the configured ones again afterwards.
+TEST_F(TrainerTest, GradientCheckSolvesInnerAdjointsTighterThanTheReference) {
+  const std::string path = WriteConfig("inner_reference");
+  Config config = Config::FromFile(
+      StillpointSchema(), path,
+      {"model.kind=explicit", "model.attention=hopfield", "train.steps=4", "train.eval_every=4",
+       "log.dir=" + (dir_ / "inner_reference").string()});
+  Experiment e = BuildExperiment(config, path);
+  const TrainSummary summary = Train(e);
+  ASSERT_TRUE(summary.gradient_check.ran);
+  EXPECT_TRUE(summary.gradient_check.has_reference()) << summary.gradient_check.Line();
+  const double reference = summary.gradient_check.reference_tolerance;
+  const auto attentions = FindEnergyAttentions(*e.model);
+  ASSERT_FALSE(attentions.empty());
+  for (const auto& [name, attention] : attentions) {
+    const auto last = attention->implicit().backward_summary();
+    ASSERT_TRUE(last != nullptr) << name;
+    EXPECT_DOUBLE_EQ(last->tolerance, 0.1 * reference) << name;  // the reference's solve
+    EXPECT_DOUBLE_EQ(attention->implicit().options().backward.tolerance,
+                     config.GetDouble("model.attention_solver.backward.tolerance"))
+        << name;
+  }
 }
 
 // The gradient check at every evaluation: with the configured backward pass
