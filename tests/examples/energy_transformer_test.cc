@@ -45,16 +45,18 @@ class EnergyTransformerExampleTest : public testing_support::ScratchDirTest {
 };
 
 // 150 steps of the example (600 in the config): the defaults (attention
-// readout, step 1, beta 4/sqrt(dh)) learn the task and their solves
-// converge; the tokens' move x* - x as the output (the reference readout,
-// no value map) stays far below on the same budget.
+// readout, step 1, beta 4/sqrt(dh), the config's spectral-radius penalty)
+// learn the task at a healthy equilibrium; the tokens' move x* - x as the
+// output (the reference readout, no value map) stays below on the same
+// budget (measured: 81.25% against 100.00%; 25.49% before the penalty).
 TEST_F(EnergyTransformerExampleTest, LearnsTheReverseTaskOnAReducedBudget) {
   const YAML::Node defaults = Train("defaults", {});
   EXPECT_GE(defaults["test_accuracy"].as<double>(), 0.95);
   EXPECT_TRUE(defaults["forward_tolerance_met"].as<bool>());
   EXPECT_TRUE(defaults["backward_tolerance_met"].as<bool>());
+  EXPECT_EQ(defaults["equilibrium"]["verdict"].as<std::string>(), "healthy");
   const YAML::Node move = Train("move", {"model.energy.readout=move"});
-  EXPECT_LT(move["test_accuracy"].as<double>(), defaults["test_accuracy"].as<double>() - 0.2);
+  EXPECT_LT(move["test_accuracy"].as<double>(), defaults["test_accuracy"].as<double>() - 0.1);
 }
 
 }  // namespace
