@@ -149,6 +149,18 @@ ConfigSchema BuildSchema() {
       s.DefaultFollows(prefix + key, "dtype", {{"float64", float64}});
     }
   }
+  // The Energy Transformer's attention energy is concave, and trained freely
+  // its inner maps expand (attention_spectral_radius_* below holds them):
+  // its inner solves need more iterations than the contracting blocks', and
+  // GMRES for the adjoint (the fixed-point adjoint converged for 13% of the
+  // attention grid's samples at radius 0.84; docs/energy-layers.md).
+  const std::string energy_transformer = "energy_transformer";
+  s.DefaultFollows("model.attention_solver.forward.max_iterations", "model.attention",
+                   {{energy_transformer, "40"}});
+  s.DefaultFollows("model.attention_solver.backward.solver", "model.attention",
+                   {{energy_transformer, "gmres"}});
+  s.DefaultFollows("model.attention_solver.backward.max_iterations", "model.attention",
+                   {{energy_transformer, "40"}});
   {
     const auto& warm = FindField(CellOptions::Fields(), "attention_solver.warm_start");
     s.Bool("model.attention_solver.warm_start", CellOptions{}.attention_warm_start, warm.doc);
@@ -159,6 +171,10 @@ ConfigSchema BuildSchema() {
   for (const auto& [name, value] : ImplicitModelRegularization()) {
     s.DefaultFollows("model.regularization." + name, "model.kind", {{"implicit", value}});
   }
+  // The Energy Transformer inside the cells gets the attention penalty (it
+  // applies to no other kind: the energy kind's block ignores it).
+  s.DefaultFollows("model.regularization.attention_spectral_radius_weight", "model.attention",
+                   {{energy_transformer, "30"}});
 
   // ---- train
   AddOptionKeys(s, "train.", TrainerOptions::Fields());

@@ -48,6 +48,10 @@ void CheckTrainingConfig(const Config& c) {
     if (!field.in_config || field.Text(given) == field.Text(defaults)) continue;
     if (RegularizationKeyApplies(field.name, kind, attention)) continue;
     const std::string key = "model.regularization." + field.name;
+    // A default that follows another key (model.attention energy_transformer:
+    // the attention penalty) is what the config gives every kind; the kinds
+    // it does not fit ignore it.
+    if (c.Origin(key) == "default") continue;
     if (field.name.rfind("attention_", 0) == 0) {
       // Taken on the inner solves of the cells' energy attentions.
       throw ConfigError(c.Origin(key) + ": " + key +

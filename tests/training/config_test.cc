@@ -418,6 +418,47 @@ TEST(ConfigTest, AttentionRegularizationKeysNeedAnEnergyAttentionInTheCells) {
       "keys.yaml")));
 }
 
+// model.attention energy_transformer gives its cells the attention penalty,
+// 40 inner iterations and a GMRES inner adjoint by default; a value the file
+// sets wins, an earlier rule (dtype float64's budget) wins over it, the
+// default is ignored by the energy kind rather than refused, and another
+// attention keeps the plain defaults.
+TEST(ConfigTest, EnergyTransformerDefaultsFollowModelAttention) {
+  const auto config = [](const std::string& yaml) {
+    return Config::FromYaml(StillpointSchema(), yaml, "keys.yaml");
+  };
+  const Config et = config("model:\n  kind: explicit\n  attention: energy_transformer\n");
+  EXPECT_EQ(et.GetDouble("model.regularization.attention_spectral_radius_weight"), 30.0);
+  EXPECT_EQ(et.GetString("model.attention_solver.backward.solver"), "gmres");
+  EXPECT_EQ(et.GetInt("model.attention_solver.backward.max_iterations"), 40);
+  EXPECT_EQ(et.GetInt("model.attention_solver.forward.max_iterations"), 40);
+  EXPECT_NO_THROW(CheckTrainingConfig(et));
+
+  const Config hopfield = config("model:\n  kind: explicit\n  attention: hopfield\n");
+  EXPECT_EQ(hopfield.GetDouble("model.regularization.attention_spectral_radius_weight"), 0.0);
+  EXPECT_EQ(hopfield.GetString("model.attention_solver.backward.solver"), "fixed_point");
+  EXPECT_EQ(hopfield.GetInt("model.attention_solver.forward.max_iterations"), 16);
+
+  const Config set = config(
+      "model:\n  attention: energy_transformer\n  attention_solver: {backward: {solver: anderson}}\n"
+      "  regularization: {attention_spectral_radius_weight: 5}\n");
+  EXPECT_EQ(set.GetString("model.attention_solver.backward.solver"), "anderson");
+  EXPECT_EQ(set.GetDouble("model.regularization.attention_spectral_radius_weight"), 5.0);
+
+  const Config float64 = config("dtype: float64\nmodel:\n  attention: energy_transformer\n");
+  EXPECT_EQ(float64.GetInt("model.attention_solver.forward.max_iterations"), 100);
+
+  Config energy = config("model:\n  kind: energy\n  attention: energy_transformer\n");
+  EXPECT_NO_THROW(CheckTrainingConfig(energy));
+  energy.Set("model.regularization.attention_spectral_radius_weight=5");  // given: refused
+  EXPECT_NE(ErrorOf([&] { CheckTrainingConfig(energy); }).find("not model.kind energy"),
+            std::string::npos);
+  // The default follows a later change of model.attention (Config::Set).
+  Config changed = config("model:\n  kind: explicit\n");
+  changed.Set("model.attention=energy_transformer");
+  EXPECT_EQ(changed.GetString("model.attention_solver.backward.solver"), "gmres");
+}
+
 TEST(ConfigTest, EveryRegularizationKeyNeedsAFixedPoint) {
   const RegularizationOptions defaults;
   for (const auto& field : RegularizationOptions::Fields().fields()) {

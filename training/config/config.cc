@@ -242,8 +242,11 @@ ConfigSchema& ConfigSchema::DefaultFollows(const std::string& path, const std::s
   auto it = std::find_if(keys_.begin(), keys_.end(),
                          [&](const ConfigKey& key) { return key.path == path; });
   SP_CHECK(it != keys_.end(), "ConfigSchema: DefaultFollows: no key '", path, "'");
-  it->default_follows = other;
-  it->default_by = default_by;
+  for (const ConfigKey::DefaultRule& rule : it->default_rules) {
+    SP_CHECK(rule.follows != other, "ConfigSchema: DefaultFollows: '", path, "' already follows '",
+             other, "'");
+  }
+  it->default_rules.push_back({other, default_by});
   return *this;
 }
 
@@ -405,8 +408,10 @@ std::string ConfigSchema::ToMarkdown() const {
     }
     out << "| `" << key.path << "` | " << TypeName(key.type) << " | "
         << (key.required ? "(required)" : "`" + key.default_value + "`");
-    for (const auto& [value, text] : key.default_by) {
-      out << " (" << key.default_follows << " " << value << ": `" << text << "`)";
+    for (const ConfigKey::DefaultRule& rule : key.default_rules) {
+      for (const auto& [value, text] : rule.by) {
+        out << " (" << rule.follows << " " << value << ": `" << text << "`)";
+      }
     }
     out << " | " << allowed
         << " | " << key.doc << " |\n";
@@ -421,17 +426,20 @@ class ConfigBuilder {
   ConfigBuilder(Config* config, const std::string& source) : config_(config), source_(source) {}
 
   // The keys still at their default whose default follows another key's
-  // value (ConfigKey::default_follows) take the default for that value.
+  // value (ConfigKey::default_rules) take the default for that value.
   void ResolveFollowingDefaults() {
     for (const ConfigKey& key : config_->schema_->keys()) {
-      if (key.default_follows.empty()) continue;
+      if (key.default_rules.empty()) continue;
       const auto it = config_->values_.find(key.path);
       if (it == config_->values_.end() || it->second.origin != "default") continue;
-      const auto other = config_->values_.find(key.default_follows);
       std::string text = key.default_value;
-      if (other != config_->values_.end() && !other->second.items.empty()) {
-        const auto chosen = key.default_by.find(other->second.items[0]);
-        if (chosen != key.default_by.end()) text = chosen->second;
+      for (const ConfigKey::DefaultRule& rule : key.default_rules) {
+        const auto other = config_->values_.find(rule.follows);
+        if (other == config_->values_.end() || other->second.items.empty()) continue;
+        const auto chosen = rule.by.find(other->second.items[0]);
+        if (chosen == rule.by.end()) continue;
+        text = chosen->second;
+        break;
       }
       SetValue(key, YAML::Node(text), "default");
     }

@@ -44,12 +44,15 @@ struct ConfigKey {
   bool min_open = false, max_open = false;  // exclusive ends (inclusive by default)
   bool zero_allowed = false;   // 0 is valid besides the range ("0: off")
   bool required = false;       // no default: the file must set it
-  // A default that depends on another key's value (e.g. a solver tolerance
-  // on dtype): default_by[value of default_follows] when it lists that
-  // value, else default_value. Applied while the key is at its default,
+  // A default that depends on other keys' values (e.g. a solver tolerance
+  // on dtype): the first rule whose key's value it lists gives by[that
+  // value], else default_value. Applied while the key is at its default,
   // also after Config::Set changes the other key.
-  std::string default_follows;
-  std::map<std::string, std::string> default_by;
+  struct DefaultRule {
+    std::string follows;
+    std::map<std::string, std::string> by;
+  };
+  std::vector<DefaultRule> default_rules;
 };
 
 // The name of `names` closest to text by edit distance, when it is close
@@ -87,7 +90,9 @@ class ConfigSchema {
   ConfigSchema& Add(ConfigKey key);
 
   // Makes the default of `path` follow the value of `other` (see
-  // ConfigKey::default_follows); both must be declared already.
+  // ConfigKey::default_rules; an earlier rule of the key wins where both
+  // list a value); both must be declared already, and one key follows
+  // another at most once.
   ConfigSchema& DefaultFollows(const std::string& path, const std::string& other,
                                const std::map<std::string, std::string>& default_by);
 
