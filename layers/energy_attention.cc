@@ -188,9 +188,7 @@ Var EnergyAttention::SpectralRadiusPenalty(double target,
     // The context (what the update reads besides the state) recorded on the
     // block's parameters; the state and the input are constants.
     const EnergyBlockProblemPtr problem = block_->PrepareForWarmStart(Var(input));
-    const std::vector<int64_t> dims = state.shape().dims();
-    const CellFn update = MakeUpdateCell(
-        problem->energy, Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())));
+    const CellFn update = MakeUpdateCellFor(problem->energy, state);
     const Tensor directions = EstimateSpectralRadius(update, state, estimate).directions;
     return stillpoint::SpectralRadiusPenalty(update, state, directions, target);
   };
@@ -231,10 +229,8 @@ AttentionDiagnostics DiagnoseEnergyBlock(const EnergyBlock& block,
   d.residual = traced.forward_summary().MaxRelResidual();
   d.collapsed = d.max_weight_fixed_point > kCollapsedMaxWeight &&
                 d.max_weight_fixed_point - d.max_weight_first > kCollapseRise;
-  const std::vector<int64_t> dims = state.shape().dims();
-  const SpectralRadiusResult radius = EstimateSpectralRadius(
-      MakeUpdateCell(problem.energy, Shape(std::vector<int64_t>(dims.begin() + 1, dims.end()))),
-      state.value());
+  const SpectralRadiusResult radius =
+      EstimateSpectralRadius(MakeUpdateCellFor(problem.energy, state.value()), state.value());
   d.spectral_radius = radius.max_radius;
   d.dominant_eigenvalue = radius.dominant_eigenvalue;
   return d;

@@ -133,7 +133,6 @@ class EnergyAttention : public Module {
   // often the first evaluation of the outer solve, at the zero state, far
   // from the inputs the last evaluation sees.
   void KeepInputs(bool keep) const { keep_inputs_ = keep; }
-  bool keeps_inputs() const { return keep_inputs_; }
   void ForgetKeptInputs() const;
   // The last input kept and its inner solution (undefined before one was).
   const Tensor& last_input() const { return last_input_; }

@@ -95,6 +95,12 @@ EnergyCellFn MakeUpdateCell(const BoundEnergyPtr& energy, const Shape& state_sha
   };
 }
 
+EnergyCellFn MakeUpdateCellFor(const BoundEnergyPtr& energy, const Tensor& states) {
+  SP_CHECK(states.defined() && states.rank() >= 2, "MakeUpdateCellFor: states must be [B, ...]");
+  const std::vector<int64_t> dims = states.shape().dims();
+  return MakeUpdateCell(energy, Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())));
+}
+
 EnergyCellFn MakeGradientStepCell(const BoundEnergyPtr& energy,
                                   const Shape& state_shape,
                                   double step) {

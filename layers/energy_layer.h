@@ -338,6 +338,8 @@ using EnergyCellFn = CellFn;
 
 // state_shape: the shape of one sample's state (without the batch axis).
 EnergyCellFn MakeUpdateCell(const BoundEnergyPtr& energy, const Shape& state_shape);
+// The same for states shaped like `states` ([B, ...state_shape]).
+EnergyCellFn MakeUpdateCellFor(const BoundEnergyPtr& energy, const Tensor& states);
 // The same with the plain gradient step z - step * grad E instead of the
 // layer's Update (its Jacobian satisfies I - J = step * Hessian).
 EnergyCellFn MakeGradientStepCell(const BoundEnergyPtr& energy,

@@ -438,9 +438,7 @@ void SequenceModel::SetDepthOverride(int64_t steps) {
 CellFn SequenceModel::FixedPointMap(const Var& u) const {
   if (options_.kind == ModelKind::kEnergy) {
     const EnergyBlockProblemPtr problem = energy_block_->Prepare(u);
-    const std::vector<int64_t> dims = problem->initial_state.shape().dims();
-    return MakeUpdateCell(problem->energy,
-                          Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())));
+    return MakeUpdateCellFor(problem->energy, problem->initial_state.value());
   }
   SP_CHECK(options_.kind == ModelKind::kImplicit && !cells_.empty(),
            "SequenceModel: a fixed-point map needs an implicit or energy model, not ",
