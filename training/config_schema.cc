@@ -152,8 +152,8 @@ ConfigSchema BuildSchema() {
   // The Energy Transformer's attention energy is concave, and trained freely
   // its inner maps expand (attention_spectral_radius_* below holds them):
   // its inner solves need more iterations than the contracting blocks', and
-  // GMRES for the adjoint (the fixed-point adjoint converged for 13% of the
-  // attention grid's samples at radius 0.84; docs/energy-layers.md).
+  // GMRES for the adjoint: at the radius the penalty holds, the fixed-point
+  // adjoint's budget does not reach its tolerance (docs/energy-layers.md).
   const std::string energy_transformer = "energy_transformer";
   s.DefaultFollows("model.attention_solver.forward.max_iterations", "model.attention",
                    {{energy_transformer, "40"}});

@@ -186,9 +186,9 @@ GradientCheck CheckGradient(SequenceModel& model, const Batch& batch, int64_t us
   check.reference_tolerance = reference_options.tolerance;
   // The inner adjoints (the energy attentions') are asked for a tenth of the
   // outer tolerance: the outer reference's operator contains them, and with
-  // both at 1e-5 the outer GMRES stalled at 1.0-1.3e-5 (the grid's
-  // probabilistic implicit cell). Float32 VJPs may keep an inner solve above
-  // that; it counts when it reached the reference tolerance itself.
+  // both at the same tolerance the outer GMRES can stall just above its own
+  // (docs/examples.md, "The attention grid"). Float32 VJPs may keep an inner
+  // solve above that; it counts when it reached the reference tolerance.
   BackwardOptions inner_options = reference_options;
   inner_options.tolerance = 0.1 * reference_options.tolerance;
   for (Implicit* layer : layers) {

@@ -48,7 +48,7 @@ class EnergyTransformerExampleTest : public testing_support::ScratchDirTest {
 // readout, step 1, beta 4/sqrt(dh), the config's spectral-radius penalty)
 // learn the task at a healthy equilibrium; the tokens' move x* - x as the
 // output (the reference readout, no value map) stays below on the same
-// budget (measured: 81.25% against 100.00%; 25.49% before the penalty).
+// budget (docs/energy-layers.md gives the measured figures).
 TEST_F(EnergyTransformerExampleTest, LearnsTheReverseTaskOnAReducedBudget) {
   const YAML::Node defaults = Train("defaults", {});
   EXPECT_GE(defaults["test_accuracy"].as<double>(), 0.95);
