@@ -172,6 +172,7 @@ bool LogHook::StepEnded(TrainLoopState& state) {
       {"grad_norm", result.grad_norm},
       {"step_ms", 1000.0 * state.step_seconds},
       {"elapsed_s", state.elapsed_seconds},
+      {"train_s", state.train_seconds},
       {"peak_rss_mb", PeakResidentMegabytes()},
       {"pool_peak_mb", GetBufferPoolStats().peak_bytes_in_use / 1048576.0},
       {"skipped", 0.0}};

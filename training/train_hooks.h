@@ -42,6 +42,10 @@ struct TrainLoopState {
   // Wall time from the start of this training call's first step to the end
   // of this one, earlier evaluations and logging included.
   double elapsed_seconds = 0;
+  // The wall time of this training call's steps alone (forward to update,
+  // summed), without evaluations, logging and checkpoints: what reaching an
+  // accuracy cost in training, whatever the evaluations measured besides.
+  double train_seconds = 0;
   // Set by a hook: the run stops after this step (summary.stop_reason says
   // why).
   bool stop = false;

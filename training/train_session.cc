@@ -45,6 +45,7 @@ const std::vector<std::string> kColumns = {"step",
                                            "spectral_radius",
                                            "spectral_eigenvalue",
                                            "elapsed_s",
+                                           "train_s",
                                            "path_independence_cosine",
                                            "path_independence_agreement"};
 
@@ -308,6 +309,7 @@ bool TrainSession::Step(const ExtraLoss& extra_loss) {
     return false;
   }
   state_.step_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  state_.train_seconds += state_.step_seconds;
   state_.elapsed_seconds = std::chrono::duration<double>(Clock::now() - loop_start_).count();
   state_.step = ++step_;
   ++steps_this_call_;

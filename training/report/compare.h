@@ -79,8 +79,8 @@ struct VariantResult {
   std::string scale_name;  // "length (task.length)" or "size (cells per side)"
   std::vector<ScaleDepthResult> scale_depth;
   // The first evaluated step whose held-out accuracy reached
-  // kTargetAccuracy, and the wall time of training until then (the
-  // metrics' elapsed_s: steps and earlier evaluations; NaN when never
+  // kTargetAccuracy, and the wall time of the training steps until then
+  // (the metrics' train_s: evaluations not included; NaN when never
   // reached).
   double steps_to_target = std::numeric_limits<double>::quiet_NaN();
   double seconds_to_target = std::numeric_limits<double>::quiet_NaN();
