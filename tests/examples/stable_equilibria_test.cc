@@ -100,11 +100,11 @@ TEST_F(StableEquilibriaTest, TheEnergyModelContractsAndTrainsWithTheExactGradien
       << "radius " << worst_radius << ", cosine " << worst_cosine;
 }
 
-// Without the default penalty of model.kind implicit the softmax cell
-// settles at a radius near 0.85 with its spectrum spread near that circle,
-// where the quickstart's 20 Anderson adjoint iterations miss 1e-4 for about a
-// fifth of the samples by step 150 (measured: 19%); with it every adjoint
-// meets its tolerance.
+// Without the default penalty of model.kind implicit the softmax cell's
+// radius grows to 1 and past it (measured at step 150: 1.18), and the
+// quickstart's adjoints miss their tolerance (measured: 0.19% of samples at
+// 1e-3, 2.3% at 1e-4); with it the map contracts and every adjoint meets its
+// tolerance.
 TEST_F(StableEquilibriaTest, TheImplicitCellContractsWithTheDefaultPenalty) {
   const std::vector<std::string> implicit = {"model.kind=implicit", "model.attention=softmax",
                                              "train.steps=150", "train.eval_every=75"};
@@ -120,9 +120,13 @@ TEST_F(StableEquilibriaTest, TheImplicitCellContractsWithTheDefaultPenalty) {
 
   std::vector<std::string> off = implicit;
   off.push_back("model.regularization.spectral_radius_weight=0");
-  Train("implicit_off", off);
+  const Checks without = Train("implicit_off", off);
   const YAML::Node unhealthy = Equilibrium("implicit_off");
-  EXPECT_LT(unhealthy["layers"]["model"]["backward_converged_fraction"].as<double>(), 0.999);
+  const double worst_radius =
+      *std::max_element(without.spectral_radius.begin(), without.spectral_radius.end());
+  const double adjoints = unhealthy["layers"]["model"]["backward_converged_fraction"].as<double>();
+  EXPECT_TRUE(worst_radius >= 1.0 || adjoints < 0.999)
+      << "radius " << worst_radius << ", adjoints converged " << adjoints;
   EXPECT_EQ(unhealthy["verdict"].as<std::string>().rfind("unhealthy: ", 0), 0u)
       << unhealthy["verdict"].as<std::string>();
 }
