@@ -95,10 +95,20 @@ Var Implicit::Forward(const Var& u, const Tensor& z0) {
     explicit_inputs.push_back(u);
     for (const Var& p : cell_->parameters()) explicit_inputs.push_back(p);
   }
-  last_ = SolveImplicit(cell, z0, TallyingAdjoints(options_, tally_), energy, explicit_inputs,
-                        adjoint_warm_start_);
-  tally_->forward.Add(last_.forward.sample_termination);
-  return last_.z_star;
+  return KeepResult(SolveImplicit(cell, z0, TallyingAdjoints(options_, tally_), energy,
+                                  explicit_inputs, adjoint_warm_start_));
+}
+
+Var Implicit::KeepResult(ImplicitResult result) {
+  tally_->forward.Add(result.forward.sample_termination);
+  last_ = std::move(result);
+  // last_ keeps z*'s value, not its graph: a kept graph would hold this
+  // solve's recorded evaluation (everything it saved for the backward pass)
+  // until the next Forward had finished, so that two of them were alive at
+  // once, and between training steps the previous step's.
+  Var z_star = last_.z_star;
+  if (z_star.defined()) last_.z_star = Var(z_star.value());
+  return z_star;
 }
 
 const EnergyLayerBase& Implicit::EnergyLayerOrThrow() const {
@@ -121,11 +131,9 @@ Var Implicit::Forward(const BoundEnergyPtr& energy, const Var& z0) {
            "Implicit: the context of ", layer.Name(), " has ", energy->batch_size(), " samples (",
            energy->DescribeContext(), ") but z0 ", z0.shape(), " has ", z0.dim(0));
   energy_trace_.clear();
-  last_ = SolveEnergyFixedPoint(energy, z0.value(), TallyingAdjoints(options_, tally_),
-                                adjoint_warm_start_,
-                                energy_options_.trace_energy ? &energy_trace_ : nullptr);
-  tally_->forward.Add(last_.forward.sample_termination);
-  return last_.z_star;
+  return KeepResult(SolveEnergyFixedPoint(energy, z0.value(), TallyingAdjoints(options_, tally_),
+                                          adjoint_warm_start_,
+                                          energy_options_.trace_energy ? &energy_trace_ : nullptr));
 }
 
 ImplicitTally Implicit::TakeTally() const {

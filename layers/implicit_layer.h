@@ -178,7 +178,8 @@ class Implicit : public Module {
   const SolverSummary& forward_summary() const { return last_.forward; }
   // Its backward pass; see above.
   std::shared_ptr<const AdjointSummary> backward_summary() const { return last_.backward; }
-  // Everything SolveImplicit returned for the last Forward.
+  // Everything SolveImplicit returned for the last Forward, with z_star's
+  // value only (Forward returned it with its graph).
   const ImplicitResult& last_result() const { return last_; }
 
   // Every solve of this layer since construction or the last TakeTally():
@@ -201,6 +202,9 @@ class Implicit : public Module {
   Implicit(Function f, std::shared_ptr<Module> cell, const ImplicitOptions& options);
   // The energy layer; an Error when this Implicit solves a cell.
   const EnergyLayerBase& EnergyLayerOrThrow() const;
+  // Tallies a Forward's result and keeps it as last_ (z* by value); returns
+  // z* with its graph.
+  Var KeepResult(ImplicitResult result);
 
   template <typename M>
   static Function MakeFunction(const std::shared_ptr<M>& cell) {

@@ -133,6 +133,11 @@ bool SolveAndRecordAtSolution(const ModeInputs& in,
     *z_leaf = last_recorded.z_leaf;
     *f_star = last_recorded.f_z;
   } else {
+    // The solver's last recorded evaluation is not at z*: let its graph go
+    // before recording the one at z*, so that two recorded evaluations of f
+    // (with all they keep for the backward pass) are never held at once.
+    last_recorded.z_leaf = Var();
+    last_recorded.f_z = Var();
     // Part of the same solve: a nested solve in f starts from its solution
     // at the solver's last evaluation.
     ForwardSolveScope same_solve(last_recorded.solve_scope);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/buffer_pool.h"
 #include "framework/gradcheck.h"
 #include "framework/ops.h"
 #include "layers/hopfield.h"
@@ -207,6 +208,34 @@ TEST(ImplicitEnergyTest, SummariesAreFilled) {
   EXPECT_GT(solved.backward_summary()->iterations, 0);
   EXPECT_TRUE(keys.has_grad());
   EXPECT_NE(solved.Name().find("HopfieldAttention"), std::string::npos) << solved.Name();
+}
+
+// What the layer keeps of its last solve is z*'s value: once the caller lets
+// the returned z* go, the recorded evaluation (here the attention weights
+// the backward pass needs, [2, 1, 2, 4000]) goes with it, rather than living
+// on until the next Forward has finished (two recordings at once, for a
+// layer nested in another's map).
+TEST(ImplicitEnergyTest, TheLayerKeepsTheSolutionsValueNotItsGraph) {
+  Rng rng(8);
+  auto layer = std::make_shared<HopfieldAttention>(RawHopfield(), rng);
+  Implicit solved(layer, TightOptions());
+  Var keys = RandnVar({2, 1, 4000, 4}, rng, 0.1);
+  keys.set_requires_grad(true);
+  const HopfieldContext ctx{.keys = keys};
+  const Var z0 = RandnVar({2, 1, 2, 4}, rng, 0.5);
+  const int64_t before = GetBufferPoolStats().bytes_in_use;
+  int64_t while_held = 0;
+  {
+    const Var z_star = solved.Forward(ctx, z0);
+    EXPECT_TRUE(z_star.requires_grad());
+    while_held = GetBufferPoolStats().bytes_in_use;
+  }
+  const int64_t after = GetBufferPoolStats().bytes_in_use;
+  const int64_t weights_bytes = 2 * 2 * 4000 * static_cast<int64_t>(sizeof(double));
+  EXPECT_GE(while_held - before, weights_bytes);  // the recording holds the weights
+  EXPECT_LT(after - before, weights_bytes / 4) << "before " << before << ", after " << after;
+  EXPECT_FALSE(solved.last_result().z_star.requires_grad());
+  EXPECT_EQ(solved.last_result().z_star.shape(), z0.shape());
 }
 
 // The energy is handed to the solver: ceres_lbfgs minimises it directly and

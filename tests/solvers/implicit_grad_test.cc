@@ -444,6 +444,32 @@ TEST(ImplicitGrad, FixedBudgetEvaluatesAgainWhenTheSolutionIsAnEarlierIterate) {
   EXPECT_TRUE(BitwiseEqual(db[0].value(), probe));
 }
 
+TEST(ImplicitGrad, TheUnusedRecordingIsReleasedBeforeEvaluatingAgain) {
+  // As above, the solver returns z0 and f is evaluated at it once more, on
+  // the tape. The recorded last evaluation, which stands for nothing now,
+  // holds a large saved tensor (tanh's output): it is let go first, so the
+  // two recordings are never held at once (a nested solve's recorded
+  // evaluation is many of these).
+  constexpr int64_t kWide = 50000;
+  Var b(Tensor::FromVector(Shape{1, 2}, {0.5, -0.25}, DType::kFloat64), true);
+  std::vector<int64_t> in_use_at_recording;
+  const CellFn away = [&](const Var& z, const std::vector<int64_t>&) {
+    if (GradModeEnabled()) in_use_at_recording.push_back(GetBufferPoolStats().bytes_in_use);
+    const Var wide = tanh(broadcast_to(reshape(z, Shape{1, 2, 1}), Shape{1, 2, kWide}));
+    return add(add(mul_scalar(z, 2.0), b), mul_scalar(sum(wide, -1), 0.0));
+  };
+  ImplicitOptions options;
+  options.forward = Steps(ForwardSolverType::kPicard, StopMode::kAbsolute, 5, 0.0);
+  const ImplicitResult result =
+      SolveImplicit(away, Tensor::Zeros(Shape{1, 2}, DType::kFloat64), options);
+  ASSERT_EQ(in_use_at_recording.size(), 2u);  // the solver's last step, then at z*
+  const int64_t wide_bytes = 2 * kWide * static_cast<int64_t>(sizeof(double));
+  EXPECT_LT(in_use_at_recording[1] - in_use_at_recording[0], wide_bytes / 2)
+      << "bytes in use at the first recording " << in_use_at_recording[0] << ", at the second "
+      << in_use_at_recording[1];
+  EXPECT_TRUE(BitwiseEqual(result.z_star.value(), b.value()));
+}
+
 TEST(ImplicitGrad, SecondBackwardWithoutRetainGraphThrows) {
   ImplicitProblem p = TanhProblem(2, 4, 3, 61);
   const Tensor probe = Probe(p);
