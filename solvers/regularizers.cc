@@ -120,40 +120,54 @@ Eigen::VectorXd StretchedDirection(const Eigen::MatrixXd& extended_hessenberg,
 // Arnoldi on each sample's J_b^T, all samples advanced by one batched VJP a
 // step. The basis is kept in float64 and orthogonalised twice (classical
 // Gram-Schmidt repeated), which keeps it orthonormal to rounding however
-// non-normal J is.
+// non-normal J is. Its storage, and every other [B, n] buffer, is a pooled
+// tensor: the spectral-radius penalty runs this every few training steps,
+// and fresh heap memory of this size costs a page fault per page each time.
 SpectralRadiusResult ArnoldiSpectralRadius(const Var& f_z, const Var& z_leaf, int64_t batch,
                                            int64_t n, const SpectralRadiusOptions& options) {
   const int max_steps = static_cast<int>(std::min<int64_t>(options.max_iterations, n));
   using Matrix = Eigen::MatrixXd;
-  std::vector<Matrix> basis(batch, Matrix::Zero(n, max_steps + 1));    // columns v_0..v_k
+  using MatrixMap = Eigen::Map<Matrix>;
+  // Sample b's columns v_0..v_k, column-major; a column is written before it
+  // is read.
+  Tensor basis_storage(Shape{batch, max_steps + 1, n}, DType::kFloat64);
+  const auto basis = [&basis_storage, n, max_steps](int64_t b) {
+    return MatrixMap(basis_storage.data<double>() + b * (max_steps + 1) * n, n, max_steps + 1);
+  };
   std::vector<Matrix> hessenberg(batch, Matrix::Zero(max_steps + 1, max_steps));
   SpectralRadiusResult result;
   result.radius.assign(batch, 0.0);
   result.eigenvalue.assign(batch, 0.0);
   result.iterations.assign(batch, 0);
   result.converged.assign(batch, 0);
-  std::vector<Eigen::VectorXd> direction(batch, Eigen::VectorXd::Zero(n));
+  Tensor directions = Tensor::Zeros(Shape{batch, n}, DType::kFloat64);
+  double* direction = directions.data<double>();
 
   Rng rng(options.seed);
-  const std::vector<double> start = RandomNormal(Shape{batch, n}, 0.0, 1.0, DType::kFloat64, rng)
-                                        .ToVector();
+  const Tensor start = RandomNormal(Shape{batch, n}, 0.0, 1.0, DType::kFloat64, rng);
   for (int64_t b = 0; b < batch; ++b) {
-    basis[b].col(0) = Eigen::Map<const Eigen::VectorXd>(start.data() + b * n, n).normalized();
+    basis(b).col(0) = Eigen::Map<const Eigen::VectorXd>(start.data<double>() + b * n, n).normalized();
   }
   Tensor rows = Tensor::Zeros(Shape{batch, n}, z_leaf.value().dtype());
   for (int k = 0; k < max_steps; ++k) {
     bool any_active = false;
-    for (int64_t b = 0; b < batch; ++b) {
-      const bool active = !result.converged[b];
-      any_active = any_active || active;
-      for (int64_t i = 0; i < n; ++i) rows.set(b * n + i, active ? basis[b](i, k) : 0.0);
-    }
+    DispatchDType(rows.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      T* out = rows.data<T>();
+      for (int64_t b = 0; b < batch; ++b) {
+        const bool active = !result.converged[b];
+        any_active = any_active || active;
+        const double* column = basis(b).col(k).data();
+        for (int64_t i = 0; i < n; ++i) out[b * n + i] = active ? static_cast<T>(column[i]) : T(0);
+      }
+    });
     if (!any_active) break;
-    const std::vector<double> products = TransposedJacobianTimes(f_z, z_leaf, rows).ToVector();
+    Tensor products = TransposedJacobianTimes(f_z, z_leaf, rows);
+    if (products.dtype() != DType::kFloat64) products = products.To(DType::kFloat64);
     for (int64_t b = 0; b < batch; ++b) {
       if (result.converged[b]) continue;
-      Eigen::VectorXd w = Eigen::Map<const Eigen::VectorXd>(products.data() + b * n, n);
-      const auto previous = basis[b].leftCols(k + 1);
+      Eigen::VectorXd w = Eigen::Map<const Eigen::VectorXd>(products.data<double>() + b * n, n);
+      const auto previous = basis(b).leftCols(k + 1);
       for (int pass = 0; pass < 2; ++pass) {
         const Eigen::VectorXd coefficients = previous.transpose() * w;
         w -= previous * coefficients;
@@ -173,21 +187,24 @@ SpectralRadiusResult ArnoldiSpectralRadius(const Var& f_z, const Var& z_leaf, in
       result.radius[b] = std::abs(lambda);
       result.eigenvalue[b] = lambda.real();
       result.iterations[b] = k + 1;
-      direction[b] = previous * StretchedDirection(hessenberg[b].topLeftCorner(k + 2, k + 1), s);
+      Eigen::Map<Eigen::VectorXd>(direction + b * n, n) =
+          previous * StretchedDirection(hessenberg[b].topLeftCorner(k + 2, k + 1), s);
       const double scale = 1e-12 * std::max(1.0, square.norm());
       if (next_norm <= scale || residual <= options.tolerance * result.radius[b]) {
         result.converged[b] = 1;  // an invariant subspace is exact
       } else {
-        basis[b].col(k + 1) = w / next_norm;
+        basis(b).col(k + 1) = w / next_norm;
       }
     }
   }
-  std::vector<double> flat(batch * n);
   for (int64_t b = 0; b < batch; ++b) {
-    const double norm = direction[b].norm();
-    for (int64_t i = 0; i < n; ++i) flat[b * n + i] = norm > 0 ? direction[b](i) / norm : 0.0;
+    Eigen::Map<Eigen::VectorXd> row(direction + b * n, n);
+    const double norm = row.norm();
+    if (norm > 0) row /= norm;
   }
-  result.directions = Tensor::FromVector(Shape{batch, n}, flat, z_leaf.value().dtype());
+  result.directions = directions.dtype() == z_leaf.value().dtype()
+                          ? directions
+                          : directions.To(z_leaf.value().dtype());
   SetLargestRadius(&result);
   return result;
 }
