@@ -105,7 +105,7 @@ Var Implicit::KeepResult(ImplicitResult result) {
   // last_ keeps z*'s value, not its graph: a kept graph would hold this
   // solve's recorded evaluation (everything it saved for the backward pass)
   // until the next Forward had finished, so that two of them were alive at
-  // once, and between training steps the previous step's.
+  // once (a layer nested in another's map solves many times a step).
   Var z_star = last_.z_star;
   if (z_star.defined()) last_.z_star = Var(z_star.value());
   return z_star;
