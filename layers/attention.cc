@@ -118,8 +118,12 @@ Var MultiHeadAttention::Forward(const Var& x, const Var& context, const Attentio
   // kernel's own), and its rotary positions on the projections.
   Tensor layout_bias;
   Var q_projected = wq_->Forward(x), k_projected = wk_->Forward(context);
+  // A local mask with no other mask: each query's few keys only
+  // (neighbour_attention), not the dense [Tq, Tk] scores masked.
+  const bool neighbours_only = layout_ && layout_->mask == AttentionMaskKind::kLocal && !causal_ &&
+                               !mask.additive.defined() && !mask.key_mask.defined();
   if (layout_) {
-    if (layout_->NeedsBias()) {
+    if (layout_->NeedsBias() && !neighbours_only) {
       SP_CHECK(tq == tk, "MultiHeadAttention: the layout's mask and positions apply to "
                          "self-attention (Tq = Tk), got Tq ", tq, ", Tk ", tk);
       layout_bias = AttentionBias(*layout_, heads_, tq, x.dtype());
@@ -132,6 +136,14 @@ Var MultiHeadAttention::Forward(const Var& x, const Var& context, const Attentio
     }
   }
 
+  if (neighbours_only) {
+    SP_CHECK(tq == tk, "MultiHeadAttention: the local mask applies to self-attention (Tq = Tk), "
+                       "got Tq ", tq, ", Tk ", tk);
+    const Var heads_out =
+        neighbour_attention(q_projected, k_projected, wv_->Forward(context), heads_, scale_,
+                            LocalNeighbours(*layout_, heads_, tq, x.dtype()));
+    return wo_->Forward(heads_out);
+  }
   if (!mask.additive.defined() && !mask.key_mask.defined() && !layout_bias.defined()) {
     // The fused kernel: heads read in place from the projections, the
     // [Tq, Tk] blocks never leave the cache, and no permuted copies.

@@ -1,5 +1,6 @@
 #include "layers/positions.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -145,45 +146,98 @@ std::string AttentionLayout::ToString() const {
   return out.str();
 }
 
+namespace {
+
+// The bias of query i's score of key j: -inf where the mask hides the key,
+// -slope d(i, j) for ALiBi (slope 0: none), 0 elsewhere.
+double BiasEntry(const AttentionLayout& layout,
+                 const std::vector<GridPoint>& places,
+                 bool grid,
+                 double slope,
+                 int64_t i,
+                 int64_t j) {
+  const int64_t dr = std::llabs(places[i].row - places[j].row);
+  const int64_t dc = std::llabs(places[i].col - places[j].col);
+  bool hidden = false;
+  switch (layout.mask) {
+    case AttentionMaskKind::kNone:
+      break;
+    case AttentionMaskKind::kCausal:
+      hidden = j > i || (layout.window > 0 && j < i - layout.window);
+      break;
+    case AttentionMaskKind::kLocal:
+      hidden = (grid ? std::max(dr, dc) : std::llabs(i - j)) > layout.window;
+      break;
+  }
+  if (hidden) return -INFINITY;
+  // ALiBi's distance follows the scheme (1-D on a grid for alibi), the
+  // local mask's the data's geometry.
+  const bool alibi_grid = layout.positions == PositionScheme::kAlibi2d;
+  return slope > 0.0 ? -slope * static_cast<double>(alibi_grid ? dr + dc : std::llabs(i - j))
+                     : 0.0;
+}
+
+double AlibiSlope(const AttentionLayout& layout, int64_t heads, int64_t h) {
+  return layout.Alibi()
+             ? std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(heads))
+             : 0.0;
+}
+
+}  // namespace
+
 Tensor AttentionBias(const AttentionLayout& layout, int64_t heads, int64_t length, DType dtype) {
   if (!layout.NeedsBias() && layout.mask != AttentionMaskKind::kCausal) return Tensor();
   const int64_t bias_heads = layout.Alibi() ? heads : 1;
   const bool grid = OnGrid(layout);
   const std::vector<GridPoint> places = Places(layout, length, grid);
-  // ALiBi's distance follows the scheme (1-D on a grid for alibi), the
-  // local mask's the data's geometry.
-  const bool alibi_grid = layout.positions == PositionScheme::kAlibi2d;
   std::vector<double> values(bias_heads * length * length, 0.0);
   for (int64_t h = 0; h < bias_heads; ++h) {
-    const double slope =
-        layout.Alibi()
-            ? std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(heads))
-            : 0.0;
+    const double slope = AlibiSlope(layout, heads, h);
     for (int64_t i = 0; i < length; ++i) {
       for (int64_t j = 0; j < length; ++j) {
-        const int64_t dr = std::llabs(places[i].row - places[j].row);
-        const int64_t dc = std::llabs(places[i].col - places[j].col);
-        double v = 0.0;
-        if (slope > 0.0) {
-          v = -slope * static_cast<double>(alibi_grid ? dr + dc : std::llabs(i - j));
-        }
-        bool hidden = false;
-        switch (layout.mask) {
-          case AttentionMaskKind::kNone:
-            break;
-          case AttentionMaskKind::kCausal:
-            hidden = j > i || (layout.window > 0 && j < i - layout.window);
-            break;
-          case AttentionMaskKind::kLocal:
-            hidden = (grid ? std::max(dr, dc) : std::llabs(i - j)) > layout.window;
-            break;
-        }
-        if (hidden) v = -INFINITY;
-        values[(h * length + i) * length + j] = v;
+        values[(h * length + i) * length + j] = BiasEntry(layout, places, grid, slope, i, j);
       }
     }
   }
   return Tensor::FromVector(Shape{1, bias_heads, length, length}, values, dtype);
+}
+
+AttentionNeighbours LocalNeighbours(const AttentionLayout& layout,
+                                    int64_t heads,
+                                    int64_t length,
+                                    DType dtype) {
+  SP_CHECK(layout.mask == AttentionMaskKind::kLocal && layout.window >= 1,
+           "LocalNeighbours: needs attention_mask local with a window >= 1, got ",
+           layout.ToString());
+  const bool grid = OnGrid(layout);
+  const std::vector<GridPoint> places = Places(layout, length, grid);
+  // The keys within the window, in increasing order (as the dense scores
+  // hold them): up to (2 W + 1)^2 on a grid, 2 W + 1 on a sequence.
+  const int64_t side = 2 * layout.window + 1;
+  const int64_t per_query = std::min<int64_t>(length, grid ? side * side : side);
+  const int64_t bias_heads = layout.Alibi() ? heads : 0;
+  AttentionNeighbours neighbours;
+  neighbours.per_query = per_query;
+  neighbours.keys.assign(length * per_query, -1);
+  std::vector<double> bias(bias_heads * length * per_query, 0.0);
+  for (int64_t i = 0; i < length; ++i) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < length; ++j) {
+      if (std::isinf(BiasEntry(layout, places, grid, 0.0, i, j))) continue;
+      SP_CHECK(n < per_query, "LocalNeighbours: query ", i, " sees more than ", per_query,
+               " keys");
+      neighbours.keys[i * per_query + n] = j;
+      for (int64_t h = 0; h < bias_heads; ++h) {
+        bias[(h * length + i) * per_query + n] =
+            BiasEntry(layout, places, grid, AlibiSlope(layout, heads, h), i, j);
+      }
+      ++n;
+    }
+  }
+  if (bias_heads > 0) {
+    neighbours.bias = Tensor::FromVector(Shape{bias_heads, length, per_query}, bias, dtype);
+  }
+  return neighbours;
 }
 
 Var ApplyRotary(const Var& x, const AttentionLayout& layout, int position_axis, bool inverse) {

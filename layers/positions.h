@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "framework/autograd.h"
+#include "framework/ops_neighbour_attention.h"
 #include "framework/tensor.h"
 
 namespace stillpoint {
@@ -125,6 +126,16 @@ struct AttentionLayout {
 // nothing (no mask, no ALiBi). Throws when a 2-D layout cannot place
 // `length` tokens on its grid.
 Tensor AttentionBias(const AttentionLayout& layout, int64_t heads, int64_t length, DType dtype);
+
+// The keys each of `length` tokens sees under a local mask (layout.mask
+// local), as neighbour_attention takes them (framework/ops.h): the same keys
+// and ALiBi bias as AttentionBias's finite entries, (2 W + 1)^2 slots per
+// query on a grid (fewer used at its edges), without the [length, length]
+// table.
+AttentionNeighbours LocalNeighbours(const AttentionLayout& layout,
+                                    int64_t heads,
+                                    int64_t length,
+                                    DType dtype);
 
 // Rotary position encoding of x, whose last axis is one head's width dh and
 // whose axis `position_axis` is the token position (e.g. [B, H, T, dh] with
