@@ -146,22 +146,26 @@ SpectralRadiusResult ArnoldiSpectralRadius(const Var& f_z, const Var& z_leaf, in
   Rng rng(options.seed);
   const Tensor start = RandomNormal(Shape{batch, n}, 0.0, 1.0, DType::kFloat64, rng);
   for (int64_t b = 0; b < batch; ++b) {
-    basis(b).col(0) = Eigen::Map<const Eigen::VectorXd>(start.data<double>() + b * n, n).normalized();
+    basis(b).col(0) =
+        Eigen::Map<const Eigen::VectorXd>(start.data<double>() + b * n, n).normalized();
   }
+  // Each step's v_k of every active sample (0 for the converged ones), then
+  // in the state's dtype for the VJP.
+  Tensor columns(Shape{batch, n}, DType::kFloat64);
   Tensor rows = Tensor::Zeros(Shape{batch, n}, z_leaf.value().dtype());
   for (int k = 0; k < max_steps; ++k) {
     bool any_active = false;
-    DispatchDType(rows.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      T* out = rows.data<T>();
-      for (int64_t b = 0; b < batch; ++b) {
-        const bool active = !result.converged[b];
-        any_active = any_active || active;
-        const double* column = basis(b).col(k).data();
-        for (int64_t i = 0; i < n; ++i) out[b * n + i] = active ? static_cast<T>(column[i]) : T(0);
+    for (int64_t b = 0; b < batch; ++b) {
+      Eigen::Map<Eigen::VectorXd> column(columns.data<double>() + b * n, n);
+      if (result.converged[b]) {
+        column.setZero();
+      } else {
+        column = basis(b).col(k);
+        any_active = true;
       }
-    });
+    }
     if (!any_active) break;
+    rows.CopyFrom(columns);
     Tensor products = TransposedJacobianTimes(f_z, z_leaf, rows);
     if (products.dtype() != DType::kFloat64) products = products.To(DType::kFloat64);
     for (int64_t b = 0; b < batch; ++b) {
